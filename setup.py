@@ -1,0 +1,57 @@
+"""Builds fastnorm._C, the CPU kernels, from csrc/ with pybind11.
+
+The extension takes raw addresses and never links libtorch, so building needs
+no torch. Environment switches:
+
+* ``FASTNORM_SKIP_CPP_BUILD=1``: do not build the extension (the torch backend
+  serves CPU tensors instead).
+* ``FASTNORM_FORCE_CPP_BUILD=1``: fail the install when the extension does not
+  build, instead of warning and installing without it.
+"""
+
+import os
+import sys
+
+from pybind11.setup_helpers import Pybind11Extension, build_ext
+from setuptools import setup
+
+
+def _flag(name: str) -> bool:
+    return os.environ.get(name, "") not in ("", "0")
+
+
+class OptionalBuildExt(build_ext):
+    """A missing or broken compiler only warns: fastnorm still works without _C."""
+
+    def build_extension(self, ext):
+        try:
+            super().build_extension(ext)
+        except Exception as exc:  # compiler errors surface as several distutils types
+            if _flag("FASTNORM_FORCE_CPP_BUILD"):
+                raise
+            print(
+                f"WARNING: fastnorm._C did not build ({exc}); CPU tensors will use the torch "
+                "backend. Set FASTNORM_FORCE_CPP_BUILD=1 to make this an error.",
+                file=sys.stderr,
+            )
+
+
+if sys.platform == "win32":
+    extra_compile_args = ["/O2"]
+else:
+    # -ffp-contract=off: no fused multiply-add, so every instruction set rounds alike.
+    extra_compile_args = ["-O3", "-ffp-contract=off", "-fvisibility=hidden"]
+
+ext_modules = []
+if not _flag("FASTNORM_SKIP_CPP_BUILD"):
+    ext_modules.append(
+        Pybind11Extension(
+            "fastnorm._C",
+            ["csrc/bindings.cpp", "csrc/kernels.cpp"],
+            depends=["csrc/convert.h", "csrc/fastnorm.h", "csrc/kernels_impl.h", "csrc/thread_pool.h"],
+            cxx_std=17,
+            extra_compile_args=extra_compile_args,
+        )
+    )
+
+setup(ext_modules=ext_modules, cmdclass={"build_ext": OptionalBuildExt})
