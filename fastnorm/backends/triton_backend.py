@@ -1,0 +1,229 @@
+"""The triton backend: one fused multi-tensor reduction per dtype on the GPU.
+
+Launches per call: ``total_norm`` makes one ``norm_partials_kernel`` launch per
+dtype present plus one ``finalize_kernel`` launch, whatever the number of
+tensors; ``clip_`` adds one ``scale_kernel`` launch per dtype, which returns at
+once when no clipping is needed. Partials are reduced by one program in a fixed
+order (no float atomics), so results are bitwise reproducible. The tables of
+addresses, sizes and chunks reach the device through pinned memory with
+``non_blocking=True``; the front caches them while the gradients' addresses
+stay the same, so a steady training loop copies nothing and never syncs.
+
+With ``TRITON_INTERPRET=1`` (set before the first use) the same kernels run in
+Triton's interpreter on CPU tensors, which is how CI tests them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import struct
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from fastnorm.backends import Mode
+
+_TRITON_FOUND = importlib.util.find_spec("triton") is not None
+_KERNELS: Any = None
+_KERNELS_ERROR: Exception | None = None
+
+
+def kernels() -> Any:
+    """The kernels module, imported on first use (TRITON_INTERPRET is read then)."""
+    global _KERNELS, _KERNELS_ERROR
+    if _KERNELS is None and _KERNELS_ERROR is None:
+        try:
+            from fastnorm.backends import triton_kernels
+        except Exception as exc:  # a broken triton install raises many kinds of errors
+            _KERNELS_ERROR = exc
+        else:
+            _KERNELS = triton_kernels
+    if _KERNELS is None:
+        raise RuntimeError(f"the Triton kernels did not import: {_KERNELS_ERROR}")
+    return _KERNELS
+
+
+def _interpret_requested() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+@dataclass(frozen=True)
+class Config:
+    """Tile sizes; the interpreter gets small ones so tests cover many chunks quickly."""
+
+    block: int
+    chunk: int
+    num_warps: int
+    programs_per_sm: int
+
+
+GPU_CONFIG = Config(block=2048, chunk=65536, num_warps=8, programs_per_sm=4)
+INTERPRETER_CONFIG = Config(block=128, chunk=512, num_warps=1, programs_per_sm=1)
+INTERPRETER_PROGRAMS = 4
+FINALIZE_BLOCK = 256
+
+_SM_COUNT: dict[int, int] = {}
+
+
+def _max_programs(device: torch.device, config: Config) -> int:
+    if device.type != "cuda":
+        return INTERPRETER_PROGRAMS
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _SM_COUNT:
+        _SM_COUNT[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    return _SM_COUNT[index] * config.programs_per_sm
+
+
+@dataclass
+class DtypeTable:
+    """The tensors of one dtype: their device table and launch geometry."""
+
+    dtype: Any  # a triton.language dtype
+    table: torch.Tensor
+    num_tensors: int
+    num_chunks: int
+    grid: int
+    partial_offset: int  # first row of this dtype's partials in the shared buffer
+
+
+@dataclass
+class Prepared:
+    device: torch.device
+    config: Config
+    tables: list[DtypeTable]
+    num_partials: int
+    host_table: torch.Tensor = field(repr=False)  # kept alive while the copy may run
+
+
+def _chunk_table(numels: list[int], chunk: int) -> torch.Tensor:
+    """[tensor index of every chunk | first element of every chunk], int64."""
+    counts = torch.tensor([-(-n // chunk) for n in numels], dtype=torch.int64)
+    tensor_of_chunk = torch.repeat_interleave(torch.arange(len(numels)), counts)
+    first_chunk = torch.cumsum(counts, 0) - counts
+    start = (torch.arange(int(counts.sum())) - first_chunk[tensor_of_chunk]) * chunk
+    return torch.cat([tensor_of_chunk, start])
+
+
+class TritonBackend:
+    name = "triton"
+
+    def not_supported_reasons(self, device: torch.device) -> list[str]:
+        reasons = []
+        if not _TRITON_FOUND:
+            reasons.append("triton is not installed (pip install 'fastnorm[triton]')")
+        if device.type == "cuda":
+            if not torch.cuda.is_available():
+                reasons.append("torch.cuda is not available")
+        elif device.type == "cpu":
+            if not _interpret_requested():
+                reasons.append("CPU tensors need Triton's interpreter (TRITON_INTERPRET=1)")
+        else:
+            reasons.append(f"it serves CUDA tensors, not {device.type}")
+        if not reasons:
+            try:
+                interpreted = kernels().INTERPRETED
+            except RuntimeError as exc:
+                return [str(exc)]
+            if interpreted != (device.type == "cpu"):
+                mode = "interpreted" if interpreted else "compiled"
+                reasons.append(
+                    f"the kernels were loaded {mode} (TRITON_INTERPRET changed after the first use)"
+                )
+        return reasons
+
+    def prepare(self, tensors: list[torch.Tensor]) -> Prepared:
+        device = tensors[0].device
+        config = INTERPRETER_CONFIG if device.type == "cpu" else GPU_CONFIG
+        by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+        for t in tensors:
+            by_dtype.setdefault(t.dtype, []).append(t)
+        parts, layout = [], []
+        max_programs = _max_programs(device, config)
+        offset = partial_offset = 0
+        for dtype, group in by_dtype.items():
+            numels = [t.numel() for t in group]
+            chunks = _chunk_table(numels, config.chunk)
+            part = torch.cat([torch.tensor([t.data_ptr() for t in group] + numels), chunks])
+            num_chunks = chunks.numel() // 2
+            grid = min(num_chunks, max_programs)
+            parts.append(part)
+            layout.append((kernels().TL_DTYPES[dtype], offset, part.numel(), len(group), num_chunks, grid, partial_offset))
+            offset += part.numel()
+            partial_offset += grid
+        host = torch.cat(parts)
+        if device.type == "cuda":
+            host = host.pin_memory()
+            table = host.to(device, non_blocking=True)
+        else:
+            table = host
+        tables = [
+            DtypeTable(tl_dtype, table[start : start + size], n, chunks, grid, row)
+            for tl_dtype, start, size, n, chunks, grid, row in layout
+        ]
+        return Prepared(device, config, tables, partial_offset, host)
+
+    def reduce(
+        self, prepared: Prepared, mode: Mode, p: float, result_dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        k = kernels()
+        device, config = prepared.device, prepared.config
+        partials = torch.empty((prepared.num_partials, 2), dtype=torch.float64, device=device)
+        out = torch.empty(2, dtype=torch.float64, device=device)
+        root = torch.empty((), dtype=result_dtype, device=device)
+        with _on(device):
+            for t in prepared.tables:
+                k.norm_partials_kernel[(t.grid,)](
+                    t.table,
+                    t.num_tensors,
+                    t.num_chunks,
+                    partials[t.partial_offset :],
+                    float(p),
+                    DTYPE=t.dtype,
+                    MODE=int(mode),
+                    CHUNK=config.chunk,
+                    BLOCK=config.block,
+                    num_warps=config.num_warps,
+                )
+            k.finalize_kernel[(1,)](
+                partials,
+                prepared.num_partials,
+                out,
+                root,
+                float(p),
+                MODE=int(mode),
+                BLOCK=FINALIZE_BLOCK,
+                num_warps=4,
+            )
+        return out, root
+
+    def scale_(self, prepared: Prepared, norm: torch.Tensor, max_norm: float) -> None:
+        k = kernels()
+        config = prepared.config
+        bits = struct.unpack("<q", struct.pack("<d", max_norm))[0]
+        with _on(prepared.device):
+            for t in prepared.tables:
+                k.scale_kernel[(t.grid,)](
+                    t.table,
+                    t.num_tensors,
+                    t.num_chunks,
+                    norm,
+                    bits,
+                    DTYPE=t.dtype,
+                    NORM_IS_F64=norm.dtype == torch.float64,
+                    CHUNK=config.chunk,
+                    BLOCK=config.block,
+                    num_warps=config.num_warps,
+                )
+
+
+def _on(device: torch.device) -> Any:
+    """Launch on ``device``'s current stream (Triton launches on the current device)."""
+    if device.type == "cuda" and device.index is not None and device.index != torch.cuda.current_device():
+        return torch.cuda.device(device.index)
+    return contextlib.nullcontext()
+
+
+BACKEND = TritonBackend()
