@@ -10,8 +10,9 @@ deduplicated by the front (``fastnorm/norm.py``), and implements three steps:
   in place, decided on the device, touching no memory when it is 1.
 
 Selection: ``FASTNORM_BACKEND=auto|triton|cpp|torch`` (read at every call)
-forces one; ``auto`` takes the first of triton, cpp, torch that supports the
-device. A forced backend that cannot run raises with every reason.
+forces one; ``auto`` takes triton on CUDA, cpp on the CPU, and torch where
+those cannot run (never Triton's interpreter: it is for tests). A forced
+backend that cannot run raises with every reason.
 """
 
 from __future__ import annotations
@@ -128,6 +129,11 @@ def expected_fast(device: torch.device) -> str | None:
     return None
 
 
+def _auto_order(device: torch.device) -> tuple[str, ...]:
+    fast = expected_fast(device)
+    return (fast, "torch") if fast else ("torch",)
+
+
 def choose(device: torch.device, request: str) -> Choice:
     """The backend for tensors on ``device`` under ``request`` (a CHOICES value)."""
     table = backends()
@@ -140,7 +146,8 @@ def choose(device: torch.device, request: str) -> Choice:
             )
         return Choice(backend, True, {})
     skipped: dict[str, list[str]] = {}
-    for name, backend in table.items():
+    for name in _auto_order(device):
+        backend = table[name]
         reasons = backend.not_supported_reasons(device)
         if not reasons:
             return Choice(backend, False, skipped)

@@ -1,0 +1,5 @@
+import sys
+
+from fastnorm.cli import main
+
+sys.exit(main())

@@ -1,0 +1,55 @@
+"""The ``fastnorm`` command (also ``python -m fastnorm``).
+
+Each subcommand lives in the module that owns the feature and registers
+itself here through ``add_parser(subparsers)``, which sets ``func``, a callable
+taking the parsed arguments and returning the exit code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+
+
+def _info(args: argparse.Namespace) -> int:
+    import torch
+
+    from fastnorm import __version__
+    from fastnorm.backends import cpp, report
+
+    rows = report()
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    print(f"fastnorm {__version__}, torch {torch.__version__}")
+    print(f"C++ kernels: {cpp.isa() or 'not built'}; threads: {torch.get_num_threads()}")
+    for row in rows:
+        print(f"\n{row['device']} (FASTNORM_BACKEND={row['requested']}): runs {row['selected']}")
+        for name, reasons in row["backends"].items():
+            status = "available" if not reasons else "unavailable: " + "; ".join(reasons)
+            print(f"  {name:7s} {status}")
+    return 0
+
+
+def _add_info(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("info", help="which backend runs on each device, and why")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.set_defaults(func=_info)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fastnorm", description=__doc__.splitlines()[0])
+    subparsers = parser.add_subparsers(dest="command", required=True)
+    _add_info(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
