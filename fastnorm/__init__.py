@@ -5,8 +5,8 @@
 """
 
 from fastnorm.backends import report as backend_report
-from fastnorm.norm import clip_, clear_cache, total_norm
+from fastnorm.norm import clear_cache, clip_, tensor_norms, total_norm
 
 __version__ = "0.1.0"
 
-__all__ = ["total_norm", "clip_", "backend_report", "clear_cache", "__version__"]
+__all__ = ["total_norm", "clip_", "tensor_norms", "backend_report", "clear_cache", "__version__"]
