@@ -2,6 +2,7 @@
 #include <cmath>
 #include <cstring>
 #include <cstdint>
+#include <cstdlib>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -82,7 +83,13 @@ struct Kernels {
   const char* isa;
 };
 
+// FASTNORM_CPU_ISA=generic forces the portable loops (to test them, or to rule
+// out the vector path when chasing a problem).
 Kernels select_kernels() {
+  const char* forced = std::getenv("FASTNORM_CPU_ISA");
+  if (forced != nullptr && std::string(forced) == "generic") {
+    return {generic::reduce_piece, generic::scale_piece, "generic"};
+  }
 #if defined(FASTNORM_HAVE_AVX2)
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&

@@ -119,6 +119,10 @@ class _Prepared:
     # For tensor_norms: each item's (group, row) in norm_groups, None without a gradient.
     item_rows: list[tuple[int, int] | None]
     gather: dict[str, Tensor] = field(default_factory=dict)  # per-item index, built on first use
+    # Backends' states hold addresses only. Tensors made here (merged sparse
+    # values, complex views) live as long as this plan, which is then never
+    # cached; the user's own gradients are kept alive by the caller.
+    keepalive: list[Tensor] = field(default_factory=list, repr=False)
 
 
 @dataclass
@@ -207,7 +211,9 @@ def _collect(items: list[Any], p: float, fn: str) -> _Gradients:
     return out
 
 
-def _groups(tensors: list[Tensor], dense: list[bool], request: str) -> tuple[list[_Group], list[tuple[int, int]]]:
+def _groups(
+    tensors: list[Tensor], dense: list[bool], request: str
+) -> tuple[list[_Group], list[tuple[int, int]]]:
     """One group per (device, backend), in order of first appearance, and each
     tensor's (group, row). Tensors that are not dense go to the torch backend."""
     by_device: dict[torch.device, tuple[list[int], list[int]]] = {}
@@ -246,6 +252,7 @@ def _prepare(grads: _Gradients, request: str) -> _Prepared:
         grads.first_device if grads.first_device is not None else torch.device("cpu"),
         cacheable,
         [None if slot is None else rows[slot] for slot in grads.slots],
+        keepalive=[] if cacheable else grads.norm + grads.scale,
     )
 
 
@@ -295,7 +302,14 @@ class _Cache:
                 self._entries.move_to_end(key)
         return entry.prepared
 
-    def store(self, key: tuple[Any, ...], kind: str, items: list[Any], grads: list[Tensor | None], prepared: _Prepared) -> None:
+    def store(
+        self,
+        key: tuple[Any, ...],
+        kind: str,
+        items: list[Any],
+        grads: list[Tensor | None],
+        prepared: _Prepared,
+    ) -> None:
         entry = _Entry(kind, grads, prepared)
         entry_ref = weakref.ref(entry)
 

@@ -208,8 +208,7 @@ def report(devices: list[torch.device] | None = None) -> list[dict[str, Any]]:
                 "requested": request,
                 "selected": selected,
                 "backends": {
-                    name: backend.not_supported_reasons(device)
-                    for name, backend in backends().items()
+                    name: backend.not_supported_reasons(device) for name, backend in backends().items()
                 },
             }
         )

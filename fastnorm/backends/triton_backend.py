@@ -160,8 +160,17 @@ class TritonBackend:
             grid = min(num_chunks, max_programs)
             parts.append(part)
             layout.append(
-                (tl_dtypes[dtype], offset, part.numel(), len(group), num_chunks, grid,
-                 partial_offset, chunk_offset, tensor_offset)
+                (
+                    tl_dtypes[dtype],
+                    offset,
+                    part.numel(),
+                    len(group),
+                    num_chunks,
+                    grid,
+                    partial_offset,
+                    chunk_offset,
+                    tensor_offset,
+                )
             )
             offset += part.numel()
             partial_offset += grid
@@ -249,7 +258,7 @@ class TritonBackend:
     def scale_(self, prepared: Prepared, norm: torch.Tensor, max_norm: float) -> None:
         k = kernels()
         config = prepared.config
-        bits = struct.unpack("<q", struct.pack("<d", max_norm))[0]
+        bits = struct.unpack("<Q", struct.pack("<d", max_norm))[0]  # max_norm >= 0: sign bit clear
         with _on(prepared.device):
             for t in prepared.tables:
                 k.scale_kernel[(t.grid,)](
@@ -257,7 +266,8 @@ class TritonBackend:
                     t.num_tensors,
                     t.num_chunks,
                     norm,
-                    bits,
+                    bits >> 32,
+                    bits & 0xFFFFFFFF,
                     DTYPE=t.dtype,
                     NORM_IS_F64=norm.dtype == torch.float64,
                     CHUNK=config.chunk,

@@ -2,7 +2,8 @@
 
 Every kernel reads its tensors through one int64 table on the device::
 
-    [addr (T) | numel (T) | first chunk of each tensor (T + 1) | tensor of each chunk (C) | start of each chunk (C)]
+    [addr (T) | numel (T) | first chunk of each tensor (T + 1)
+     | tensor of each chunk (C) | start of each chunk (C)]
 
 so one launch covers any number of tensors of one dtype. A chunk is at most
 CHUNK elements of one tensor; program ``i`` of ``G`` takes chunks ``i, i+G,
@@ -46,10 +47,11 @@ def _nan_max(v):
 def _pow_ratio(num, den, p):
     """(num / den)^p for 0 <= num <= den, in float32 (only MODE 3 uses it); 0 when num is 0.
 
-    Zero operands are swapped for 1 before dividing and taking the log, so no
-    lane ever computes 0/0 or log2(0), even one the caller masks out.
+    Zero operands are swapped for 1 and the ratio capped at 1, so no lane ever
+    computes 0/0, log2(0) or an overflowing power, even one the caller masks out
+    (tl.where evaluates both sides).
     """
-    ratio = (num / tl.where(den > 0, den, 1.0)).to(tl.float32)
+    ratio = tl.minimum(num / tl.where(den > 0, den, 1.0), 1.0).to(tl.float32)
     power = tl.exp2(p * tl.log2(tl.where(ratio > 0, ratio, 1.0)))
     return tl.where(ratio > 0, power, 0.0).to(tl.float64)
 
@@ -75,7 +77,7 @@ def _block_partial(x, p):
     """The partial (m, s) of one tile of |x| (float64); used by MODE 3 only."""
     m = _nan_max(x)
     s = tl.sum(tl.where(m > 0, _pow_ratio(x, m, p), 0.0), 0)
-    s = tl.where(m - m == 0.0, s, 1.0)  # an inf tile (inf - inf is NaN): the norm is inf
+    s = tl.where(m < float("inf"), s, 1.0)  # an inf tile: the norm is inf
     return m, s
 
 
@@ -137,7 +139,7 @@ def norm_partials_kernel(
         chunk_s = tl.zeros((), tl.float64)
         for off in range(start, end, BLOCK):
             idx = off + tl.arange(0, BLOCK)
-            x = tl.abs(tl.load(base + idx, mask=idx < end, other=0.0).to(tl.float64))
+            x = tl.abs(_widen(tl.load(base + idx, mask=idx < end, other=0.0), DTYPE).to(tl.float64))
             if MODE == 3:
                 m, s = _block_partial(x, p)
                 run_m, run_s = _merge_scaled(run_m, run_s, m, s, p)
@@ -240,6 +242,22 @@ def per_tensor_kernel(
 
 
 @triton.jit
+def _widen(x, DTYPE: tl.constexpr):
+    """x (of DTYPE) as float32 (float64 for float64), exactly.
+
+    bfloat16 is widened with a shift: the same bits on the GPU and in the
+    interpreter (whose own bfloat16 cast mishandles subnormals).
+    """
+    if DTYPE == tl.bfloat16:
+        bits = x.to(tl.uint16, bitcast=True).to(tl.uint32) << 16
+        return bits.to(tl.float32, bitcast=True)
+    elif DTYPE == tl.float64:
+        return x
+    else:
+        return x.to(tl.float32)
+
+
+@triton.jit
 def _round_to(x, DTYPE: tl.constexpr):
     """x (float32/float64) in DTYPE, rounded to nearest even like torch.
 
@@ -255,13 +273,14 @@ def _round_to(x, DTYPE: tl.constexpr):
         return x.to(DTYPE)
 
 
-@triton.jit(do_not_specialize=["max_norm_bits"])
+@triton.jit(do_not_specialize=["max_norm_hi", "max_norm_lo"])
 def scale_kernel(
     table_ptr,
     num_tensors,
     num_chunks,
     norm_ptr,
-    max_norm_bits,
+    max_norm_hi,
+    max_norm_lo,
     DTYPE: tl.constexpr,
     NORM_IS_F64: tl.constexpr,
     CHUNK: tl.constexpr,
@@ -273,9 +292,12 @@ def scale_kernel(
     does (reciprocal, then times max_norm, in the norm's dtype) so the result
     matches torch.nn.utils.clip_grad_norm_ bit for bit. When it is >= 1 the
     program ends without reading or writing any gradient. max_norm arrives as
-    the bits of a float64 so that float64 norms get its exact value.
+    the two 32-bit halves of its float64 bits (Triton types a Python int by its
+    value, so one 64-bit pattern could arrive as int32), so that float64 norms
+    get its exact value.
     """
-    max_norm = max_norm_bits.to(tl.float64, bitcast=True)
+    bits = (max_norm_hi.to(tl.int64) << 32) | max_norm_lo.to(tl.int64)
+    max_norm = bits.to(tl.float64, bitcast=True)
     norm = tl.load(norm_ptr)
     if NORM_IS_F64:
         # float64 division is IEEE-rounded; float32 needs div_rn (its "/" is approximate).
@@ -285,10 +307,7 @@ def scale_kernel(
         coef = tl.math.div_rn(one, norm + tl.full((), 1e-6, tl.float32)) * max_norm.to(tl.float32)
     # clamp(coef, max=1) keeps a NaN coefficient, and torch scales by it.
     if (coef < 1.0) | (coef != coef):
-        if DTYPE == tl.float64:
-            c = coef.to(tl.float64)
-        else:
-            c = coef.to(tl.float32)
+        c = coef.to(tl.float64 if DTYPE == tl.float64 else tl.float32)
         pid = tl.program_id(0)
         numel_ptr = table_ptr + num_tensors
         chunk_tensor_ptr = table_ptr + 3 * num_tensors + 1
@@ -302,4 +321,4 @@ def scale_kernel(
                 idx = off + tl.arange(0, BLOCK)
                 mask = idx < end
                 x = tl.load(base + idx, mask=mask)
-                tl.store(base + idx, _round_to(x.to(c.dtype) * c, DTYPE), mask=mask)
+                tl.store(base + idx, _round_to(_widen(x, DTYPE) * c, DTYPE), mask=mask)
