@@ -13,12 +13,10 @@ import pytest
 import torch
 
 import fastnorm
+import reference
 from fastnorm import backends
 from fastnorm.backends import BackendUnavailableError, cpp
-from tests import reference
-from tests.conftest import INTERPRETED, use_backend
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from harness import INTERPRETED, use_backend
 
 
 def run_python(code: str, **env: str) -> subprocess.CompletedProcess:
@@ -27,7 +25,7 @@ def run_python(code: str, **env: str) -> subprocess.CompletedProcess:
         capture_output=True,
         text=True,
         timeout=300,
-        env={**os.environ, "PYTHONPATH": REPO, **env},
+        env={**os.environ, **env},
         check=False,
     )
 
@@ -100,7 +98,7 @@ def test_request_is_read_at_every_call(monkeypatch):
 
 def test_info_command_lists_every_backend():
     def fastnorm_cli(*args: str) -> subprocess.CompletedProcess:
-        env = {**os.environ, "PYTHONPATH": REPO, "TRITON_INTERPRET": "0"}
+        env = {**os.environ, "TRITON_INTERPRET": "0"}
         cmd = [sys.executable, "-m", "fastnorm", *args]
         return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, check=False)
 

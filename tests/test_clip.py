@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import fastnorm
-from tests import reference
+import reference
 
 
 def make_params(shapes, dtype=torch.float32, seed=0, scale=1.0):
