@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -16,3 +18,17 @@ def use_backend(name: str, monkeypatch: pytest.MonkeyPatch) -> str:
         pytest.skip("the triton backend runs on CPU tensors only under TRITON_INTERPRET=1")
     monkeypatch.setenv("FASTNORM_BACKEND", name)
     return name
+
+
+def run_python(args: list[str], **env: str) -> subprocess.CompletedProcess:
+    """``python ARGS`` in a child process, from this folder: a child started in the
+    repository root would import the source tree instead of the installed package."""
+    return subprocess.run(
+        [sys.executable, *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, **env},
+        cwd=os.path.dirname(os.path.abspath(__file__)),
+        check=False,
+    )
