@@ -1,409 +1,29 @@
-"""``total_norm`` and ``clip_``: everything around the kernels, once for all backends.
+"""``total_norm``, ``clip_`` and ``tensor_norms``: the stages around the kernels.
 
-The front turns the user's parameters into a list of gradients (validated,
-deduplicated), groups them by device, lets each device's backend compute a
-partial, combines the partials on the first device and takes the root. Clipping
-hands the norm to the backends' conditional scale. Nothing here reads a device
-value on the host, so neither function synchronizes (except with
-``error_if_nonfinite=True``).
+A call is three stages (see ARCHITECTURE.md): each device's backend computes a
+local partial in one fused pass; partials that belong to a distributed domain
+are all-reduced across ranks; the root is taken on the first gradient's
+device. Clipping then hands the norm to the backends' conditional scale.
+Nothing here reads a device value on the host, so no call synchronizes
+(except with ``error_if_nonfinite=True``).
 """
 
 from __future__ import annotations
 
-import math
-import threading
-import weakref
-from collections import OrderedDict
-from collections.abc import Iterable
-from dataclasses import dataclass, field
-from itertools import compress
-from operator import attrgetter
-from typing import Any, Union
+from typing import Any
 
 import torch
 from torch import Tensor
-from torch.nn import Parameter
 
-from fastnorm import _partial
-from fastnorm.backends import Backend, Mode, choose, requested, warn_if_slow
+from fastnorm import _partial, distributed
+from fastnorm._collect import TensorOrTensors, items_of
+from fastnorm._collect import max_norm as check_max_norm
+from fastnorm._collect import norm_type as check_norm_type
+from fastnorm._plan import Plan, clear_cache, plan_for
+from fastnorm.backends import Mode
+from fastnorm.backends.torch_backend import accumulate_dtype
 
-TensorOrTensors = Union[Tensor, Iterable[Tensor]]
-
-_SUPPORTED = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-_SPARSE_COMPRESSED = (torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr, torch.sparse_bsc)
-
-_get_grad = attrgetter("grad")
-_get_requires_grad = attrgetter("requires_grad")
-_data_ptr = Tensor.data_ptr
-
-
-# ----------------------------------------------------------------------------
-# Arguments
-# ----------------------------------------------------------------------------
-
-
-def _norm_type(norm_type: float | str, fn: str) -> float:
-    try:
-        p = float(norm_type)
-    except (TypeError, ValueError):
-        raise TypeError(f"{fn}: norm_type must be a positive number or 'inf', got {norm_type!r}") from None
-    if math.isnan(p) or p <= 0:
-        raise ValueError(f"{fn}: norm_type must be > 0 (or inf), got {norm_type!r}")
-    return p
-
-
-def _max_norm(max_norm: float, fn: str) -> float:
-    try:
-        value = float(max_norm)
-    except (TypeError, ValueError):
-        raise TypeError(f"{fn}: max_norm must be a number, got {max_norm!r}") from None
-    if math.isnan(value) or value < 0:
-        raise ValueError(
-            f"{fn}: max_norm must be >= 0, got {max_norm!r} (a negative or NaN max_norm "
-            "would flip or poison every gradient)"
-        )
-    return value
-
-
-def _items(tensors: TensorOrTensors, fn: str) -> list[Any]:
-    if isinstance(tensors, Tensor):
-        return [tensors]
-    try:
-        return list(tensors)
-    except TypeError:
-        raise TypeError(
-            f"{fn}: expected a Tensor or an iterable of Tensors, got {type(tensors).__name__}"
-        ) from None
-
-
-def _contributes_grad(item: Tensor) -> bool:
-    """A parameter (or any tensor that requires grad) stands for its ``.grad``."""
-    return isinstance(item, Parameter) or item.requires_grad
-
-
-# ----------------------------------------------------------------------------
-# Gradients -> per-device groups
-# ----------------------------------------------------------------------------
-
-
-def _is_dense(t: Tensor) -> bool:
-    """True when ``t`` covers exactly ``numel`` consecutive elements from data_ptr,
-    in any order (contiguous, channels_last, any permutation): read as flat."""
-    if t.is_contiguous():
-        return True
-    expected = 1
-    for stride, size in sorted((s, n) for s, n in zip(t.stride(), t.shape) if n != 1):
-        if stride != expected:
-            return False
-        expected *= size
-    return True
-
-
-@dataclass
-class _Group:
-    """Gradients of one device served by one backend."""
-
-    device: torch.device
-    backend: Backend
-    state: Any  # what backend.prepare returned
-    size: int  # number of tensors
-
-
-@dataclass
-class _Prepared:
-    norm_groups: list[_Group]
-    scale_groups: list[_Group]
-    result_dtype: torch.dtype
-    result_device: torch.device
-    cacheable: bool
-    # For tensor_norms: each item's (group, row) in norm_groups, None without a gradient.
-    item_rows: list[tuple[int, int] | None]
-    gather: dict[str, Tensor] = field(default_factory=dict)  # per-item index, built on first use
-    # Backends' states hold addresses only. Tensors made here (merged sparse
-    # values, complex views) live as long as this plan, which is then never
-    # cached; the user's own gradients are kept alive by the caller.
-    keepalive: list[Tensor] = field(default_factory=list, repr=False)
-
-
-@dataclass
-class _Gradients:
-    """What the items stand for, split the way the backends need it."""
-
-    per_item: list[Tensor | None] = field(default_factory=list)  # each item's gradient
-    slots: list[int | None] = field(default_factory=list)  # each item's index in `norm`
-    norm: list[Tensor] = field(default_factory=list)  # tensors to reduce
-    scale: list[Tensor] = field(default_factory=list)  # tensors to scale (differs for sparse)
-    dense: list[bool] = field(default_factory=list)  # whether norm[i] and scale[i] read as flat
-    scale_differs: bool = False  # uncoalesced sparse: scale the raw values, reduce merged ones
-    result_dtype: torch.dtype = torch.float32
-    first_device: torch.device | None = None
-    cacheable: bool = True
-
-
-def _gradient_of(item: Any, position: int, fn: str) -> Tensor | None:
-    if not isinstance(item, Tensor):
-        raise TypeError(f"{fn}: item {position} is a {type(item).__name__}, not a Tensor")
-    if _contributes_grad(item):
-        grad = item.grad
-        what = f"the .grad of item {position}"
-    else:
-        grad = item
-        what = f"item {position}"
-    if grad is not None and grad.dtype not in _SUPPORTED and not grad.is_complex():
-        raise TypeError(
-            f"{fn}: {what} has dtype {grad.dtype}; gradients must be float16, bfloat16, "
-            "float32 or float64 (or complex, for norm_type=2)"
-        )
-    return grad
-
-
-def _collect(items: list[Any], p: float, fn: str) -> _Gradients:
-    out = _Gradients()
-    seen: dict[tuple[Any, ...], int] = {}
-
-    def add(norm_t: Tensor, scale_t: Tensor) -> int | None:
-        if norm_t.numel() == 0:
-            return None
-        dense = _is_dense(norm_t) and _is_dense(scale_t)
-        if dense:
-            key = (norm_t.device, norm_t.data_ptr(), norm_t.numel(), norm_t.dtype)
-            if key in seen:  # the same memory twice counts once and is scaled once
-                return seen[key]
-            seen[key] = len(out.norm)
-        else:
-            out.cacheable = False
-        out.norm.append(norm_t)
-        out.scale.append(scale_t)
-        out.dense.append(dense)
-        return len(out.norm) - 1
-
-    for position, item in enumerate(items):
-        grad = _gradient_of(item, position, fn)
-        out.per_item.append(grad)
-        slot = None
-        if grad is not None:
-            if out.first_device is None:
-                out.first_device = grad.device
-            if grad.dtype in (torch.float64, torch.complex128):
-                out.result_dtype = torch.float64
-            if grad.is_complex():
-                if p != 2.0:
-                    raise TypeError(
-                        f"{fn}: item {position} is complex ({grad.dtype}); complex gradients are "
-                        f"supported for norm_type=2 only, got {p}"
-                    )
-                grad = torch.view_as_real(grad)
-                out.cacheable = False
-            if grad.layout == torch.sparse_coo:
-                # Duplicate indices add up: the norm needs them merged; scaling does not.
-                merged = grad if grad.is_coalesced() else grad.coalesce()
-                out.scale_differs |= merged is not grad
-                slot = add(merged._values(), grad._values())
-                out.cacheable = False
-            elif grad.layout in _SPARSE_COMPRESSED:
-                slot = add(grad.values(), grad.values())
-                out.cacheable = False
-            elif grad.layout != torch.strided:
-                raise TypeError(f"{fn}: item {position} has unsupported layout {grad.layout}")
-            else:
-                slot = add(grad, grad)
-        out.slots.append(slot)
-    return out
-
-
-def _groups(
-    tensors: list[Tensor], dense: list[bool], request: str
-) -> tuple[list[_Group], list[tuple[int, int]]]:
-    """One group per (device, backend), in order of first appearance, and each
-    tensor's (group, row). Tensors that are not dense go to the torch backend."""
-    by_device: dict[torch.device, tuple[list[int], list[int]]] = {}
-    for i, (t, flat) in enumerate(zip(tensors, dense)):
-        by_device.setdefault(t.device, ([], []))[0 if flat else 1].append(i)
-    groups: list[_Group] = []
-    rows: list[tuple[int, int]] = [(0, 0)] * len(tensors)
-    torch_backend = choose(torch.device("cpu"), "torch").backend
-    for device, (fused, rest) in by_device.items():
-        choice = choose(device, request)
-        warn_if_slow(device, choice)
-        if choice.backend.name == "torch":
-            fused, rest = [], fused + rest
-        for backend, members in ((choice.backend, fused), (torch_backend, rest)):
-            if members:
-                for row, i in enumerate(members):
-                    rows[i] = (len(groups), row)
-                state = backend.prepare([tensors[i] for i in members])
-                groups.append(_Group(device, backend, state, len(members)))
-    return groups, rows
-
-
-def _prepare(grads: _Gradients, request: str) -> _Prepared:
-    norm_groups, rows = _groups(grads.norm, grads.dense, request)
-    if grads.scale_differs:
-        scale_groups, _ = _groups(grads.scale, grads.dense, request)
-    else:
-        scale_groups = norm_groups
-    # The torch backend's state holds the tensors themselves: caching it would
-    # keep old gradients alive.
-    cacheable = grads.cacheable and all(g.backend.name != "torch" for g in norm_groups)
-    return _Prepared(
-        norm_groups,
-        scale_groups,
-        grads.result_dtype,
-        grads.first_device if grads.first_device is not None else torch.device("cpu"),
-        cacheable,
-        [None if slot is None else rows[slot] for slot in grads.slots],
-        keepalive=[] if cacheable else grads.norm + grads.scale,
-    )
-
-
-# ----------------------------------------------------------------------------
-# The cache: per list of items, the prepared groups, reused while every item is
-# alive and every gradient keeps its identity and address.
-# ----------------------------------------------------------------------------
-
-
-class _Entry:
-    __slots__ = ("kind", "grad_ids", "ptrs", "dense_mask", "prepared", "alive", "refs", "__weakref__")
-
-    def __init__(self, kind: str, grads: list[Tensor | None], prepared: _Prepared) -> None:
-        self.kind = kind  # "params": every item is a Parameter; "tensors": none requires grad
-        self.grad_ids = list(map(id, grads))
-        self.dense_mask = [g is not None for g in grads]
-        self.ptrs = list(map(_data_ptr, compress(grads, self.dense_mask)))
-        self.prepared = prepared
-        self.alive = True
-        self.refs: list[weakref.ref] = []
-
-
-class _Cache:
-    """A few entries keyed by (backend request, ids of the items)."""
-
-    def __init__(self, size: int = 8) -> None:
-        self._entries: OrderedDict[tuple[Any, ...], _Entry] = OrderedDict()
-        self._size = size
-        self._lock = threading.Lock()
-
-    def lookup(self, key: tuple[Any, ...], items: list[Any]) -> _Prepared | None:
-        entry = self._entries.get(key)
-        if entry is None or not entry.alive:
-            return None
-        if entry.kind == "params":
-            grads = list(map(_get_grad, items))
-            if list(map(id, grads)) != entry.grad_ids:
-                return None
-        else:
-            if any(map(_get_requires_grad, items)):
-                return None
-            grads = items
-        if list(map(_data_ptr, compress(grads, entry.dense_mask))) != entry.ptrs:
-            return None
-        with self._lock:
-            if key in self._entries:
-                self._entries.move_to_end(key)
-        return entry.prepared
-
-    def store(
-        self,
-        key: tuple[Any, ...],
-        kind: str,
-        items: list[Any],
-        grads: list[Tensor | None],
-        prepared: _Prepared,
-    ) -> None:
-        entry = _Entry(kind, grads, prepared)
-        entry_ref = weakref.ref(entry)
-
-        def expire(_: object) -> None:
-            e = entry_ref()
-            if e is not None:
-                e.alive = False
-
-        watched = items if kind == "tensors" else items + [g for g in grads if g is not None]
-        entry.refs = [weakref.ref(t, expire) for t in watched]
-        with self._lock:
-            self._entries[key] = entry
-            self._entries.move_to_end(key)
-            while len(self._entries) > self._size:
-                self._entries.popitem(last=False)
-
-    def clear(self) -> None:
-        with self._lock:
-            self._entries.clear()
-
-
-_CACHE = _Cache()
-
-
-def _kind(items: list[Any]) -> str | None:
-    """How the items may be cached: all parameters, all plain gradients, or not at all."""
-    if all(type(item) is Parameter for item in items):
-        return "params"
-    if all(type(item) is Tensor and not item.requires_grad for item in items):
-        return "tensors"
-    return None
-
-
-def _prepared_for(items: list[Any], p: float, fn: str) -> _Prepared:
-    """The prepared groups for ``items``, from the cache when still valid."""
-    request = requested()
-    key = (request, tuple(map(id, items)))
-    prepared = _CACHE.lookup(key, items)
-    if prepared is not None:
-        return prepared
-    grads = _collect(items, p, fn)
-    prepared = _prepare(grads, request)
-    kind = _kind(items)
-    if prepared.cacheable and kind is not None:
-        _CACHE.store(key, kind, items, grads.per_item, prepared)
-    return prepared
-
-
-def clear_cache() -> None:
-    """Forgets every cached plan (they are rebuilt on the next call)."""
-    _CACHE.clear()
-
-
-# ----------------------------------------------------------------------------
-# Stages
-# ----------------------------------------------------------------------------
-
-
-def _reduce(prepared: _Prepared, p: float, per_item: bool = False) -> tuple[Tensor, Tensor | None]:
-    """The total norm and, with ``per_item``, each item's norm (same pass)."""
-    groups = prepared.norm_groups
-    first, dtype = prepared.result_device, prepared.result_dtype
-    mode = Mode.of(p)
-    results = [g.backend.reduce(g.state, mode, p, dtype, per_item) for g in groups]
-    if not results:
-        total = torch.zeros((), dtype=torch.float32, device=first)
-    elif len(results) == 1:
-        total = results[0][1]
-    else:
-        partials = [_to_device(partial, first) for partial, _, _ in results]
-        acc = torch.float64 if all(q.dtype == torch.float64 for q in partials) else torch.float32
-        combined = _partial.combine([q.to(acc) for q in partials], mode, p)
-        total = _partial.root(combined, mode, p, dtype)
-    if not per_item:
-        return total, None
-    rows = [_partial.root(_to_device(t, first), mode, p, dtype) for _, _, t in results]
-    rows.append(torch.zeros(1, dtype=dtype, device=first))  # the row of items without a gradient
-    return total, torch.cat(rows)[_gather_index(prepared, first)]
-
-
-def _gather_index(prepared: _Prepared, device: torch.device) -> Tensor:
-    """For each item, its row in the concatenated per-tensor norms (cached per plan)."""
-    index = prepared.gather.get(str(device))
-    if index is None:
-        sizes = [g.size for g in prepared.norm_groups]
-        offsets = [sum(sizes[:i]) for i in range(len(sizes))]
-        zero_row = sum(sizes)
-        host = torch.tensor(
-            [zero_row if r is None else offsets[r[0]] + r[1] for r in prepared.item_rows],
-            dtype=torch.int64,
-        )
-        index = _to_device(host, device)
-        prepared.gather[str(device)] = index
-    return index
+__all__ = ["total_norm", "clip_", "tensor_norms", "clear_cache"]
 
 
 def _to_device(t: Tensor, device: torch.device) -> Tensor:
@@ -412,6 +32,61 @@ def _to_device(t: Tensor, device: torch.device) -> Tensor:
     if t.device.type == "cpu" and device.type != "cpu":
         return t.pin_memory().to(device, non_blocking=True)
     return t.to(device)  # to the CPU: the value must be ready, which waits for it
+
+
+def _index(plan: Plan, name: str, device: torch.device, build: Any) -> Tensor:
+    """An int64 index tensor of the plan on ``device``, built once."""
+    key = (name, str(device))
+    if key not in plan.indices:
+        plan.indices[key] = _to_device(torch.tensor(build(), dtype=torch.int64), device)
+    return plan.indices[key]
+
+
+def _item_gather(plan: Plan) -> list[int]:
+    """Each item's row in the per-tensor partials of all groups, stacked, plus one zero row."""
+    offsets, total = [], 0
+    for g in plan.norm_groups:
+        offsets.append(total)
+        total += g.size
+    return [total if r is None else offsets[r[0]] + r[1] for r in plan.item_rows]
+
+
+def _reduce(plan: Plan, p: float, per_item: bool = False) -> tuple[Tensor, Tensor | None]:
+    """The total norm and, with ``per_item``, each item's norm (from the same pass)."""
+    mode = Mode.of(p)
+    first, dtype = plan.result_device, plan.result_dtype
+    results = [g.backend.reduce(g.state, mode, p, dtype, per_item) for g in plan.norm_groups]
+
+    if len(results) == 1 and not plan.distributed:
+        total = results[0][1]  # the backend's own root: no extra launch
+    elif not results and not plan.distributed:
+        total = torch.zeros((), dtype=torch.float32, device=first)
+    else:
+        per_domain: list[list[Tensor]] = [[] for _ in plan.domains]
+        for g, (partial, _, _) in zip(plan.norm_groups, results):
+            per_domain[g.domain].append(partial)
+        partials = []
+        for d in sorted(range(len(plan.domains)), key=lambda i: repr(plan.domains[i].key)):
+            domain = plan.domains[d]
+            device = distributed.collective_device(domain) if domain.groups else first
+            local = [_to_device(q, device) for q in per_domain[d]]
+            partials.append(_to_device(distributed.global_partial(local, mode, p, domain, device), first))
+        total = _partial.root(_partial.combine(partials, mode, p), mode, p, dtype)
+    if not per_item:
+        return total, None
+
+    acc = accumulate_dtype(first)
+    rows = [_to_device(t, first).to(acc) for _, _, t in results]
+    rows.append(torch.zeros((1, 2), dtype=acc, device=first))  # items without a gradient
+    items = torch.cat(rows)[_index(plan, "gather", first, lambda: _item_gather(plan))]
+    for d, domain in enumerate(plan.domains):
+        if domain.groups:
+            members = [i for i, item_domain in enumerate(plan.item_domains) if item_domain == d]
+            index = _index(plan, ("domain", d), first, lambda m=members: m)
+            device = distributed.collective_device(domain)
+            reduced = distributed.all_reduce(_to_device(items[index], device), mode, p, domain)
+            items = items.index_copy(0, index, _to_device(reduced, first))
+    return total, _partial.root(items, mode, p, dtype)
 
 
 def _check_finite(norm: Tensor, p: float) -> None:
@@ -423,11 +98,9 @@ def _check_finite(norm: Tensor, p: float) -> None:
         )
 
 
-def _scale(prepared: _Prepared, norm: Tensor, max_norm: float) -> None:
-    for g in prepared.scale_groups:
-        n = norm
-        if n.device != g.device:
-            n = _to_device(n, g.device)
+def _scale(plan: Plan, norm: Tensor, max_norm: float) -> None:
+    for g in plan.scale_groups:
+        n = _to_device(norm, g.device)
         if n.dtype not in (torch.float32, torch.float64):
             n = n.float()
         g.backend.scale_(g.state, n.reshape(()), max_norm)
@@ -443,6 +116,7 @@ def total_norm(
     norm_type: float | str = 2.0,
     *,
     error_if_nonfinite: bool = False,
+    group: Any = None,
 ) -> Tensor:
     r"""The p-norm of all gradients together, as if concatenated into one vector.
 
@@ -456,18 +130,26 @@ def total_norm(
             parameter (an ``nn.Parameter`` or any tensor that requires grad)
             contributes its ``.grad`` (skipped when None); any other tensor is
             taken as a gradient itself. Generators are consumed once. The same
-            tensor given twice counts once.
+            tensor given twice counts once. DTensors (FSDP2, tensor parallel)
+            contribute their local shard: ``Shard`` placements are summed across
+            the mesh, ``Replicate`` ones counted once.
         norm_type (float or str): the p of the p-norm, any p > 0 or ``'inf'``.
             Default: 2.0.
         error_if_nonfinite (bool): raise a RuntimeError when the norm is NaN or
             inf. Reading the value synchronizes with the device: this is the
             only case in which ``total_norm`` does. Default: False.
+        group (ProcessGroup, optional): for plain tensors that are disjoint
+            shards of the model on each rank (ZeRO/FSDP1 flat shards, pipeline
+            stages, expert-parallel ranks): their local partial is all-reduced
+            over ``group`` (``dist.group.WORLD`` for all ranks). Every rank of
+            the group must call. Default: None (plain tensors are local).
 
     Returns:
         Tensor: a 0-dim tensor on the device of the first gradient, float32
         (float64 when any gradient is float64), never a 16-bit dtype: 16-bit
         gradients are accumulated in float64, so a norm past 65504 is finite.
-        ``tensor(0.)`` when there is no gradient.
+        ``tensor(0.)`` when there is no gradient. With DTensors or ``group``, the
+        global norm, the same on every rank, as a plain tensor.
 
     Example::
 
@@ -476,10 +158,9 @@ def total_norm(
         >>> model(torch.randn(3, 4)).sum().backward()
         >>> norm = fastnorm.total_norm(model.parameters())  # a device scalar, no sync
     """
-    p = _norm_type(norm_type, "total_norm")
-    items = _items(tensors, "total_norm")
-    prepared = _prepared_for(items, p, "total_norm")
-    norm, _ = _reduce(prepared, p)
+    p = check_norm_type(norm_type, "total_norm")
+    plan = plan_for(items_of(tensors, "total_norm"), p, "total_norm", group)
+    norm, _ = _reduce(plan, p)
     if error_if_nonfinite:
         _check_finite(norm, p)
     return norm
@@ -493,6 +174,7 @@ def clip_(
     foreach: bool | None = None,
     *,
     total_norm: Tensor | None = None,
+    group: Any = None,
 ) -> Tensor:
     r"""Clips the gradients' total norm in place; returns the norm before clipping.
 
@@ -501,6 +183,8 @@ def clip_(
     Every gradient is scaled by ``min(1, max_norm / (total_norm + 1e-6))``,
     computed exactly as torch does. The coefficient is computed on the device
     and, on the fused backends, when it is 1 no gradient is read or written.
+    With DTensors or ``group``, the global norm is used, so every rank scales
+    its shards by the same coefficient.
 
     Args:
         parameters (Tensor or iterable of Tensors): parameters whose ``.grad``
@@ -514,6 +198,7 @@ def clip_(
         foreach (bool, optional): accepted for compatibility, ignored.
         total_norm (Tensor, optional): a norm already computed, e.g. by
             :func:`total_norm` for logging. It is used as is: no second reduction.
+        group (ProcessGroup, optional): see :func:`total_norm`.
 
     Returns:
         Tensor: the total norm before clipping (see :func:`total_norm`).
@@ -525,25 +210,26 @@ def clip_(
         >>> optimizer.step()
     """
     del foreach  # every path is fused already
-    bound = _max_norm(max_norm, "clip_")
-    p = _norm_type(norm_type, "clip_")
+    bound = check_max_norm(max_norm, "clip_")
+    p = check_norm_type(norm_type, "clip_")
     if total_norm is not None and not isinstance(total_norm, Tensor):
         raise TypeError(f"clip_: total_norm must be a Tensor, got {type(total_norm).__name__}")
     if total_norm is not None and total_norm.numel() != 1:
         raise ValueError(f"clip_: total_norm must hold one value, got shape {tuple(total_norm.shape)}")
-    items = _items(parameters, "clip_")
-    prepared = _prepared_for(items, p, "clip_")
-    norm = _reduce(prepared, p)[0] if total_norm is None else total_norm
+    plan = plan_for(items_of(parameters, "clip_"), p, "clip_", group)
+    norm = _reduce(plan, p)[0] if total_norm is None else total_norm
     if error_if_nonfinite:
         _check_finite(norm, p)
     with torch.no_grad():
-        _scale(prepared, norm, bound)
+        _scale(plan, norm, bound)
     return norm
 
 
 def tensor_norms(
     tensors: TensorOrTensors,
     norm_type: float | str = 2.0,
+    *,
+    group: Any = None,
 ) -> tuple[Tensor, Tensor]:
     r"""The total norm and each item's own norm, from the same fused pass.
 
@@ -554,6 +240,8 @@ def tensor_norms(
     Args:
         tensors (Tensor or iterable of Tensors): as for :func:`total_norm`.
         norm_type (float or str): the p of the p-norm, any p > 0 or ``'inf'``.
+        group (ProcessGroup, optional): see :func:`total_norm`. Sharded items'
+            norms are global too (one more all-reduce, of one row per item).
 
     Returns:
         tuple[Tensor, Tensor]: ``(total, per_item)``. ``total`` equals
@@ -566,9 +254,8 @@ def tensor_norms(
         >>> total, per_param = fastnorm.tensor_norms(model.parameters())
         >>> names = [name for name, _ in model.named_parameters()]
     """
-    p = _norm_type(norm_type, "tensor_norms")
-    items = _items(tensors, "tensor_norms")
-    prepared = _prepared_for(items, p, "tensor_norms")
-    total, per_item = _reduce(prepared, p, per_item=True)
+    p = check_norm_type(norm_type, "tensor_norms")
+    plan = plan_for(items_of(tensors, "tensor_norms"), p, "tensor_norms", group)
+    total, per_item = _reduce(plan, p, per_item=True)
     assert per_item is not None
     return total, per_item

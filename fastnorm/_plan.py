@@ -1,0 +1,212 @@
+"""Plans: the gradients grouped per (domain, device, backend) with the backends'
+prepared tables, and the cache that reuses a plan while nothing it depends on
+has changed.
+
+A plan is cached per list of items (by identity) and reused while every item
+is alive, every gradient is the same object (for parameters) and every
+gradient keeps its address. Values are never cached: they are read afresh by
+every call. Plans that hold tensors made for the call (merged sparse values,
+complex views) or whose backend state holds tensors (the torch backend) are
+not cached, so the cache never keeps a gradient alive.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from itertools import compress
+from operator import attrgetter
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.nn import Parameter
+
+from fastnorm._collect import Gradients, collect
+from fastnorm.backends import Backend, choose, requested, warn_if_slow
+from fastnorm.distributed import Domain
+
+_get_grad = attrgetter("grad")
+_get_requires_grad = attrgetter("requires_grad")
+_data_ptr = Tensor.data_ptr
+
+
+@dataclass
+class Group:
+    """Local tensors of one domain and device, served by one backend."""
+
+    domain: int
+    device: torch.device
+    backend: Backend
+    state: Any  # what backend.prepare returned
+    size: int  # number of tensors
+
+
+@dataclass
+class Plan:
+    norm_groups: list[Group]
+    scale_groups: list[Group]
+    domains: list[Domain]
+    result_dtype: torch.dtype
+    result_device: torch.device
+    cacheable: bool
+    # For tensor_norms: each item's (group, row) in norm_groups, None without a
+    # gradient, and each item's domain.
+    item_rows: list[tuple[int, int] | None]
+    item_domains: list[int]
+    indices: dict[Any, Tensor] = field(default_factory=dict)  # device index tensors, built on first use
+    # Backends' states hold addresses only: tensors made for this plan live as
+    # long as it does (such plans are never cached).
+    keepalive: list[Tensor] = field(default_factory=list, repr=False)
+
+    @property
+    def distributed(self) -> bool:
+        return any(d.groups for d in self.domains)
+
+
+def _groups(
+    tensors: list[Tensor], dense: list[bool], domain_of: list[int], request: str
+) -> tuple[list[Group], list[tuple[int, int]]]:
+    """One group per (domain, device, backend), in order of first appearance, and
+    each tensor's (group, row). Tensors that are not dense go to the torch backend."""
+    buckets: dict[tuple[int, torch.device], tuple[list[int], list[int]]] = {}
+    for i, (t, flat) in enumerate(zip(tensors, dense)):
+        buckets.setdefault((domain_of[i], t.device), ([], []))[0 if flat else 1].append(i)
+    groups: list[Group] = []
+    rows: list[tuple[int, int]] = [(0, 0)] * len(tensors)
+    torch_backend = choose(torch.device("cpu"), "torch").backend
+    for (domain, device), (fused, rest) in buckets.items():
+        choice = choose(device, request)
+        warn_if_slow(device, choice)
+        if choice.backend.name == "torch":
+            fused, rest = [], fused + rest
+        for backend, members in ((choice.backend, fused), (torch_backend, rest)):
+            if members:
+                for row, i in enumerate(members):
+                    rows[i] = (len(groups), row)
+                state = backend.prepare([tensors[i] for i in members])
+                groups.append(Group(domain, device, backend, state, len(members)))
+    return groups, rows
+
+
+def build(grads: Gradients, request: str) -> Plan:
+    norm_groups, rows = _groups(grads.norm, grads.dense, grads.domain_of, request)
+    if grads.scale_differs:
+        scale_groups, _ = _groups(grads.scale, grads.dense, grads.domain_of, request)
+    else:
+        scale_groups = norm_groups
+    cacheable = grads.cacheable and all(g.backend.name != "torch" for g in norm_groups)
+    device = grads.first_device
+    if device is None:  # no gradient on this rank: the result lives where the collective runs
+        device = next((torch.device(d.device_type) for d in grads.domains if d.groups), torch.device("cpu"))
+        if device.type == "cuda":
+            device = torch.device("cuda", torch.cuda.current_device())
+    return Plan(
+        norm_groups,
+        scale_groups,
+        grads.domains,
+        grads.result_dtype,
+        device,
+        cacheable,
+        [None if slot is None else rows[slot] for slot in grads.slots],
+        grads.item_domains,
+        keepalive=[] if cacheable else grads.norm + grads.scale,
+    )
+
+
+class _Entry:
+    __slots__ = ("kind", "grad_ids", "ptrs", "dense_mask", "plan", "alive", "refs", "__weakref__")
+
+    def __init__(self, kind: str, grads: list[Tensor | None], plan: Plan) -> None:
+        self.kind = kind  # "params": every item is a Parameter; "tensors": none requires grad
+        self.grad_ids = list(map(id, grads))
+        self.dense_mask = [g is not None for g in grads]
+        self.ptrs = list(map(_data_ptr, compress(grads, self.dense_mask)))
+        self.plan = plan
+        self.alive = True
+        self.refs: list[weakref.ref] = []
+
+
+class _Cache:
+    """A few plans keyed by (backend request, group, ids of the items)."""
+
+    def __init__(self, size: int = 8) -> None:
+        self._entries: OrderedDict[tuple[Any, ...], _Entry] = OrderedDict()
+        self._size = size
+        self._lock = threading.Lock()
+
+    def lookup(self, key: tuple[Any, ...], items: list[Any]) -> Plan | None:
+        entry = self._entries.get(key)
+        if entry is None or not entry.alive:
+            return None
+        if entry.kind == "params":
+            grads = list(map(_get_grad, items))
+            if list(map(id, grads)) != entry.grad_ids:
+                return None
+        else:
+            if any(map(_get_requires_grad, items)):
+                return None
+            grads = items
+        if list(map(_data_ptr, compress(grads, entry.dense_mask))) != entry.ptrs:
+            return None
+        with self._lock:
+            if key in self._entries:
+                self._entries.move_to_end(key)
+        return entry.plan
+
+    def store(
+        self, key: tuple[Any, ...], kind: str, items: list[Any], grads: list[Tensor | None], plan: Plan
+    ) -> None:
+        entry = _Entry(kind, grads, plan)
+        entry_ref = weakref.ref(entry)
+
+        def expire(_: object) -> None:
+            e = entry_ref()
+            if e is not None:
+                e.alive = False
+
+        watched = items if kind == "tensors" else items + [g for g in grads if g is not None]
+        entry.refs = [weakref.ref(t, expire) for t in watched]
+        with self._lock:
+            self._entries[key] = entry
+            self._entries.move_to_end(key)
+            while len(self._entries) > self._size:
+                self._entries.popitem(last=False)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+
+
+_CACHE = _Cache()
+
+
+def _kind(items: list[Any]) -> str | None:
+    """How the items may be cached: all parameters, all plain gradients, or not at all."""
+    if all(type(item) is Parameter for item in items):
+        return "params"
+    if all(type(item) is Tensor and not item.requires_grad for item in items):
+        return "tensors"
+    return None
+
+
+def plan_for(items: list[Any], p: float, fn: str, group: Any = None) -> Plan:
+    """The plan for ``items``, from the cache when still valid."""
+    request = requested()
+    key = (request, id(group), tuple(map(id, items)))
+    plan = _CACHE.lookup(key, items)
+    if plan is not None:
+        return plan
+    grads = collect(items, p, fn, group)
+    plan = build(grads, request)
+    kind = _kind(items)
+    if plan.cacheable and kind is not None:
+        _CACHE.store(key, kind, items, grads.per_item, plan)
+    return plan
+
+
+def clear_cache() -> None:
+    """Forgets every cached plan (they are rebuilt on the next call)."""
+    _CACHE.clear()

@@ -1,0 +1,134 @@
+"""The collective stage: local partials summed (p-norms) or maxed (inf) across ranks.
+
+A *domain* is a set of gradients that share one reduction across ranks:
+
+* DTensor gradients on one mesh with the same sharded mesh dimensions: each
+  rank holds a shard of every tensor along the ``Shard`` dimensions, so the
+  local partials are reduced over those dimensions' process groups, and not
+  over ``Replicate`` dimensions (a replicated tensor counts once, not once per
+  rank);
+* plain tensors given with ``group=``: disjoint shards of the model (ZeRO/FSDP1
+  flat shards, pipeline stages, expert-parallel ranks), reduced over ``group``;
+* plain tensors without ``group=``: local, no collective.
+
+Each domain costs one all-reduce of one float64 pair (two for p-norms other
+than 1, 2 and inf), issued on the current stream: no host sync. Every rank
+issues the same collectives in the same order, also a rank whose shards are
+all empty, so uneven sharding cannot hang.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from fastnorm import _partial
+from fastnorm.backends import Mode
+
+try:
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor.placement_types import Partial
+except ImportError:  # torch built without distributed support
+    DTensor = None
+    Partial = None
+
+
+@dataclass(frozen=True)
+class Domain:
+    """Gradients reduced together across ranks (see the module docstring)."""
+
+    key: tuple[Any, ...]  # the same on every rank: collectives are issued in key order
+    groups: tuple[Any, ...]  # process groups to all-reduce over, in order; empty: local
+    device_type: str  # where the collective runs ("cpu" for gloo, "cuda" for nccl)
+
+
+LOCAL = Domain(("local",), (), "")
+
+
+def is_dtensor(t: Any) -> bool:
+    return DTensor is not None and isinstance(t, DTensor)
+
+
+def dtensor_domain(t: Any, position: int, fn: str) -> Domain:
+    """The domain of a DTensor (a gradient, or a parameter standing for its gradient)."""
+    mesh = t.device_mesh
+    for placement in t.placements:
+        if Partial is not None and isinstance(placement, Partial):
+            raise ValueError(
+                f"{fn}: item {position} is a DTensor with a Partial placement ({t.placements}): it holds "
+                "unreduced partial sums, whose norm is not the norm of the gradient; reduce it first "
+                "(e.g. .redistribute(placements=[Shard(0)]) or [Replicate()])"
+            )
+    shard_dims = tuple(d for d, placement in enumerate(t.placements) if placement.is_shard())
+    groups = tuple(_mesh_group(mesh, d) for d in shard_dims)
+    return Domain(("mesh", _mesh_key(mesh), shard_dims), groups, mesh.device_type)
+
+
+def group_domain(group: Any) -> Domain:
+    """The domain of plain tensors given with ``group=``."""
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError("group= needs an initialized torch.distributed process group")
+    backend = dist.get_backend(group)
+    device_type = "cuda" if str(backend).lower() == "nccl" else "cpu"
+    return Domain(("group", tuple(dist.get_process_group_ranks(group))), (group,), device_type)
+
+
+def _mesh_key(mesh: Any) -> tuple[Any, ...]:
+    return (mesh.device_type, tuple(mesh.mesh.flatten().tolist()), tuple(mesh.mesh.shape))
+
+
+def _mesh_group(mesh: Any, dim: int) -> Any:
+    return mesh.get_group(dim) if mesh.ndim > 1 else mesh.get_group()
+
+
+def local_tensor(t: Any) -> torch.Tensor:
+    """The shard of a DTensor that lives on this rank (shares its memory)."""
+    return t._local_tensor
+
+
+def collective_device(domain: Domain) -> torch.device:
+    if domain.device_type == "cuda":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device(domain.device_type or "cpu")
+
+
+def all_reduce(partials: torch.Tensor, mode: Mode, p: float, domain: Domain) -> torch.Tensor:
+    """Reduces partials (shape ``(k, 2)``, on the collective's device) across ranks.
+
+    Returns the global partials, the same on every rank. Sums propagate NaN;
+    maxima do not always (NCCL and gloo compare), so NaN travels as a flag.
+    """
+    if not domain.groups:
+        return partials
+    if mode in (Mode.L2, Mode.L1):
+        sums = partials[:, 1].contiguous()
+        for group in domain.groups:
+            dist.all_reduce(sums, op=dist.ReduceOp.SUM, group=group)
+        return torch.stack([torch.zeros_like(sums), sums], 1)
+    m = partials[:, 0]
+    flagged = torch.cat([torch.where(m.isnan(), torch.zeros_like(m), m), m.isnan().to(m.dtype)])
+    for group in domain.groups:
+        dist.all_reduce(flagged, op=dist.ReduceOp.MAX, group=group)
+    k = m.numel()
+    top = torch.where(flagged[k:] > 0, torch.full_like(m, float("nan")), flagged[:k])
+    if mode == Mode.LINF:
+        return torch.stack([top, torch.zeros_like(top)], 1)
+    ratio = torch.where(m == top, torch.ones_like(m), m / top)
+    scaled = partials[:, 1] * ratio.pow(p)
+    for group in domain.groups:
+        dist.all_reduce(scaled, op=dist.ReduceOp.SUM, group=group)
+    return torch.stack([top, scaled], 1)
+
+
+def global_partial(
+    partials: list[torch.Tensor], mode: Mode, p: float, domain: Domain, device: torch.device
+) -> torch.Tensor:
+    """The global partial of a domain from this rank's partials (maybe none)."""
+    if partials:
+        local = _partial.combine([q.to(device, torch.float64) for q in partials], mode, p)
+    else:
+        local = torch.zeros(2, dtype=torch.float64, device=device)
+    return all_reduce(local.reshape(1, 2), mode, p, domain)[0]

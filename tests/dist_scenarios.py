@@ -1,0 +1,187 @@
+"""Scenarios run on every rank of a gloo process group by test_distributed.py.
+
+Every rank builds the same full tensors from a shared seed, takes its shard,
+calls fastnorm, and records what it got next to the float64 oracle of the full
+tensors (or torch's result on the unsharded model). The test reads the records.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import traceback
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import Replicate, Shard, distribute_tensor, init_device_mesh
+from torch.distributed.tensor.placement_types import Partial
+
+import fastnorm
+import reference
+
+NORM_TYPES = [2.0, float("inf"), 1.0, 3.0]
+
+
+def full_tensors(seed: int) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    shapes = [(37, 11), (3, 5), (1000,), (8, 8, 3), (2,)]
+    return [torch.randn(s, generator=g) * 3 for s in shapes]
+
+
+def _bounds(n: int, world: int) -> list[int]:
+    # Uneven on purpose, and with world > 2 the last rank holds nothing.
+    cuts = [0] + [int(n * 0.6 * (r + 1) / (world - 1)) for r in range(world - 1)] + [n]
+    return [min(c, n) for c in cuts]
+
+
+def plain_shards_with_group(rank: int, world: int) -> dict:
+    full = torch.cat([t.reshape(-1) for t in full_tensors(1)])
+    lo, hi = _bounds(full.numel(), world)[rank : rank + 2]
+    mine = full[lo:hi].clone()
+    out = {}
+    for p in NORM_TYPES:
+        out[str(p)] = (
+            fastnorm.total_norm([mine], p, group=dist.group.WORLD).item(),
+            reference.norm([full], p),
+        )
+    return out
+
+
+def dtensor_placements(rank: int, world: int) -> dict:
+    mesh = init_device_mesh("cpu", (world,))
+    full = full_tensors(2)
+    placements = [Shard(0), Shard(1), Replicate(), Shard(0), Shard(0)]  # (3, 5) over 4 ranks: one empty
+    sharded = [distribute_tensor(t, mesh, [pl]) for t, pl in zip(full, placements)]
+    out = {}
+    for p in NORM_TYPES:
+        out[str(p)] = (fastnorm.total_norm(sharded, p).item(), reference.norm(full, p))
+    total, per_item = fastnorm.tensor_norms(sharded)
+    out["tensor_norms"] = (per_item.tolist(), [reference.norm([t], 2.0) for t in full])
+    out["tensor_norms_total"] = (total.item(), reference.norm(full, 2.0))
+    return out
+
+
+def two_d_mesh(rank: int, world: int) -> dict:
+    mesh = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("dp", "tp"))
+    full = full_tensors(3)
+    layouts = [
+        [Replicate(), Shard(0)],
+        [Shard(0), Shard(1)],
+        [Replicate(), Replicate()],
+        [Shard(1), Replicate()],
+        [Shard(0), Replicate()],
+    ]
+    sharded = [distribute_tensor(t, mesh, pl) for t, pl in zip(full, layouts)]
+    return {str(p): (fastnorm.total_norm(sharded, p).item(), reference.norm(full, p)) for p in NORM_TYPES}
+
+
+def mixed_meshes(rank: int, world: int) -> dict:
+    # Expert and non-expert parameters on different meshes, plus replicated
+    # plain tensors that every rank holds (counted once), in one call.
+    world_mesh = init_device_mesh("cpu", (world,))
+    grid = init_device_mesh("cpu", (2, world // 2)) if world % 2 == 0 else world_mesh
+    full = full_tensors(4)
+    items = [
+        distribute_tensor(full[0], world_mesh, [Shard(0)]),
+        distribute_tensor(full[1], grid, [Shard(0), Replicate()][: grid.ndim]),
+        full[2],
+        distribute_tensor(full[3], world_mesh, [Replicate()]),
+        distribute_tensor(full[4], grid, [Replicate(), Shard(0)][: grid.ndim]),
+    ]
+    return {str(p): (fastnorm.total_norm(items, p).item(), reference.norm(full, p)) for p in NORM_TYPES}
+
+
+def nan_on_one_rank(rank: int, world: int) -> dict:
+    mesh = init_device_mesh("cpu", (world,))
+    full = full_tensors(5)
+    full[2][7] = float("nan")  # lands on rank 0's shard only
+    sharded = [distribute_tensor(t, mesh, [Shard(0)]) for t in full]
+    return {str(p): fastnorm.total_norm(sharded, p).item() for p in NORM_TYPES}
+
+
+def partial_is_rejected(rank: int, world: int) -> dict:
+    mesh = init_device_mesh("cpu", (world,))
+    from torch.distributed.tensor import DTensor
+
+    pending = DTensor.from_local(torch.randn(4), mesh, [Partial()])
+    try:
+        fastnorm.total_norm([pending])
+    except ValueError as exc:
+        return {"error": str(exc)}
+    return {"error": None}
+
+
+def _model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(13, 32), torch.nn.ReLU(), torch.nn.Linear(32, 7))
+
+
+def fsdp2_clip(rank: int, world: int) -> dict:
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh("cpu", (world,))
+    reference_model, sharded_model = _model(), _model()
+    fully_shard(sharded_model[0], mesh=mesh)
+    fully_shard(sharded_model, mesh=mesh)
+    x = torch.randn(16, 13, generator=torch.Generator().manual_seed(1)) * 5
+    reference_model(x).square().sum().backward()
+    sharded_model(x).square().sum().backward()
+    out = {}
+    expected = torch.nn.utils.clip_grad_norm_(reference_model.parameters(), 0.5)
+    got = fastnorm.clip_(sharded_model.parameters(), 0.5)
+    out["norm"] = (got.item(), expected.item(), type(got).__name__)
+    gathered = [p.grad.full_tensor() for p in sharded_model.parameters()]
+    out["max_grad_diff"] = max(
+        (a - b.grad).abs().max().item() for a, b in zip(gathered, reference_model.parameters())
+    )
+    out["clipped_norm"] = reference.norm(gathered, 2.0)
+    return out
+
+
+def dtensor_clip_matches_torch(rank: int, world: int) -> dict:
+    mesh = init_device_mesh("cpu", (world,))
+    full = full_tensors(6)
+    params = []
+    for t, pl in zip(full, [Shard(0), Shard(1), Replicate(), Shard(0), Shard(0)]):
+        param = torch.nn.Parameter(distribute_tensor(torch.zeros_like(t), mesh, [pl]))
+        param.grad = distribute_tensor(t, mesh, [pl])
+        params.append(param)
+    plain = []
+    for t in full:
+        q = torch.nn.Parameter(torch.zeros_like(t))
+        q.grad = t.clone()
+        plain.append(q)
+    got = fastnorm.clip_(params, 1.0, float("inf"))
+    expected = torch.nn.utils.clip_grad_norm_(plain, 1.0, float("inf"))
+    diff = max((p.grad.full_tensor() - q.grad).abs().max().item() for p, q in zip(params, plain))
+    return {"norm": (got.item(), expected.item()), "max_grad_diff": diff}
+
+
+SCENARIOS = [
+    plain_shards_with_group,
+    dtensor_placements,
+    two_d_mesh,
+    mixed_meshes,
+    nan_on_one_rank,
+    partial_is_rejected,
+    fsdp2_clip,
+    dtensor_clip_matches_torch,
+]
+
+
+def worker(rank: int, world: int, port: int, out_dir: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    results = {}
+    for scenario in SCENARIOS:
+        if scenario is two_d_mesh and world % 2:
+            continue
+        try:
+            results[scenario.__name__] = scenario(rank, world)
+        except Exception:
+            results[scenario.__name__] = {"exception": traceback.format_exc()}
+        dist.barrier()
+    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+        json.dump(results, f)
+    dist.destroy_process_group()

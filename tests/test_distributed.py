@@ -1,0 +1,96 @@
+"""Distributed norms on gloo, 2 and 4 CPU processes (see dist_scenarios.py)."""
+
+from __future__ import annotations
+
+import json
+import math
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import dist_scenarios
+
+pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not available")
+
+REL = 1e-6
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module", params=[2, 4], ids=["2ranks", "4ranks"])
+def ranks(request, tmp_path_factory):
+    """Runs every scenario once on a fresh process group; returns each rank's records."""
+    world = request.param
+    out = tmp_path_factory.mktemp(f"dist{world}")
+    torch.multiprocessing.spawn(
+        dist_scenarios.worker, args=(world, _free_port(), str(out)), nprocs=world, join=True
+    )
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(world)]
+
+
+def _scenario(ranks, name):
+    records = [r[name] for r in ranks]
+    for record in records:
+        assert "exception" not in record, record.get("exception")
+    return records
+
+
+def _check_pairs(records, rel=REL):
+    for record in records:
+        for key, (got, expected) in record.items():
+            assert got == pytest.approx(expected, rel=rel), key
+    assert all(r == records[0] for r in records), "ranks disagree"
+
+
+def test_plain_disjoint_shards_with_group(ranks):
+    _check_pairs(_scenario(ranks, "plain_shards_with_group"))
+
+
+def test_dtensor_shard_and_replicate(ranks):
+    records = _scenario(ranks, "dtensor_placements")
+    for record in records:
+        got, expected = record.pop("tensor_norms")
+        assert got == pytest.approx(expected, rel=REL)
+    _check_pairs(records)
+
+
+def test_two_dimensional_mesh(ranks):
+    if len(ranks) % 2:
+        pytest.skip("needs an even number of ranks")
+    _check_pairs(_scenario(ranks, "two_d_mesh"))
+
+
+def test_mixed_meshes_in_one_call(ranks):
+    _check_pairs(_scenario(ranks, "mixed_meshes"))
+
+
+def test_nan_on_one_rank_reaches_every_rank(ranks):
+    for record in _scenario(ranks, "nan_on_one_rank"):
+        assert all(math.isnan(value) for value in record.values()), record
+
+
+def test_partial_placement_is_rejected_on_every_rank(ranks):
+    for record in _scenario(ranks, "partial_is_rejected"):
+        assert record["error"] and "Partial" in record["error"]
+
+
+def test_fsdp2_clip_matches_torch_on_the_unsharded_model(ranks):
+    for record in _scenario(ranks, "fsdp2_clip"):
+        got, expected, kind = record["norm"]
+        assert got == pytest.approx(expected, rel=1e-5)
+        assert kind == "Tensor"  # a plain tensor, the same on every rank
+        assert record["max_grad_diff"] <= 1e-6
+        assert record["clipped_norm"] == pytest.approx(0.5, rel=1e-5)
+
+
+def test_dtensor_clip_matches_torch(ranks):
+    for record in _scenario(ranks, "dtensor_clip_matches_torch"):
+        got, expected = record["norm"]
+        assert got == pytest.approx(expected, rel=1e-6)
+        assert record["max_grad_diff"] <= 1e-6
