@@ -1,12 +1,37 @@
 """fastnorm: the total gradient norm in one fused multi-tensor pass.
 
 ``total_norm`` and ``clip_`` replace ``torch.nn.utils.get_total_norm`` and
-``clip_grad_norm_``; both return a device scalar and never synchronize.
+``clip_grad_norm_``; both return a device scalar and never synchronize. ``GradNormMonitor`` keeps
+that scalar for every step on the device, logs it at a cadence and diagnoses
+the trend (``diagnose``).
 """
 
 from fastnorm.backends import report as backend_report
+from fastnorm.diagnosis import Diagnoser, Diagnosis, Event, diagnose
+from fastnorm.loggers import ConsoleLogger, JsonlLogger, Logger, MLflowLogger, TensorBoardLogger, WandbLogger, Window
+from fastnorm.monitor import GradNormMonitor, LayerNorms, UnstableGradientWarning
 from fastnorm.norm import clip_, clear_cache, total_norm
 
 __version__ = "0.1.0"
 
-__all__ = ["total_norm", "clip_", "backend_report", "clear_cache", "__version__"]
+__all__ = [
+    "total_norm",
+    "clip_",
+    "backend_report",
+    "clear_cache",
+    "GradNormMonitor",
+    "LayerNorms",
+    "UnstableGradientWarning",
+    "Logger",
+    "Window",
+    "JsonlLogger",
+    "TensorBoardLogger",
+    "MLflowLogger",
+    "WandbLogger",
+    "ConsoleLogger",
+    "diagnose",
+    "Diagnoser",
+    "Diagnosis",
+    "Event",
+    "__version__",
+]
