@@ -3,7 +3,7 @@
 ``total_norm`` and ``clip_`` replace ``torch.nn.utils.get_total_norm`` and
 ``clip_grad_norm_``; both return a device scalar and never synchronize. ``GradNormMonitor`` keeps
 that scalar for every step on the device, logs it at a cadence and diagnoses
-the trend (``diagnose``).
+the trend (``diagnose``, also ``fastnorm diagnose PATH``).
 """
 
 from fastnorm.backends import report as backend_report
@@ -11,6 +11,7 @@ from fastnorm.diagnosis import Diagnoser, Diagnosis, Event, diagnose
 from fastnorm.loggers import ConsoleLogger, JsonlLogger, Logger, MLflowLogger, TensorBoardLogger, WandbLogger, Window
 from fastnorm.monitor import GradNormMonitor, LayerNorms, UnstableGradientWarning
 from fastnorm.norm import clip_, clear_cache, total_norm
+from fastnorm.series import Series, read_series
 
 __version__ = "0.1.0"
 
@@ -33,5 +34,7 @@ __all__ = [
     "Diagnoser",
     "Diagnosis",
     "Event",
+    "read_series",
+    "Series",
     "__version__",
 ]
