@@ -16,12 +16,14 @@ PYBIND11_MODULE(_C, m) {
            py::arg("addrs"), py::arg("numels"), py::arg("dtypes"), py::arg("task_bytes"))
       .def_property_readonly("num_tasks", &Plan::num_tasks)
       .def_property_readonly("num_pieces", &Plan::num_pieces)
+      .def_property_readonly("num_tensors", &Plan::num_tensors)
       .def_property_readonly("numel", &Plan::numel)
       .def_property_readonly("nbytes", &Plan::nbytes);
 
   m.def("reduce", &fastnorm::reduce, py::arg("plan"), py::arg("mode"), py::arg("p"),
         py::arg("partial_addr"), py::arg("root_addr"), py::arg("root_is_double"),
-        py::arg("num_threads"), py::call_guard<py::gil_scoped_release>());
+        py::arg("per_tensor_addr"), py::arg("num_threads"),
+        py::call_guard<py::gil_scoped_release>());
   m.def("scale_by_norm", &fastnorm::scale_by_norm, py::arg("plan"), py::arg("norm_addr"),
         py::arg("norm_is_double"), py::arg("max_norm"), py::arg("num_threads"),
         py::call_guard<py::gil_scoped_release>());

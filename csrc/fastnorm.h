@@ -63,16 +63,20 @@ class Plan {
     uintptr_t addr;
     int64_t numel;
     int dtype;
+    int64_t tensor;  // index of the tensor it belongs to
   };
 
   int64_t num_tasks() const { return int64_t(task_start_.size()) - 1; }
   int64_t numel() const { return numel_; }
   int64_t nbytes() const { return nbytes_; }
   int64_t num_pieces() const { return int64_t(pieces_.size()); }
+  int64_t num_tensors() const { return num_tensors_; }
+  const Piece& piece(int64_t i) const { return pieces_[size_t(i)]; }
+  int64_t task_begin(int64_t task) const { return task_start_[size_t(task)]; }
 
   template <class Fn>
   void for_each_piece(int64_t task, Fn&& fn) const {
-    for (int64_t i = task_start_[task]; i < task_start_[task + 1]; ++i) fn(pieces_[i]);
+    for (int64_t i = task_start_[task]; i < task_start_[task + 1]; ++i) fn(i, pieces_[i]);
   }
 
  private:
@@ -80,13 +84,15 @@ class Plan {
   std::vector<int64_t> task_start_;
   int64_t numel_ = 0;
   int64_t nbytes_ = 0;
+  int64_t num_tensors_ = 0;
 };
 
 // Reduces every tensor of the plan. Writes the partial {m, s} (two doubles) to
-// partial_addr and, when root_addr is not 0, the norm to root_addr as float64
-// (root_is_double) or float32.
+// partial_addr, the norm to root_addr as float64 (root_is_double) or float32
+// when root_addr is not 0, and each tensor's own partial {m, s} to
+// per_tensor_addr (2 doubles per tensor, in plan order) when it is not 0.
 void reduce(const Plan& plan, int mode, double p, uintptr_t partial_addr, uintptr_t root_addr,
-            bool root_is_double, int num_threads);
+            bool root_is_double, uintptr_t per_tensor_addr, int num_threads);
 
 // Reads the norm at norm_addr (float64 or float32), computes the coefficient as
 // torch.nn.utils.clip_grad_norm_ does, and scales every tensor in place by it,

@@ -2,6 +2,7 @@
 #include <cmath>
 #include <cstring>
 #include <cstdint>
+#include <cstdlib>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -82,7 +83,13 @@ struct Kernels {
   const char* isa;
 };
 
+// FASTNORM_CPU_ISA=generic forces the portable loops (to test them, or to rule
+// out the vector path when chasing a problem).
 Kernels select_kernels() {
+  const char* forced = std::getenv("FASTNORM_CPU_ISA");
+  if (forced != nullptr && std::string(forced) == "generic") {
+    return {generic::reduce_piece, generic::scale_piece, "generic"};
+  }
 #if defined(FASTNORM_HAVE_AVX2)
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
@@ -139,7 +146,7 @@ Plan::Plan(const std::vector<uintptr_t>& addrs, const std::vector<int64_t>& nume
     while (done < numels[i]) {
       const int64_t room = std::max<int64_t>(1, (task_bytes - filled) / size);
       const int64_t take = std::min(room, numels[i] - done);
-      pieces_.push_back({addrs[i] + uintptr_t(done * size), take, dtypes[i]});
+      pieces_.push_back({addrs[i] + uintptr_t(done * size), take, dtypes[i], int64_t(i)});
       done += take;
       filled += take * size;
       if (filled >= task_bytes) {
@@ -149,59 +156,85 @@ Plan::Plan(const std::vector<uintptr_t>& addrs, const std::vector<int64_t>& nume
     }
   }
   if (task_start_.back() != int64_t(pieces_.size())) task_start_.push_back(int64_t(pieces_.size()));
+  num_tensors_ = int64_t(addrs.size());
 }
 
+namespace {
+
+// Merges b into a for the given mode, the same way at every level (pieces into
+// tasks, tasks into the total, pieces into their tensor).
+void merge(Acc& a, const Acc& b, int mode, double p) {
+  switch (mode) {
+    case kL2:
+    case kL1:
+      a.s += b.s;
+      break;
+    case kLinf:
+      a.m = nan_max(a.m, b.m);
+      break;
+    default:
+      merge_scaled(a, b.m, b.s, p);
+  }
+}
+
+double root_of(const Acc& acc, int mode, double p) {
+  switch (mode) {
+    case kL2:
+      return std::sqrt(acc.s);
+    case kL1:
+      return acc.s;
+    case kLinf:
+      return acc.m;
+    default:
+      return acc.m == 0.0 ? 0.0 : acc.m * std::pow(acc.s, 1.0 / p);
+  }
+}
+
+}  // namespace
+
 void reduce(const Plan& plan, int mode, double p, uintptr_t partial_addr, uintptr_t root_addr,
-            bool root_is_double, int num_threads) {
+            bool root_is_double, uintptr_t per_tensor_addr, int num_threads) {
   if (mode < kL2 || mode > kLp) throw std::invalid_argument("fastnorm._C.reduce: unknown mode");
   const ReduceFn reduce_piece = kernels().reduce;
   std::vector<Acc> partial(size_t(plan.num_tasks()));
+  std::vector<Acc> pieces(per_tensor_addr != 0 ? size_t(plan.num_pieces()) : 0);
   ThreadPool::instance().run(plan.num_tasks(), threads_for(plan, num_threads), [&](int64_t task) {
     Acc acc;
-    plan.for_each_piece(task, [&](const Plan::Piece& piece) {
+    plan.for_each_piece(task, [&](int64_t index, const Plan::Piece& piece) {
+      Acc own;
       reduce_piece(piece.dtype, mode, p, reinterpret_cast<const void*>(piece.addr), piece.numel,
-                   acc);
+                   own);
+      merge(acc, own, mode, p);
+      if (!pieces.empty()) pieces[size_t(index)] = own;
     });
     partial[size_t(task)] = acc;
   });
 
   Acc total;
-  for (const Acc& acc : partial) {
-    switch (mode) {
-      case kL2:
-      case kL1:
-        total.s += acc.s;
-        break;
-      case kLinf:
-        total.m = nan_max(total.m, acc.m);
-        break;
-      default:
-        merge_scaled(total, acc.m, acc.s, p);
-    }
-  }
+  for (const Acc& acc : partial) merge(total, acc, mode, p);
   auto* out = reinterpret_cast<double*>(partial_addr);
   out[0] = total.m;
   out[1] = total.s;
 
-  if (root_addr == 0) return;
-  double root;
-  switch (mode) {
-    case kL2:
-      root = std::sqrt(total.s);
-      break;
-    case kL1:
-      root = total.s;
-      break;
-    case kLinf:
-      root = total.m;
-      break;
-    default:
-      root = total.m == 0.0 ? 0.0 : total.m * std::pow(total.s, 1.0 / p);
+  if (root_addr != 0) {
+    const double root = root_of(total, mode, p);
+    if (root_is_double) {
+      *reinterpret_cast<double*>(root_addr) = root;
+    } else {
+      *reinterpret_cast<float*>(root_addr) = float(root);
+    }
   }
-  if (root_is_double) {
-    *reinterpret_cast<double*>(root_addr) = root;
-  } else {
-    *reinterpret_cast<float*>(root_addr) = float(root);
+
+  if (per_tensor_addr != 0) {
+    std::vector<Acc> tensors(size_t(plan.num_tensors()));
+    for (int64_t i = 0; i < plan.num_pieces(); ++i) {
+      merge(tensors[size_t(plan.piece(i).tensor)], pieces[size_t(i)], mode, p);
+    }
+    auto* per_tensor = reinterpret_cast<double*>(per_tensor_addr);
+    for (size_t t = 0; t < tensors.size(); ++t) {
+      per_tensor[2 * t] = tensors[t].m;
+      per_tensor[2 * t + 1] = tensors[t].s;
+    }
   }
 }
 
@@ -224,7 +257,7 @@ bool scale_by_norm(const Plan& plan, uintptr_t norm_addr, bool norm_is_double, d
   if (coef64 >= 1.0) return false;
   const ScaleFn scale_piece = kernels().scale;
   ThreadPool::instance().run(plan.num_tasks(), threads_for(plan, num_threads), [&](int64_t task) {
-    plan.for_each_piece(task, [&](const Plan::Piece& piece) {
+    plan.for_each_piece(task, [&](int64_t, const Plan::Piece& piece) {
       scale_piece(piece.dtype, reinterpret_cast<void*>(piece.addr), piece.numel, coef, coef64);
     });
   });

@@ -34,8 +34,11 @@ def rescaled_sum(m: torch.Tensor, s: torch.Tensor, top: torch.Tensor, p: float) 
 
 
 def root(partial: torch.Tensor, mode: Mode, p: float, dtype: torch.dtype) -> torch.Tensor:
-    """The norm a partial stands for, as a 0-dim tensor of ``dtype``."""
-    m, s = partial[0], partial[1]
+    """The norm a partial ``[m, s]`` stands for, as a tensor of ``dtype``.
+
+    Also takes a stack of partials (shape ``(n, 2)``) and returns ``n`` norms.
+    """
+    m, s = partial[..., 0], partial[..., 1]
     if mode == Mode.L2:
         value = s.sqrt()
     elif mode == Mode.L1:

@@ -30,6 +30,7 @@ from torch import Tensor
 
 from fastnorm.diagnosis import Diagnoser, Diagnosis
 from fastnorm.loggers import Logger, Window, window_stats
+from fastnorm.norm import tensor_norms
 
 
 class UnstableGradientWarning(UserWarning):
@@ -323,9 +324,7 @@ class LayerNorms:
             (Tensor, Tensor): the total norm (as :func:`fastnorm.total_norm`)
             and a 1-D tensor with one norm per name in :attr:`names`.
         """
-        import fastnorm
-
-        total, per_item = fastnorm.tensor_norms(self.parameters, self.norm_type)
+        total, per_item = tensor_norms(self.parameters, self.norm_type)
         if self._index.device != per_item.device:
             self._index = self._index.to(per_item.device)  # once: it stays there
         return total, combine(per_item, self._index, len(self.names), self.norm_type)

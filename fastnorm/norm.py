@@ -106,6 +106,7 @@ class _Group:
     device: torch.device
     backend: Backend
     state: Any  # what backend.prepare returned
+    size: int  # number of tensors
 
 
 @dataclass
@@ -115,6 +116,13 @@ class _Prepared:
     result_dtype: torch.dtype
     result_device: torch.device
     cacheable: bool
+    # For tensor_norms: each item's (group, row) in norm_groups, None without a gradient.
+    item_rows: list[tuple[int, int] | None]
+    gather: dict[str, Tensor] = field(default_factory=dict)  # per-item index, built on first use
+    # Backends' states hold addresses only. Tensors made here (merged sparse
+    # values, complex views) live as long as this plan, which is then never
+    # cached; the user's own gradients are kept alive by the caller.
+    keepalive: list[Tensor] = field(default_factory=list, repr=False)
 
 
 @dataclass
@@ -122,10 +130,11 @@ class _Gradients:
     """What the items stand for, split the way the backends need it."""
 
     per_item: list[Tensor | None] = field(default_factory=list)  # each item's gradient
-    norm: list[Tensor] = field(default_factory=list)  # dense tensors to reduce
-    scale: list[Tensor] = field(default_factory=list)  # dense tensors to scale
+    slots: list[int | None] = field(default_factory=list)  # each item's index in `norm`
+    norm: list[Tensor] = field(default_factory=list)  # tensors to reduce
+    scale: list[Tensor] = field(default_factory=list)  # tensors to scale (differs for sparse)
+    dense: list[bool] = field(default_factory=list)  # whether norm[i] and scale[i] read as flat
     scale_differs: bool = False  # uncoalesced sparse: scale the raw values, reduce merged ones
-    strided: list[Tensor] = field(default_factory=list)  # neither: served by the torch backend
     result_dtype: torch.dtype = torch.float32
     first_device: torch.device | None = None
     cacheable: bool = True
@@ -150,89 +159,100 @@ def _gradient_of(item: Any, position: int, fn: str) -> Tensor | None:
 
 def _collect(items: list[Any], p: float, fn: str) -> _Gradients:
     out = _Gradients()
-    seen: set[tuple[Any, ...]] = set()
+    seen: dict[tuple[Any, ...], int] = {}
 
-    def add(norm_t: Tensor, scale_t: Tensor) -> None:
+    def add(norm_t: Tensor, scale_t: Tensor) -> int | None:
         if norm_t.numel() == 0:
-            return
-        if not (_is_dense(norm_t) and _is_dense(scale_t)):
-            out.strided.append(norm_t)
+            return None
+        dense = _is_dense(norm_t) and _is_dense(scale_t)
+        if dense:
+            key = (norm_t.device, norm_t.data_ptr(), norm_t.numel(), norm_t.dtype)
+            if key in seen:  # the same memory twice counts once and is scaled once
+                return seen[key]
+            seen[key] = len(out.norm)
+        else:
             out.cacheable = False
-            return
-        key = (norm_t.device, norm_t.data_ptr(), norm_t.numel(), norm_t.dtype)
-        if key in seen:  # the same memory twice counts once and is scaled once
-            return
-        seen.add(key)
         out.norm.append(norm_t)
         out.scale.append(scale_t)
+        out.dense.append(dense)
+        return len(out.norm) - 1
 
     for position, item in enumerate(items):
         grad = _gradient_of(item, position, fn)
         out.per_item.append(grad)
-        if grad is None:
-            continue
-        if out.first_device is None:
-            out.first_device = grad.device
-        if grad.dtype == torch.float64 or grad.dtype == torch.complex128:
-            out.result_dtype = torch.float64
-        if grad.is_complex():
-            if p != 2.0:
-                raise TypeError(
-                    f"{fn}: item {position} is complex ({grad.dtype}); complex gradients are "
-                    f"supported for norm_type=2 only, got {p}"
-                )
-            grad = torch.view_as_real(grad)
-            out.cacheable = False
-        if grad.layout == torch.sparse_coo:
-            # Duplicate indices add up: the norm needs them merged; scaling does not.
-            merged = grad if grad.is_coalesced() else grad.coalesce()
-            out.scale_differs |= merged is not grad
-            add(merged._values(), grad._values())
-            out.cacheable = False
-        elif grad.layout in _SPARSE_COMPRESSED:
-            add(grad.values(), grad.values())
-            out.cacheable = False
-        elif grad.layout != torch.strided:
-            raise TypeError(f"{fn}: item {position} has unsupported layout {grad.layout}")
-        else:
-            add(grad, grad)
+        slot = None
+        if grad is not None:
+            if out.first_device is None:
+                out.first_device = grad.device
+            if grad.dtype in (torch.float64, torch.complex128):
+                out.result_dtype = torch.float64
+            if grad.is_complex():
+                if p != 2.0:
+                    raise TypeError(
+                        f"{fn}: item {position} is complex ({grad.dtype}); complex gradients are "
+                        f"supported for norm_type=2 only, got {p}"
+                    )
+                grad = torch.view_as_real(grad)
+                out.cacheable = False
+            if grad.layout == torch.sparse_coo:
+                # Duplicate indices add up: the norm needs them merged; scaling does not.
+                merged = grad if grad.is_coalesced() else grad.coalesce()
+                out.scale_differs |= merged is not grad
+                slot = add(merged._values(), grad._values())
+                out.cacheable = False
+            elif grad.layout in _SPARSE_COMPRESSED:
+                slot = add(grad.values(), grad.values())
+                out.cacheable = False
+            elif grad.layout != torch.strided:
+                raise TypeError(f"{fn}: item {position} has unsupported layout {grad.layout}")
+            else:
+                slot = add(grad, grad)
+        out.slots.append(slot)
     return out
 
 
-def _groups(dense: list[Tensor], strided: list[Tensor], request: str) -> tuple[list[_Group], bool]:
-    """One group per (device, backend), in order of first appearance."""
-    by_device: dict[torch.device, tuple[list[Tensor], list[Tensor]]] = {}
-    for t in dense:
-        by_device.setdefault(t.device, ([], []))[0].append(t)
-    for t in strided:
-        by_device.setdefault(t.device, ([], []))[1].append(t)
-    groups, cacheable = [], True
+def _groups(
+    tensors: list[Tensor], dense: list[bool], request: str
+) -> tuple[list[_Group], list[tuple[int, int]]]:
+    """One group per (device, backend), in order of first appearance, and each
+    tensor's (group, row). Tensors that are not dense go to the torch backend."""
+    by_device: dict[torch.device, tuple[list[int], list[int]]] = {}
+    for i, (t, flat) in enumerate(zip(tensors, dense)):
+        by_device.setdefault(t.device, ([], []))[0 if flat else 1].append(i)
+    groups: list[_Group] = []
+    rows: list[tuple[int, int]] = [(0, 0)] * len(tensors)
     torch_backend = choose(torch.device("cpu"), "torch").backend
     for device, (fused, rest) in by_device.items():
         choice = choose(device, request)
         warn_if_slow(device, choice)
         if choice.backend.name == "torch":
             fused, rest = [], fused + rest
-        if fused:
-            groups.append(_Group(device, choice.backend, choice.backend.prepare(fused)))
-        if rest:
-            groups.append(_Group(device, torch_backend, torch_backend.prepare(rest)))
-            cacheable = False  # the torch backend's state holds the tensors themselves
-    return groups, cacheable
+        for backend, members in ((choice.backend, fused), (torch_backend, rest)):
+            if members:
+                for row, i in enumerate(members):
+                    rows[i] = (len(groups), row)
+                state = backend.prepare([tensors[i] for i in members])
+                groups.append(_Group(device, backend, state, len(members)))
+    return groups, rows
 
 
 def _prepare(grads: _Gradients, request: str) -> _Prepared:
-    norm_groups, cacheable = _groups(grads.norm, grads.strided, request)
+    norm_groups, rows = _groups(grads.norm, grads.dense, request)
     if grads.scale_differs:
-        scale_groups, _ = _groups(grads.scale, grads.strided, request)
+        scale_groups, _ = _groups(grads.scale, grads.dense, request)
     else:
         scale_groups = norm_groups
+    # The torch backend's state holds the tensors themselves: caching it would
+    # keep old gradients alive.
+    cacheable = grads.cacheable and all(g.backend.name != "torch" for g in norm_groups)
     return _Prepared(
         norm_groups,
         scale_groups,
         grads.result_dtype,
         grads.first_device if grads.first_device is not None else torch.device("cpu"),
-        cacheable and grads.cacheable,
+        cacheable,
+        [None if slot is None else rows[slot] for slot in grads.slots],
+        keepalive=[] if cacheable else grads.norm + grads.scale,
     )
 
 
@@ -282,7 +302,14 @@ class _Cache:
                 self._entries.move_to_end(key)
         return entry.prepared
 
-    def store(self, key: tuple[Any, ...], kind: str, items: list[Any], grads: list[Tensor | None], prepared: _Prepared) -> None:
+    def store(
+        self,
+        key: tuple[Any, ...],
+        kind: str,
+        items: list[Any],
+        grads: list[Tensor | None],
+        prepared: _Prepared,
+    ) -> None:
         entry = _Entry(kind, grads, prepared)
         entry_ref = weakref.ref(entry)
 
@@ -341,19 +368,42 @@ def clear_cache() -> None:
 # ----------------------------------------------------------------------------
 
 
-def _reduce(prepared: _Prepared, p: float) -> Tensor:
+def _reduce(prepared: _Prepared, p: float, per_item: bool = False) -> tuple[Tensor, Tensor | None]:
+    """The total norm and, with ``per_item``, each item's norm (same pass)."""
     groups = prepared.norm_groups
-    if not groups:
-        return torch.zeros((), dtype=torch.float32, device=prepared.result_device)
+    first, dtype = prepared.result_device, prepared.result_dtype
     mode = Mode.of(p)
-    results = [g.backend.reduce(g.state, mode, p, prepared.result_dtype) for g in groups]
-    if len(results) == 1:
-        return results[0][1]
-    first = prepared.result_device
-    partials = [_to_device(partial, first) for partial, _ in results]
-    dtype = torch.float64 if all(q.dtype == torch.float64 for q in partials) else torch.float32
-    combined = _partial.combine([q.to(dtype) for q in partials], mode, p)
-    return _partial.root(combined, mode, p, prepared.result_dtype)
+    results = [g.backend.reduce(g.state, mode, p, dtype, per_item) for g in groups]
+    if not results:
+        total = torch.zeros((), dtype=torch.float32, device=first)
+    elif len(results) == 1:
+        total = results[0][1]
+    else:
+        partials = [_to_device(partial, first) for partial, _, _ in results]
+        acc = torch.float64 if all(q.dtype == torch.float64 for q in partials) else torch.float32
+        combined = _partial.combine([q.to(acc) for q in partials], mode, p)
+        total = _partial.root(combined, mode, p, dtype)
+    if not per_item:
+        return total, None
+    rows = [_partial.root(_to_device(t, first), mode, p, dtype) for _, _, t in results]
+    rows.append(torch.zeros(1, dtype=dtype, device=first))  # the row of items without a gradient
+    return total, torch.cat(rows)[_gather_index(prepared, first)]
+
+
+def _gather_index(prepared: _Prepared, device: torch.device) -> Tensor:
+    """For each item, its row in the concatenated per-tensor norms (cached per plan)."""
+    index = prepared.gather.get(str(device))
+    if index is None:
+        sizes = [g.size for g in prepared.norm_groups]
+        offsets = [sum(sizes[:i]) for i in range(len(sizes))]
+        zero_row = sum(sizes)
+        host = torch.tensor(
+            [zero_row if r is None else offsets[r[0]] + r[1] for r in prepared.item_rows],
+            dtype=torch.int64,
+        )
+        index = _to_device(host, device)
+        prepared.gather[str(device)] = index
+    return index
 
 
 def _to_device(t: Tensor, device: torch.device) -> Tensor:
@@ -429,7 +479,7 @@ def total_norm(
     p = _norm_type(norm_type, "total_norm")
     items = _items(tensors, "total_norm")
     prepared = _prepared_for(items, p, "total_norm")
-    norm = _reduce(prepared, p)
+    norm, _ = _reduce(prepared, p)
     if error_if_nonfinite:
         _check_finite(norm, p)
     return norm
@@ -483,9 +533,42 @@ def clip_(
         raise ValueError(f"clip_: total_norm must hold one value, got shape {tuple(total_norm.shape)}")
     items = _items(parameters, "clip_")
     prepared = _prepared_for(items, p, "clip_")
-    norm = _reduce(prepared, p) if total_norm is None else total_norm
+    norm = _reduce(prepared, p)[0] if total_norm is None else total_norm
     if error_if_nonfinite:
         _check_finite(norm, p)
     with torch.no_grad():
         _scale(prepared, norm, bound)
     return norm
+
+
+def tensor_norms(
+    tensors: TensorOrTensors,
+    norm_type: float | str = 2.0,
+) -> tuple[Tensor, Tensor]:
+    r"""The total norm and each item's own norm, from the same fused pass.
+
+    What a monitor needs to tell which layer exploded: the per-item norms come
+    out of the pass that computes the total (on CUDA one extra small launch per
+    dtype; no second read of the gradients).
+
+    Args:
+        tensors (Tensor or iterable of Tensors): as for :func:`total_norm`.
+        norm_type (float or str): the p of the p-norm, any p > 0 or ``'inf'``.
+
+    Returns:
+        tuple[Tensor, Tensor]: ``(total, per_item)``. ``total`` equals
+        ``total_norm(tensors, norm_type)``; ``per_item`` is a 1-D tensor with one
+        norm per item given, in order (0 for an item without a gradient), on the
+        same device and of the same dtype as ``total``.
+
+    Example::
+
+        >>> total, per_param = fastnorm.tensor_norms(model.parameters())
+        >>> names = [name for name, _ in model.named_parameters()]
+    """
+    p = _norm_type(norm_type, "tensor_norms")
+    items = _items(tensors, "tensor_norms")
+    prepared = _prepared_for(items, p, "tensor_norms")
+    total, per_item = _reduce(prepared, p, per_item=True)
+    assert per_item is not None
+    return total, per_item

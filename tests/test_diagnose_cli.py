@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from synthetic import NAMES, N, case
+from tests.synthetic import NAMES, N, case
 
 from fastnorm import GradNormMonitor, JsonlLogger, TensorBoardLogger, diagnose
 from fastnorm.cli import main

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from synthetic import NAMES, K, N, case, noise, scaled
+from tests.synthetic import NAMES, K, N, case, noise, scaled
 
 from fastnorm.diagnosis import Diagnoser, diagnose
 

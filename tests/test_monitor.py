@@ -213,26 +213,8 @@ def test_bad_updates():
 
 
 # ----------------------------------------------------------------------------
-# Per-layer norms. fastnorm.tensor_norms is not in the tree yet; until it is,
-# these tests stand in a double that follows its contract exactly.
+# Per-layer norms
 # ----------------------------------------------------------------------------
-
-
-def tensor_norms_double(tensors, norm_type=2.0):
-    """Test double of fastnorm.tensor_norms: (total_norm, one norm per item, 0 without a grad)."""
-    tensors = list(tensors)
-    total = fastnorm.total_norm(tensors, norm_type)
-    per_item = [
-        torch.linalg.vector_norm(t.grad.double(), float(norm_type)) if t.grad is not None else torch.zeros((), dtype=torch.float64)
-        for t in tensors
-    ]
-    return total, torch.stack(per_item).to(total.dtype)
-
-
-@pytest.fixture
-def tensor_norms(monkeypatch):
-    if not hasattr(fastnorm, "tensor_norms"):
-        monkeypatch.setattr(fastnorm, "tensor_norms", tensor_norms_double, raising=False)
 
 
 def reference_layer_norm(params, p):
@@ -252,7 +234,7 @@ def model_with_odd_shapes():
 
 
 @pytest.mark.parametrize("p", [1.0, 2.0, 3.0, math.inf])
-def test_layer_norms_against_float64(tensor_norms, p):
+def test_layer_norms_against_float64(p):
     model = model_with_odd_shapes()
     layers = fastnorm.LayerNorms(model, norm_type=p)
     assert layers.names == ["0", "2.0", "2.1"]
@@ -264,7 +246,7 @@ def test_layer_norms_against_float64(tensor_norms, p):
     assert total.item() == pytest.approx(reference_layer_norm(list(model.parameters()), p), rel=1e-6)
 
 
-def test_layer_norms_by_depth_and_missing_grads(tensor_norms):
+def test_layer_norms_by_depth_and_missing_grads():
     model = model_with_odd_shapes()
     model[2][1].weight.grad = None
     layers = fastnorm.LayerNorms(model.named_parameters(), depth=1)
@@ -286,7 +268,7 @@ def test_combine_does_not_overflow_and_keeps_nan():
     assert out[2].item() == 3.0
 
 
-def test_layers_reach_the_loggers_in_the_same_transfer(tensor_norms, tmp_path):
+def test_layers_reach_the_loggers_in_the_same_transfer(tmp_path):
     model = model_with_odd_shapes()
     layers = fastnorm.LayerNorms(model)
     rec = Recorder()

@@ -5,7 +5,8 @@ deduplicated by the front (``fastnorm/norm.py``), and implements three steps:
 
 * ``prepare(tensors)``: what it needs to read them (a pointer table, a task
   split); the front caches it while the gradients' addresses do not change;
-* ``reduce(prepared, mode, p, result_dtype)``: the partial and the local root;
+* ``reduce(prepared, mode, p, result_dtype, per_tensor)``: the partial, the
+  local root and, on request, each tensor's partial from the same pass;
 * ``scale_(prepared, norm, max_norm)``: ``x *= min(1, max_norm / (norm + 1e-6))``
   in place, decided on the device, touching no memory when it is 1.
 
@@ -62,14 +63,21 @@ class Backend(Protocol):
         ...
 
     def reduce(
-        self, prepared: Any, mode: Mode, p: float, result_dtype: torch.dtype
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Returns ``(partial, root)`` on the tensors' device, without a host sync.
+        self,
+        prepared: Any,
+        mode: Mode,
+        p: float,
+        result_dtype: torch.dtype,
+        per_tensor: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Returns ``(partial, root, per_tensor)`` on the tensors' device, without a host sync.
 
         ``partial`` is a float64 tensor ``[m, s]`` (float32 where the device has no
         float64): L2/L1 ``s = sum |x|^p``; LINF ``m = max |x|``; LP the norm^p is
         ``m^p * s``. NaN anywhere makes the partial NaN. ``root`` is the norm of
-        these tensors alone, a 0-dim tensor of ``result_dtype``.
+        these tensors alone, a 0-dim tensor of ``result_dtype``. With
+        ``per_tensor``, ``per_tensor`` holds each tensor's own partial (shape
+        ``(n, 2)``, in the order given to ``prepare``), from the same pass; else None.
         """
         ...
 
@@ -200,8 +208,7 @@ def report(devices: list[torch.device] | None = None) -> list[dict[str, Any]]:
                 "requested": request,
                 "selected": selected,
                 "backends": {
-                    name: backend.not_supported_reasons(device)
-                    for name, backend in backends().items()
+                    name: backend.not_supported_reasons(device) for name, backend in backends().items()
                 },
             }
         )

@@ -55,10 +55,16 @@ class CppBackend:
         )
 
     def reduce(
-        self, plan: _C.Plan, mode: Mode, p: float, result_dtype: torch.dtype
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+        self,
+        plan: _C.Plan,
+        mode: Mode,
+        p: float,
+        result_dtype: torch.dtype,
+        per_tensor: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         partial = torch.empty(2, dtype=torch.float64)
         root = torch.empty((), dtype=result_dtype)
+        tensors = torch.empty((plan.num_tensors, 2), dtype=torch.float64) if per_tensor else None
         _C.reduce(
             plan,
             int(mode),
@@ -66,9 +72,10 @@ class CppBackend:
             partial.data_ptr(),
             root.data_ptr(),
             result_dtype == torch.float64,
+            tensors.data_ptr() if tensors is not None else 0,
             torch.get_num_threads(),
         )
-        return partial, root
+        return partial, root, tensors
 
     def scale_(self, plan: _C.Plan, norm: torch.Tensor, max_norm: float) -> None:
         _C.scale_by_norm(

@@ -38,23 +38,26 @@ class TorchBackend:
         return tensors
 
     def reduce(
-        self, tensors: list[torch.Tensor], mode: Mode, p: float, result_dtype: torch.dtype
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        dtype = accumulate_dtype(tensors[0].device)
-        if mode == Mode.LP:
-            # Per-tensor norms, then the same (max, scaled sum) form as the kernels.
-            norms = _per_tensor_norms(tensors, p, dtype)
-            top = norms.amax()
-            partial = torch.stack([top, _partial.rescaled_sum(norms, torch.ones_like(norms), top, p)])
+        self,
+        tensors: list[torch.Tensor],
+        mode: Mode,
+        p: float,
+        result_dtype: torch.dtype,
+        per_tensor: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        norms = _per_tensor_norms(tensors, p, accumulate_dtype(tensors[0].device))
+        # Each tensor's partial, in the same [m, s] form as the kernels'.
+        zeros, ones = torch.zeros_like(norms), torch.ones_like(norms)
+        if mode == Mode.L2:
+            rows = torch.stack([zeros, norms.square()], 1)
+        elif mode == Mode.L1:
+            rows = torch.stack([zeros, norms], 1)
+        elif mode == Mode.LINF:
+            rows = torch.stack([norms, zeros], 1)
         else:
-            ord_ = float("inf") if mode == Mode.LINF else p
-            norms = _per_tensor_norms(tensors, ord_, dtype)
-            if mode == Mode.LINF:
-                partial = torch.stack([norms.amax(), norms.new_zeros(())])
-            else:
-                total = norms.square().sum() if mode == Mode.L2 else norms.sum()
-                partial = torch.stack([norms.new_zeros(()), total])
-        return partial, _partial.root(partial, mode, p, result_dtype)
+            rows = torch.stack([norms, ones], 1)
+        partial = _partial.combine(list(rows), mode, p)
+        return partial, _partial.root(partial, mode, p, result_dtype), rows if per_tensor else None
 
     def scale_(self, tensors: list[torch.Tensor], norm: torch.Tensor, max_norm: float) -> None:
         coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0)

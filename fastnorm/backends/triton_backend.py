@@ -3,7 +3,8 @@
 Launches per call: ``total_norm`` makes one ``norm_partials_kernel`` launch per
 dtype present plus one ``finalize_kernel`` launch, whatever the number of
 tensors; ``clip_`` adds one ``scale_kernel`` launch per dtype, which returns at
-once when no clipping is needed. Partials are reduced by one program in a fixed
+once when no clipping is needed; ``tensor_norms`` adds one ``per_tensor_kernel``
+launch per dtype. Partials are reduced by one program in a fixed
 order (no float atomics), so results are bitwise reproducible. The tables of
 addresses, sizes and chunks reach the device through pinned memory with
 ``non_blocking=True``; the front caches them while the gradients' addresses
@@ -63,7 +64,7 @@ class Config:
 GPU_CONFIG = Config(block=2048, chunk=65536, num_warps=8, programs_per_sm=4)
 INTERPRETER_CONFIG = Config(block=128, chunk=512, num_warps=1, programs_per_sm=1)
 INTERPRETER_PROGRAMS = 4
-FINALIZE_BLOCK = 256
+REDUCE_BLOCK = 256  # rows of partials per step of the finalize/per-tensor reductions
 
 _SM_COUNT: dict[int, int] = {}
 
@@ -87,6 +88,8 @@ class DtypeTable:
     num_chunks: int
     grid: int
     partial_offset: int  # first row of this dtype's partials in the shared buffer
+    chunk_offset: int  # first row of this dtype's chunks in the per-chunk buffer
+    tensor_offset: int  # first row of this dtype's tensors in the per-tensor buffer
 
 
 @dataclass
@@ -95,16 +98,23 @@ class Prepared:
     config: Config
     tables: list[DtypeTable]
     num_partials: int
+    num_chunks: int
+    num_tensors: int
+    # Rows of the per-tensor output, dtype-grouped, back to the caller's order
+    # (None when already in it).
+    order: torch.Tensor | None
     host_table: torch.Tensor = field(repr=False)  # kept alive while the copy may run
 
 
-def _chunk_table(numels: list[int], chunk: int) -> torch.Tensor:
-    """[tensor index of every chunk | first element of every chunk], int64."""
+def _table(addrs: list[int], numels: list[int], chunk: int) -> tuple[torch.Tensor, int]:
+    """The int64 table of one dtype (see triton_kernels) and its number of chunks."""
     counts = torch.tensor([-(-n // chunk) for n in numels], dtype=torch.int64)
+    ends = torch.cumsum(counts, 0)
+    first_chunk = torch.cat([torch.zeros(1, dtype=torch.int64), ends])
     tensor_of_chunk = torch.repeat_interleave(torch.arange(len(numels)), counts)
-    first_chunk = torch.cumsum(counts, 0) - counts
-    start = (torch.arange(int(counts.sum())) - first_chunk[tensor_of_chunk]) * chunk
-    return torch.cat([tensor_of_chunk, start])
+    start = (torch.arange(int(ends[-1])) - first_chunk[tensor_of_chunk]) * chunk
+    head = torch.tensor(addrs + numels, dtype=torch.int64)
+    return torch.cat([head, first_chunk, tensor_of_chunk, start]), int(ends[-1])
 
 
 class TritonBackend:
@@ -137,22 +147,41 @@ class TritonBackend:
     def prepare(self, tensors: list[torch.Tensor]) -> Prepared:
         device = tensors[0].device
         config = INTERPRETER_CONFIG if device.type == "cpu" else GPU_CONFIG
-        by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
-        for t in tensors:
-            by_dtype.setdefault(t.dtype, []).append(t)
-        parts, layout = [], []
+        tl_dtypes = kernels().TL_DTYPES
+        positions: dict[torch.dtype, list[int]] = {}
+        for i, t in enumerate(tensors):
+            positions.setdefault(t.dtype, []).append(i)
         max_programs = _max_programs(device, config)
-        offset = partial_offset = 0
-        for dtype, group in by_dtype.items():
-            numels = [t.numel() for t in group]
-            chunks = _chunk_table(numels, config.chunk)
-            part = torch.cat([torch.tensor([t.data_ptr() for t in group] + numels), chunks])
-            num_chunks = chunks.numel() // 2
+        parts, layout = [], []
+        offset = partial_offset = chunk_offset = tensor_offset = 0
+        for dtype, where in positions.items():
+            group = [tensors[i] for i in where]
+            part, num_chunks = _table([t.data_ptr() for t in group], [t.numel() for t in group], config.chunk)
             grid = min(num_chunks, max_programs)
             parts.append(part)
-            layout.append((kernels().TL_DTYPES[dtype], offset, part.numel(), len(group), num_chunks, grid, partial_offset))
+            layout.append(
+                (
+                    tl_dtypes[dtype],
+                    offset,
+                    part.numel(),
+                    len(group),
+                    num_chunks,
+                    grid,
+                    partial_offset,
+                    chunk_offset,
+                    tensor_offset,
+                )
+            )
             offset += part.numel()
             partial_offset += grid
+            chunk_offset += num_chunks
+            tensor_offset += len(group)
+        grouped = [i for where in positions.values() for i in where]
+        order = None
+        if grouped != list(range(len(tensors))):
+            order = torch.empty(len(tensors), dtype=torch.int64)
+            order[torch.tensor(grouped)] = torch.arange(len(tensors))
+            parts.append(order)
         host = torch.cat(parts)
         if device.type == "cuda":
             host = host.pin_memory()
@@ -160,19 +189,31 @@ class TritonBackend:
         else:
             table = host
         tables = [
-            DtypeTable(tl_dtype, table[start : start + size], n, chunks, grid, row)
-            for tl_dtype, start, size, n, chunks, grid, row in layout
+            DtypeTable(dt, table[start : start + size], n, chunks, grid, row, chunk_row, tensor_row)
+            for dt, start, size, n, chunks, grid, row, chunk_row, tensor_row in layout
         ]
-        return Prepared(device, config, tables, partial_offset, host)
+        device_order = table[offset:] if order is not None else None
+        return Prepared(
+            device, config, tables, partial_offset, chunk_offset, tensor_offset, device_order, host
+        )
 
     def reduce(
-        self, prepared: Prepared, mode: Mode, p: float, result_dtype: torch.dtype
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+        self,
+        prepared: Prepared,
+        mode: Mode,
+        p: float,
+        result_dtype: torch.dtype,
+        per_tensor: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         k = kernels()
         device, config = prepared.device, prepared.config
         partials = torch.empty((prepared.num_partials, 2), dtype=torch.float64, device=device)
         out = torch.empty(2, dtype=torch.float64, device=device)
         root = torch.empty((), dtype=result_dtype, device=device)
+        chunks = tensors = None
+        if per_tensor:
+            chunks = torch.empty((prepared.num_chunks, 2), dtype=torch.float64, device=device)
+            tensors = torch.empty((prepared.num_tensors, 2), dtype=torch.float64, device=device)
         with _on(device):
             for t in prepared.tables:
                 k.norm_partials_kernel[(t.grid,)](
@@ -180,13 +221,26 @@ class TritonBackend:
                     t.num_tensors,
                     t.num_chunks,
                     partials[t.partial_offset :],
+                    chunks[t.chunk_offset :] if per_tensor else partials,
                     float(p),
                     DTYPE=t.dtype,
                     MODE=int(mode),
                     CHUNK=config.chunk,
                     BLOCK=config.block,
+                    PER_CHUNK=per_tensor,
                     num_warps=config.num_warps,
                 )
+                if per_tensor:
+                    k.per_tensor_kernel[(t.num_tensors,)](
+                        t.table,
+                        t.num_tensors,
+                        chunks[t.chunk_offset :],
+                        tensors[t.tensor_offset :],
+                        float(p),
+                        MODE=int(mode),
+                        BLOCK=REDUCE_BLOCK,
+                        num_warps=1,
+                    )
             k.finalize_kernel[(1,)](
                 partials,
                 prepared.num_partials,
@@ -194,15 +248,17 @@ class TritonBackend:
                 root,
                 float(p),
                 MODE=int(mode),
-                BLOCK=FINALIZE_BLOCK,
+                BLOCK=REDUCE_BLOCK,
                 num_warps=4,
             )
-        return out, root
+        if tensors is not None and prepared.order is not None:
+            tensors = tensors[prepared.order]
+        return out, root, tensors
 
     def scale_(self, prepared: Prepared, norm: torch.Tensor, max_norm: float) -> None:
         k = kernels()
         config = prepared.config
-        bits = struct.unpack("<q", struct.pack("<d", max_norm))[0]
+        bits = struct.unpack("<Q", struct.pack("<d", max_norm))[0]  # max_norm >= 0: sign bit clear
         with _on(prepared.device):
             for t in prepared.tables:
                 k.scale_kernel[(t.grid,)](
@@ -210,7 +266,8 @@ class TritonBackend:
                     t.num_tensors,
                     t.num_chunks,
                     norm,
-                    bits,
+                    bits >> 32,
+                    bits & 0xFFFFFFFF,
                     DTYPE=t.dtype,
                     NORM_IS_F64=norm.dtype == torch.float64,
                     CHUNK=config.chunk,

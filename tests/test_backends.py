@@ -1,0 +1,242 @@
+"""Backend selection, the C++ kernels' instruction sets and conversions, and the plan cache."""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import subprocess
+import sys
+import weakref
+
+import pytest
+import torch
+
+import fastnorm
+from fastnorm import backends
+from fastnorm.backends import BackendUnavailableError, cpp
+from tests import reference
+from tests.conftest import INTERPRETED, use_backend
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_python(code: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": REPO, **env},
+        check=False,
+    )
+
+
+# ----------------------------------------------------------------------------
+# Selection
+# ----------------------------------------------------------------------------
+
+
+def test_auto_picks_cpp_on_cpu(monkeypatch):
+    monkeypatch.delenv("FASTNORM_BACKEND", raising=False)
+    (row,) = fastnorm.backend_report([torch.device("cpu")])
+    assert row["selected"] == "cpp" and row["backends"]["cpp"] == []
+
+
+def test_unknown_request_is_a_value_error(monkeypatch):
+    monkeypatch.setenv("FASTNORM_BACKEND", "cuda-magic")
+    with pytest.raises(ValueError, match="FASTNORM_BACKEND"):
+        fastnorm.total_norm([torch.randn(3)])
+
+
+def test_forced_backend_that_cannot_run_raises_with_reasons(monkeypatch):
+    monkeypatch.setenv("FASTNORM_BACKEND", "cpp")
+    monkeypatch.setattr(cpp, "_C", None)
+    monkeypatch.setattr(cpp, "_IMPORT_ERROR", ImportError("no compiler"))
+    with pytest.raises(BackendUnavailableError, match="no compiler"):
+        fastnorm.total_norm([torch.randn(3)])
+
+
+def test_missing_fast_backend_warns_once_and_stays_correct(monkeypatch):
+    monkeypatch.delenv("FASTNORM_BACKEND", raising=False)
+    monkeypatch.setattr(cpp, "_C", None)
+    monkeypatch.setattr(cpp, "_IMPORT_ERROR", ImportError("not built"))
+    monkeypatch.setattr(backends, "_WARNED", set())
+    fastnorm.clear_cache()
+    tensors = [torch.randn(100), torch.randn(7)]
+    with pytest.warns(RuntimeWarning, match="cpp backend cannot serve cpu tensors.*not built"):
+        got = fastnorm.total_norm(tensors)
+    assert got.item() == pytest.approx(reference.norm(tensors, 2.0), rel=1e-6)
+    with _no_warnings():
+        fastnorm.total_norm(tensors)
+
+
+class _no_warnings:
+    def __enter__(self):
+        import warnings
+
+        self._cm = warnings.catch_warnings()
+        self._cm.__enter__()
+        warnings.simplefilter("error")
+
+    def __exit__(self, *exc):
+        return self._cm.__exit__(*exc)
+
+
+def test_request_is_read_at_every_call(monkeypatch):
+    tensors = [torch.randn(1000)]
+    seen = []
+    names = ("cpp", "torch", "triton") if INTERPRETED else ("cpp", "torch")
+    for name in names:
+        monkeypatch.setenv("FASTNORM_BACKEND", name)
+        chosen = backends.backends()[name]
+        original = chosen.reduce
+        monkeypatch.setattr(
+            chosen, "reduce", lambda *a, _n=name, _o=original, **k: seen.append(_n) or _o(*a, **k)
+        )
+        fastnorm.total_norm(tensors)
+    assert seen == list(names)
+
+
+def test_info_command_lists_every_backend():
+    def fastnorm_cli(*args: str) -> subprocess.CompletedProcess:
+        env = {**os.environ, "PYTHONPATH": REPO, "TRITON_INTERPRET": "0"}
+        cmd = [sys.executable, "-m", "fastnorm", *args]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, check=False)
+
+    result = fastnorm_cli("info", "--json")
+    assert result.returncode == 0, result.stderr
+    (cpu,) = json.loads(result.stdout)
+    assert cpu["selected"] == "cpp"
+    assert set(cpu["backends"]) == {"triton", "cpp", "torch"}
+    assert any("TRITON_INTERPRET" in reason for reason in cpu["backends"]["triton"])
+    assert "cpu (FASTNORM_BACKEND=auto): runs cpp" in fastnorm_cli("info").stdout
+    assert fastnorm_cli().returncode != 0  # a subcommand is required
+
+
+# ----------------------------------------------------------------------------
+# The C++ kernels: both instruction sets, exhaustive 16-bit rounding
+# ----------------------------------------------------------------------------
+
+
+def _all_patterns(dtype: torch.dtype) -> torch.Tensor:
+    """Every 16-bit pattern, then again shifted so a loop tail sees them too."""
+    bits = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16)
+    every = bits.view(dtype)
+    return torch.cat([every, every[:4103]])
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("name", ["cpp", "triton"])
+def test_scaling_rounds_every_16bit_value_like_torch(monkeypatch, dtype, name):
+    use_backend(name, monkeypatch)
+    values = _all_patterns(dtype)
+    ours = values.clone()
+    param = torch.nn.Parameter(torch.zeros_like(values))
+    param.grad = values.clone()
+    norm = torch.tensor(2.7182817)
+    fastnorm.clip_([ours], 1.0, total_norm=norm)
+    torch.nn.utils.clip_grads_with_norm_([param], 1.0, norm)
+    theirs = param.grad
+    same = (ours.view(torch.int16) == theirs.view(torch.int16)) | (ours.isnan() & theirs.isnan())
+    assert bool(same.all()), values[~same][:5]
+
+
+def test_generic_and_vector_kernels_agree():
+    if cpp.isa() != "avx2":
+        pytest.skip("this CPU runs the generic kernels only")
+    code = """
+import torch, fastnorm
+from fastnorm.backends import cpp
+g = torch.Generator().manual_seed(0)
+sizes = [(70001, torch.float32), (4099, torch.bfloat16), (3333, torch.float16), (257, torch.float32)]
+tensors = [torch.randn(n, generator=g, dtype=torch.float64).to(dt) * 3 for n, dt in sizes]
+out = {"isa": cpp.isa()}
+for p in (2.0, 1.0, float("inf"), 3.0):
+    out[str(p)] = fastnorm.total_norm(tensors, p).item()
+bits = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16)
+for dt in (torch.float16, torch.bfloat16):
+    x = bits.view(dt).clone()
+    fastnorm.clip_([x], 1.0, total_norm=torch.tensor(3.3))
+    # NaN payloads may differ (F16C keeps them, the portable path makes them canonical, as c10 does)
+    out[str(dt)] = torch.where(x.isnan(), -1, x.view(torch.int16).int()).tolist()
+import json; print(json.dumps(out))
+"""
+    runs = [run_python(code, FASTNORM_BACKEND="cpp", **env) for env in ({}, {"FASTNORM_CPU_ISA": "generic"})]
+    vector, generic = (json.loads(r.stdout) for r in runs)
+    assert (vector.pop("isa"), generic.pop("isa")) == ("avx2", "generic")
+    # The squares of 16/32-bit values are exact in float64, so fused and
+    # separate multiply-adds give the same bits; conversions round alike.
+    assert vector == generic
+
+
+# ----------------------------------------------------------------------------
+# The plan cache: reused while nothing changed, never stale
+# ----------------------------------------------------------------------------
+
+
+def _model():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(20, 30), torch.nn.Linear(30, 5))
+    model(torch.randn(8, 20)).square().sum().backward()
+    return model
+
+
+def _grads(model):
+    return [p.grad for p in model.parameters() if p.grad is not None]
+
+
+def test_cache_follows_new_gradients(fused):
+    model = _model()
+    params = list(model.parameters())
+    assert fastnorm.total_norm(params).item() == pytest.approx(reference.norm(_grads(model), 2.0), rel=1e-6)
+    model.zero_grad(set_to_none=True)  # new gradient tensors, maybe at new addresses
+    model(torch.randn(8, 20)).sum().backward()
+    assert fastnorm.total_norm(params).item() == pytest.approx(reference.norm(_grads(model), 2.0), rel=1e-6)
+    params[0].grad = None
+    assert fastnorm.total_norm(params).item() == pytest.approx(reference.norm(_grads(model), 2.0), rel=1e-6)
+
+
+def test_cache_reads_values_afresh(fused):
+    model = _model()
+    params = list(model.parameters())
+    first = fastnorm.total_norm(params)
+    params[1].grad.mul_(10)
+    assert fastnorm.total_norm(params).item() != first.item()
+    assert fastnorm.total_norm(params).item() == pytest.approx(reference.norm(_grads(model), 2.0), rel=1e-6)
+
+
+def test_cache_notices_a_gradient_moved_under_the_same_object(fused):
+    model = _model()
+    params = list(model.parameters())
+    fastnorm.total_norm(params)
+    grad = params[0].grad
+    grad.data = torch.randn(grad.shape) * 100  # same object, new storage
+    assert fastnorm.total_norm(params).item() == pytest.approx(reference.norm(_grads(model), 2.0), rel=1e-6)
+
+
+def test_cache_notices_a_tensor_that_starts_requiring_grad(fused):
+    a, b = torch.randn(50), torch.randn(60)
+    fastnorm.total_norm([a, b])
+    b.requires_grad_(True)  # now it stands for its .grad, which is None
+    assert fastnorm.total_norm([a, b]).item() == pytest.approx(reference.norm([a], 2.0), rel=1e-6)
+
+
+def test_cache_does_not_keep_gradients_alive(fused):
+    model = _model()
+    params = list(model.parameters())
+    fastnorm.clip_(params, 1.0)
+    ref = weakref.ref(params[0].grad)
+    model.zero_grad(set_to_none=True)
+    gc.collect()
+    assert ref() is None
+
+
+def test_cached_clip_scales_the_current_gradients(fused):
+    model = _model()
+    params = list(model.parameters())
+    fastnorm.clip_(params, 1e-3)
+    model.zero_grad(set_to_none=True)
+    model(torch.randn(8, 20)).sum().backward()
+    fastnorm.clip_(params, 1e-3)
+    assert reference.norm(_grads(model), 2.0) == pytest.approx(1e-3, rel=1e-4)

@@ -1,0 +1,247 @@
+"""total_norm and tensor_norms on every backend against the float64 oracle."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import fastnorm
+from tests import reference
+
+NORM_TYPES = [2.0, 1.0, float("inf"), 0.5, 3.0]
+# Tolerances per input dtype, relative to the oracle: 16-bit inputs are exact
+# in float32 and the sums run in float64, so only the final rounding remains.
+TOLERANCE = {
+    torch.float32: 5e-6,
+    torch.float64: 1e-12,
+    torch.float16: 5e-6,
+    torch.bfloat16: 5e-6,
+}
+
+
+def grads(shapes, dtype, seed, scale=1.0):
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(s, generator=g, dtype=torch.float64) * scale).to(dtype) for s in shapes]
+
+
+# Odd sizes, 0 and 1 elements, and more than one chunk on every backend
+# (triton's interpreter uses 512-element chunks; the C++ tasks hold 256 KiB).
+SHAPES = [(0,), (1,), (123,), (4097,), (3, 5, 7)]
+LARGE = {"cpp": [(70001,)], "torch": [(70001,)], "triton": [(1500,)]}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("p", NORM_TYPES)
+def test_matches_oracle(backend, dtype, p):
+    tensors = grads(SHAPES + LARGE[backend], dtype, seed=NORM_TYPES.index(p) * 10 + dtype.itemsize)
+    got = fastnorm.total_norm(tensors, p)
+    ref = reference.norm(tensors, p)
+    tol = 5e-5 if p not in (1.0, 2.0, float("inf")) else TOLERANCE[dtype]
+    assert reference.rel_err(got.item(), ref) <= tol
+    assert got.dim() == 0
+    assert got.dtype == (torch.float64 if dtype == torch.float64 else torch.float32)
+
+
+@pytest.mark.parametrize("p", [2.0, float("inf"), 1.0])
+def test_mixed_dtypes_and_layouts(backend, p):
+    g = torch.Generator().manual_seed(7)
+    tensors = [
+        torch.randn(300, generator=g).to(torch.bfloat16),
+        torch.randn(64, 33, generator=g).t(),  # transposed: dense, read as flat
+        torch.randn(2, 3, 4, 5, generator=g).to(memory_format=torch.channels_last),
+        torch.randn(40, 40, generator=g)[::2, 1::3],  # gaps: served by torch ops
+        torch.randn(999, generator=g).to(torch.float16),
+        torch.randn(1000, generator=g),
+    ]
+    got = fastnorm.total_norm(tensors, p)
+    assert reference.rel_err(got.item(), reference.norm(tensors, p)) <= 5e-6
+    assert got.dtype == torch.float32
+
+
+def test_float64_anywhere_gives_float64(backend):
+    tensors = grads([(10,), (20,)], torch.float32, 1) + grads([(5,)], torch.float64, 2)
+    got = fastnorm.total_norm(tensors)
+    assert got.dtype == torch.float64
+    assert reference.rel_err(got.item(), reference.norm(tensors, 2.0)) <= 1e-7
+
+
+def test_parameters_contribute_their_grad(backend):
+    model = torch.nn.Sequential(torch.nn.Linear(7, 5), torch.nn.Tanh(), torch.nn.Linear(5, 3))
+    model(torch.randn(4, 7)).square().sum().backward()
+    model[2].bias.grad = None  # skipped
+    got = fastnorm.total_norm(model.parameters())
+    expected = [p.grad for p in model.parameters() if p.grad is not None]
+    assert reference.rel_err(got.item(), reference.norm(expected, 2.0)) <= 5e-6
+
+
+def test_frozen_parameter_without_grad_is_skipped(backend):
+    layer = torch.nn.Linear(4, 4)
+    layer.weight.requires_grad_(False)  # a Parameter stands for its .grad, even when frozen
+    layer.bias.grad = torch.randn(4)
+    assert fastnorm.total_norm(layer.parameters()).item() == pytest.approx(
+        reference.norm([layer.bias.grad], 2.0), rel=1e-6
+    )
+
+
+def test_nothing_to_reduce_gives_zero(backend):
+    for empty in ([], [torch.nn.Parameter(torch.randn(3))], iter(())):
+        got = fastnorm.total_norm(empty)
+        assert got.item() == 0.0 and got.dtype == torch.float32 and got.dim() == 0
+    assert fastnorm.total_norm([torch.zeros(0)]).item() == 0.0
+
+
+def test_generator_is_consumed_once(backend):
+    tensors = grads([(50,), (60,)], torch.float32, 3)
+    got = fastnorm.total_norm(t for t in tensors)
+    assert got.item() == pytest.approx(reference.norm(tensors, 2.0), rel=1e-6)
+
+
+def test_single_tensor(backend):
+    (t,) = grads([(33, 3)], torch.float32, 4)
+    assert fastnorm.total_norm(t, 1).item() == pytest.approx(reference.norm([t], 1.0), rel=1e-6)
+
+
+def test_same_tensor_twice_counts_once(backend):
+    a, b = grads([(100,), (10,)], torch.float32, 5)
+    once = fastnorm.total_norm([a, b])
+    assert torch.equal(fastnorm.total_norm([a, b, a, a.view(10, 10)]), once)
+
+
+def test_bitwise_deterministic(backend):
+    tensors = grads([(4097,), *LARGE[backend], (5,)], torch.float32, 6)
+    first = fastnorm.total_norm(tensors)
+    for _ in range(3):
+        fastnorm.clear_cache()
+        assert torch.equal(fastnorm.total_norm(tensors), first)
+
+
+def test_cpp_result_does_not_depend_on_thread_count(monkeypatch):
+    monkeypatch.setenv("FASTNORM_BACKEND", "cpp")
+    tensors = grads([(300_001,), (1_000_003,), (17,)], torch.float32, 8)
+    threads = torch.get_num_threads()
+    try:
+        results = []
+        for n in (1, 2, 3):
+            torch.set_num_threads(n)
+            results.append(fastnorm.total_norm(tensors))
+    finally:
+        torch.set_num_threads(threads)
+    assert all(torch.equal(r, results[0]) for r in results)
+
+
+# ----------------------------------------------------------------------------
+# Numerics
+# ----------------------------------------------------------------------------
+
+
+def test_float16_norm_past_65504_is_finite(backend):
+    got = fastnorm.total_norm([torch.full((10,), 60000.0, dtype=torch.float16)])
+    assert got.item() == pytest.approx(189736.66, rel=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_huge_gradients_are_not_a_nan_collapse(backend, dtype):
+    if backend == "torch" and dtype == torch.bfloat16:
+        pytest.skip("the torch backend upcasts per tensor: covered by float32")
+    got = fastnorm.total_norm([torch.full((10,), 1e20, dtype=dtype)])
+    expected = math.sqrt(10) * torch.tensor(1e20, dtype=dtype).item()
+    assert got.item() == pytest.approx(expected, rel=1e-6)
+
+
+def test_tiny_gradients_do_not_vanish(backend):
+    tensors = [torch.full((1000,), 1e-30)]
+    assert fastnorm.total_norm(tensors).item() == pytest.approx(reference.norm(tensors, 2.0), rel=1e-6)
+
+
+@pytest.mark.parametrize("p", [7.0, 12.5])
+def test_large_p_with_huge_values_stays_finite(fused, p):
+    # |x|^p of 1e30 overflows float64 for p > 10: the fused kernels scale by the max.
+    tensors = [torch.full((100,), 1e30), torch.full((3,), 2e30), torch.full((5,), 1e-20)]
+    got = fastnorm.total_norm(tensors, p)
+    assert reference.rel_err(got.item(), reference.norm(tensors, p)) <= 5e-5
+
+
+# Triton's interpreter runs the kernels on NumPy, which warns on inf - inf and
+# inf / inf in lanes that tl.where then discards; the GPU does not.
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("p", NORM_TYPES)
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_nan_and_inf_propagate(backend, p, bad):
+    tensors = grads([(1000,), (77,)], torch.float32, 9)
+    tensors[1][13] = bad
+    got = fastnorm.total_norm(tensors, p).item()
+    if math.isnan(bad):
+        assert math.isnan(got)  # a max that drops NaN (fmax) would be a bug for p=inf
+    else:
+        assert got == float("inf")
+    tensors[0][500] = float("nan")
+    assert math.isnan(fastnorm.total_norm(tensors, p).item())
+
+
+def test_accuracy_at_scale_beats_naive_float32():
+    # Positive values make a float32 running sum drift by percents at this size;
+    # float64 accumulation must stay within 5e-6 of the oracle, and within
+    # torch's own error (torch's float32 CPU norm is itself visibly off).
+    g = torch.Generator().manual_seed(10)
+    tensors = [torch.rand(10_000_000, generator=g) + 1.0 for _ in range(3)]
+    for p in (2.0, 1.0, float("inf")):
+        ref = reference.norm(tensors, p)
+        ours = reference.rel_err(fastnorm.total_norm(tensors, p).item(), ref)
+        theirs = reference.rel_err(torch.nn.utils.get_total_norm(tensors, p).item(), ref)
+        assert ours <= 5e-6
+        assert ours <= theirs + 2**-24
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("p", [2.0, 1.0, float("inf")])
+def test_error_no_larger_than_torch(backend, dtype, p):
+    tensors = grads([(5000,), (123,), (4097,)], dtype, seed=11, scale=3.0)
+    ref = reference.norm(tensors, p)
+    ours = reference.rel_err(fastnorm.total_norm(tensors, p).item(), ref)
+    theirs = reference.rel_err(torch.nn.utils.get_total_norm(tensors, p).float().item(), ref)
+    # Half an ulp of float32 is the floor of any float32 result.
+    assert ours <= theirs + 2**-24
+
+
+# ----------------------------------------------------------------------------
+# Sparse and complex gradients
+# ----------------------------------------------------------------------------
+
+
+def test_sparse_gradients(backend):
+    indices = torch.tensor([[0, 2, 2, 5], [1, 0, 0, 3]])  # (2, 0) twice: uncoalesced
+    values = torch.tensor([1.5, -2.0, 4.0, 0.25])
+    coo = torch.sparse_coo_tensor(indices, values, (6, 4))
+    csr = torch.randn(5, 7).relu().to_sparse_csr()
+    got = fastnorm.total_norm([coo, csr])
+    assert got.item() == pytest.approx(reference.norm([coo.to_dense(), csr.to_dense()], 2.0), rel=1e-6)
+
+
+def test_complex_gradients_for_p2(backend):
+    z = torch.randn(50, dtype=torch.complex64)
+    assert fastnorm.total_norm([z]).item() == pytest.approx(torch.linalg.vector_norm(z).item(), rel=1e-6)
+    with pytest.raises(TypeError, match="complex"):
+        fastnorm.total_norm([z], 1.0)
+
+
+# ----------------------------------------------------------------------------
+# tensor_norms
+# ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("p", [2.0, float("inf"), 3.0])
+def test_tensor_norms(backend, p):
+    model = torch.nn.Sequential(torch.nn.Linear(9, 8), torch.nn.Linear(8, 2))
+    model(torch.randn(3, 9)).sum().backward()
+    model[1].bias.grad = None
+    extra = torch.randn(1000, dtype=torch.bfloat16)
+    items = [*model.parameters(), extra]
+    total, per_item = fastnorm.tensor_norms(items, p)
+    assert torch.equal(total, fastnorm.total_norm(items, p))
+    expected = [reference.norm([it.grad], p) if it.grad is not None else 0.0 for it in items[:-1]]
+    expected.append(reference.norm([extra], p))
+    assert per_item.shape == (len(items),) and per_item.dtype == total.dtype
+    for got, ref in zip(per_item.tolist(), expected):
+        assert got == pytest.approx(ref, rel=5e-5 if p == 3.0 else 1e-6)
