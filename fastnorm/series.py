@@ -4,6 +4,8 @@
   and any trainer writing one object per line with the norm under one of
   :data:`KEYS` and the step under ``step``, ``global_step``, ``_step`` or
   ``trainer/global_step`` (the line's position otherwise).
+* CSV with a header row (Lightning's ``CSVLogger`` writes ``metrics.csv``),
+  read like JSON lines; empty cells are missing values.
 * A Hugging Face ``trainer_state.json``: its ``log_history`` (``grad_norm``).
 * TensorBoard event files (``events.out.tfevents.*``) with scalars under one
   of :data:`KEYS`, as ``SummaryWriter`` (torch, tensorboardX, Lightning,
@@ -16,6 +18,7 @@ step logged twice (a resumed run) keeps its last value.
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 from collections.abc import Iterable
@@ -54,8 +57,9 @@ def read_series(path: str | os.PathLike, key: str | None = None) -> Series:
     """Reads the gradient-norm series of a metrics file or a run folder.
 
     Args:
-        path (str or PathLike): a ``.jsonl`` file, a ``trainer_state.json``,
-            a TensorBoard event file, or a folder holding any of them.
+        path (str or PathLike): a ``.jsonl`` or ``.csv`` file, a
+            ``trainer_state.json``, a TensorBoard event file, or a folder
+            holding any of them.
         key (str, optional): the metric or tag to read. Default: the first of
             :data:`KEYS` present.
 
@@ -75,6 +79,8 @@ def read_series(path: str | os.PathLike, key: str | None = None) -> Series:
         return _read_tensorboard(path.parent, key)
     if path.suffix == ".json":
         return _read_trainer_state(path, key)
+    if path.suffix == ".csv":
+        return _read_csv(path, key)
     return _read_jsonl(path, key)
 
 
@@ -82,11 +88,11 @@ def _newest(folder: Path) -> Path:
     found = [
         p
         for p in folder.rglob("*")
-        if p.is_file() and (p.suffix == ".jsonl" or p.name == "trainer_state.json" or _TFEVENTS in p.name)
+        if p.is_file() and (p.suffix in (".jsonl", ".csv") or p.name == "trainer_state.json" or _TFEVENTS in p.name)
     ]
     if not found:
         raise FileNotFoundError(
-            f"no metrics file in {folder} (looked for *.jsonl, trainer_state.json and {_TFEVENTS}.*)"
+            f"no metrics file in {folder} (looked for *.jsonl, *.csv, trainer_state.json and {_TFEVENTS}.*)"
         )
     return max(found, key=lambda p: p.stat().st_mtime)
 
@@ -120,7 +126,7 @@ def _from_records(records: list[dict], key: str | None, source: Path) -> Series:
         if value is None:
             continue
         step = next((record[k] for k in STEP_KEYS if record.get(k) is not None), position)
-        pairs.append((int(step), float(value)))
+        pairs.append((int(float(step)), float(value)))
     return _series(pairs, key, source, max_norm)
 
 
@@ -137,6 +143,12 @@ def _read_jsonl(path: Path, key: str | None) -> Series:
                 raise ValueError(f"{path}:{number}: not JSON ({exc.msg})") from None
             if isinstance(record, dict):
                 records.append(record)
+    return _from_records(records, key, path)
+
+
+def _read_csv(path: Path, key: str | None) -> Series:
+    with open(path, newline="", encoding="utf-8") as f:
+        records = [{k: v for k, v in row.items() if v not in ("", None)} for row in csv.DictReader(f)]
     return _from_records(records, key, path)
 
 

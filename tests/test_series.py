@@ -86,6 +86,14 @@ def test_bad_json_line_names_the_line(tmp_path):
         read_series(path)
 
 
+def test_csv_as_lightning_writes_it(tmp_path):
+    path = tmp_path / "metrics.csv"
+    path.write_text("epoch,grad_norm,step,train_loss\n0,0.5,0,\n0,,1,2.0\n0,nan,2,\n1,1.5,3,\n")
+    series = read_series(path)
+    assert series.steps == (0, 2, 3)
+    assert series.values[0] == 0.5 and math.isnan(series.values[1]) and series.values[2] == 1.5
+
+
 def test_hugging_face_trainer_state(tmp_path):
     path = tmp_path / "checkpoint-30" / "trainer_state.json"
     path.parent.mkdir()
