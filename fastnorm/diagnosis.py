@@ -33,10 +33,11 @@ from __future__ import annotations
 
 import argparse
 import bisect
+import itertools
 import math
 from collections import deque
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 
 STABLE = "stable"
 EXPLODING = "exploding"
@@ -72,8 +73,9 @@ class Event:
     Attributes:
         kind (str): ``"nonfinite"``, ``"exploding"``, ``"vanishing"`` or ``"spike"``.
         start_step (int): the first step of the event.
-        end_step (int): its last step (the last step of the series when the
-            event had not ended there).
+        end_step (int): its last step: for an explosion or a vanishing that
+            had not ended, the last finite step; for non-finite values that
+            had not ended, the last step.
         detail (str): what happened, in numbers.
     """
 
@@ -141,6 +143,7 @@ class _Departure:
     peak: float = 0.0  # the largest deviation on its side, in orders of magnitude
     level: float = 0.0  # the largest sustained deviation (median of `recent`)
     nonfinite: bool = False  # non-finite values came while it was out of the band
+    pending: list = field(default_factory=list)  # (step, log10) back in the band, not yet `recover` of them
 
     def add(self, step: int, x: float, sustain: int) -> None:
         dev = self.side * (x - self.origin)
@@ -270,6 +273,8 @@ class Diagnoser:
         sustain (int): points over which a level counts as sustained: a
             departure's level is the median of its last ``sustain`` points,
             so shorter excursions never make it. Default: 10.
+        recover (int): consecutive points back in the band that end a
+            departure; a shorter dip belongs to it. Default: 3.
         horizon (int): points over which a slow drift of the baseline itself
             is measured. Default: 1000.
 
@@ -292,9 +297,16 @@ class Diagnoser:
         explode_orders: float = 2.0,
         vanish_orders: float = 3.0,
         sustain: int = 10,
+        recover: int = 3,
         horizon: int = 1000,
     ) -> None:
-        for name, value in (("window", window), ("warmup", warmup), ("sustain", sustain), ("horizon", horizon)):
+        for name, value in (
+            ("window", window),
+            ("warmup", warmup),
+            ("sustain", sustain),
+            ("recover", recover),
+            ("horizon", horizon),
+        ):
             if int(value) != value or value < 1:
                 raise ValueError(f"Diagnoser: {name} must be a positive integer, got {value!r}")
         for name, value in (
@@ -314,6 +326,7 @@ class Diagnoser:
         self.explode_orders = explode_orders
         self.vanish_orders = vanish_orders
         self.sustain = int(sustain)
+        self.recover = int(recover)
         self._base = _Baseline(self.window, band_mads, min_band)
         self._drift_ref = _Extremes(int(horizon))
         self._recent: deque[tuple[int, float]] = deque(maxlen=self.window)  # (step, log10) before now
@@ -367,32 +380,44 @@ class Diagnoser:
             return
         dev = x - base.median
         side = 0 if abs(dev) <= base.band else (1 if dev > 0 else -1)
+        self._recent.append((step, x))
         dep = self._dep
-        if dep is not None and side != dep.side:
-            self._close(dep, returned=True)
-            dep = self._dep = None
+        if dep is not None:
+            if side == dep.side:
+                for s, px in dep.pending:  # a dip into the band too short to count as a return
+                    dep.add(s, px, self.sustain)
+                dep.pending.clear()
+            elif side == 0 and len(dep.pending) + 1 < self.recover:
+                dep.pending.append((step, x))
+                return
+            else:
+                self._close(dep, returned=True)
+                self._dep = None
+                for s, px in dep.pending:
+                    base.add(px)
+                    self._track_drift(s)
         if side == 0:
             base.add(x)
             self._track_drift(step)
-        else:
-            if dep is None:
-                dep = self._dep = _Departure(
-                    side, self._walk_back(step, side), base.median, deque(maxlen=self.sustain), deque(maxlen=self.window)
-                )
-            dep.add(step, x, self.sustain)
-            if dep.count >= self.window and not self._alarming(dep):
-                # Out of the band for a whole window and still short of an explosion: a new normal.
-                base.restart(dep.xs)
-                self._dep = None
-                self._track_drift(step)
-        self._recent.append((step, x))
+            return
+        dep = self._dep
+        if dep is None:
+            dep = self._dep = _Departure(
+                side, self._walk_back(step, side), base.median, deque(maxlen=self.sustain), deque(maxlen=self.window)
+            )
+        dep.add(step, x, self.sustain)
+        if dep.count >= self.window and not self._alarming(dep):
+            # Out of the band for a whole window and still short of an explosion: a new normal.
+            base.restart(dep.xs)
+            self._dep = None
+            self._track_drift(step)
 
     def _walk_back(self, step: int, side: int) -> int:
         """Where a departure began: back over the points already two sigmas out on its side,
         so that a gradual rise is dated from near its foot, not from where it crossed the band."""
         start = step
         bound = self._base.median + 2.0 * side * self._base.sigma
-        for s, x in reversed(self._recent):
+        for s, x in itertools.islice(reversed(self._recent), 1, None):  # before this point
             if side * (x - bound) <= 0:
                 break
             start = s
@@ -439,8 +464,7 @@ class Diagnoser:
                 f"{how} {dep.peak:.1f} orders of magnitude (to {extreme:.3g}) from the running "
                 f"baseline {base:.3g}; {ending}"
             )
-            end = dep.end if returned else self._last_step
-            return Event(kind, dep.start, end, detail)
+            return Event(kind, dep.start, dep.end, detail)
         if dep.peak >= self.spike_orders and (returned or dep.count < self.sustain):
             ending = "back in the band" if returned else "not back in the band by the last step"
             detail = (
@@ -472,7 +496,7 @@ class Diagnoser:
             start, _, count, first = self._nonfinite
             events.append(Event(NONFINITE, start, self._last_step, f"{count} non-finite value(s), the first {first}"))
         if self._dep is not None:
-            event = self._classify(self._dep, returned=False)
+            event = self._classify(self._dep, returned=bool(self._dep.pending))
             if event is not None:
                 events.append(event)
         if self._drift is not None:
@@ -572,7 +596,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--key", help="the metric or tag to read (default: gradient_norm, grad_norm, train/grad_norm, ...)"
     )
     parser.add_argument("--plot", metavar="PNG", help="draw the series and its events into this PNG")
-    parser.add_argument("--title", help="the plot's title (default: the verdict)")
+    parser.add_argument("--title", help="the plot's title, before the verdict")
     parser.add_argument("--max-norm", type=float, help="the clipping threshold to draw (default: from the file)")
     parser.add_argument("--json", action="store_true", help="print the diagnosis as JSON")
     parser.add_argument(

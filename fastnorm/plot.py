@@ -17,7 +17,7 @@ from fastnorm.diagnosis import EXPLODING, NONFINITE, SPIKE, VANISHING, Diagnosis
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-_COLORS = {EXPLODING: "tab:red", VANISHING: "tab:blue", NONFINITE: "black", SPIKE: "tab:orange"}
+_COLORS = {EXPLODING: "tab:red", VANISHING: "tab:blue", NONFINITE: "tab:purple", SPIKE: "tab:orange"}
 
 
 def plot(
@@ -41,7 +41,8 @@ def plot(
         diagnosis (Diagnosis): what :func:`~fastnorm.diagnose` said of them.
         path (str or PathLike): the PNG to write.
         max_norm (float, optional): the clipping threshold.
-        title (str, optional): the title. Default: the verdict.
+        title (str, optional): the title, followed by the verdict. Default:
+            the verdict alone.
 
     Returns:
         Figure: the matplotlib figure drawn, for further use.
@@ -77,12 +78,13 @@ def plot(
         shaded.add(e.kind)
     bad = [s for s, v in zip(steps, values) if not math.isfinite(v)]
     if bad:
-        ax.plot(bad, [1.0] * len(bad), "x", color="black", ms=4, transform=ax.get_xaxis_transform(), clip_on=False)
+        ax.plot(bad, [1.0] * len(bad), "|", color="tab:purple", ms=6, transform=ax.get_xaxis_transform(), clip_on=False)
     if max_norm is not None:
         ax.axhline(max_norm, ls="--", lw=1, color="tab:green", label=f"max_norm={max_norm:g}")
     ax.set_xlabel("step")
     ax.set_ylabel("gradient norm")
-    ax.set_title(title or f"verdict: {diagnosis.verdict}")
+    verdict = f"verdict: {diagnosis.verdict}"
+    ax.set_title(f"{title} ({verdict})" if title else verdict)
     ax.grid(True, which="major", alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
         ax.legend(loc="best", fontsize="small")

@@ -90,7 +90,7 @@ def test_plot_draws_the_events_and_the_threshold(tmp_path):
     fig = plot(range(N), values, d, tmp_path / "p.png", max_norm=2.0, title="run 7")
     [ax] = fig.axes
     assert ax.get_yscale() == "log"
-    assert ax.get_title() == "run 7"
+    assert ax.get_title() == "run 7 (verdict: nonfinite)"
     spans = [(p.get_x(), p.get_x() + p.get_width()) for p in ax.patches]
     assert spans == [(e.start_step - 0.5, e.end_step + 0.5) for e in d.events]
     assert [e.kind for e in d.events] == ["nonfinite", "exploding"]
@@ -98,7 +98,7 @@ def test_plot_draws_the_events_and_the_threshold(tmp_path):
     assert labels == ["gradient norm", "nonfinite", "exploding", "max_norm=2"]
     [threshold] = [line for line in ax.get_lines() if line.get_linestyle() == "--"]
     assert list(threshold.get_ydata()) == [2.0, 2.0]
-    [marks] = [line for line in ax.get_lines() if line.get_marker() == "x"]
+    [marks] = [line for line in ax.get_lines() if line.get_marker() == "|"]
     assert list(marks.get_xdata()) == [100]
 
 
