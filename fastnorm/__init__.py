@@ -8,7 +8,15 @@ a cadence and diagnoses the trend (``diagnose``, also ``fastnorm diagnose PATH``
 
 from fastnorm.backends import report as backend_report
 from fastnorm.diagnosis import Diagnoser, Diagnosis, Event, diagnose
-from fastnorm.loggers import ConsoleLogger, JsonlLogger, Logger, MLflowLogger, TensorBoardLogger, WandbLogger, Window
+from fastnorm.loggers import (
+    ConsoleLogger,
+    JsonlLogger,
+    Logger,
+    MLflowLogger,
+    TensorBoardLogger,
+    WandbLogger,
+    Window,
+)
 from fastnorm.monitor import GradNormMonitor, LayerNorms, UnstableGradientWarning
 from fastnorm.norm import clear_cache, clip_, tensor_norms, total_norm
 from fastnorm.series import Series, read_series

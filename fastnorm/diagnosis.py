@@ -6,9 +6,11 @@ metrics file can be read and is testable without a device.
 The series is read in log10 ("orders of magnitude"), against a running
 baseline: the median of the last ``window`` points that lay inside the band,
 where the band is ``max(band_mads * sigma, min_band)`` around that median and
-sigma is the robust (median-based) noise scale of consecutive differences. Points outside the band do not enter the baseline, so the baseline
-holds still while the norm departs from it and a departure is measured against
-what was normal before it. Then:
+sigma is the robust (median-based) noise scale of consecutive differences.
+Points outside the band do not enter the baseline, so the baseline holds still
+while the norm departs from it, and a departure is measured against what was
+normal before it. A departure ends after ``recover`` consecutive points back in
+the band. Then:
 
 * ``nonfinite``: a NaN or inf value; one event per run of them.
 * ``exploding`` / ``vanishing``: a departure above (below) the band whose
@@ -121,7 +123,9 @@ class Diagnosis:
             return "verdict: stable (no values read)"
         lines = [f"verdict: {self.verdict} ({self.steps} steps read)"]
         for e in self.events:
-            where = f"step {e.start_step}" if e.start_step == e.end_step else f"steps {e.start_step}-{e.end_step}"
+            where = (
+                f"step {e.start_step}" if e.start_step == e.end_step else f"steps {e.start_step}-{e.end_step}"
+            )
             lines.append(f"  {e.kind:9s} {where}: {e.detail}")
         if self.actions:
             lines.append("next actions:")
@@ -369,7 +373,9 @@ class Diagnoser:
             raise ValueError(f"diagnose: a norm cannot be negative, got {value} at step {step}")
         if self._nonfinite:
             start, end, count, first = self._nonfinite
-            self._events.append(Event(NONFINITE, start, end, f"{count} non-finite value(s), the first {first}"))
+            self._events.append(
+                Event(NONFINITE, start, end, f"{count} non-finite value(s), the first {first}")
+            )
             self._nonfinite = []
         x = math.log10(max(value, _ZERO))
         self._finite += 1
@@ -403,7 +409,11 @@ class Diagnoser:
         dep = self._dep
         if dep is None:
             dep = self._dep = _Departure(
-                side, self._walk_back(step, side), base.median, deque(maxlen=self.sustain), deque(maxlen=self.window)
+                side,
+                self._walk_back(step, side),
+                base.median,
+                deque(maxlen=self.sustain),
+                deque(maxlen=self.window),
             )
         dep.add(step, x, self.sustain)
         if dep.count >= self.window and not self._alarming(dep):
@@ -490,11 +500,14 @@ class Diagnoser:
     # -- output --------------------------------------------------------------
 
     def result(self) -> Diagnosis:
-        """The diagnosis of everything read so far (open events end at the last step)."""
+        """The diagnosis of everything read so far; events still open end at the last step read
+        (an explosion or a vanishing at its last finite step)."""
         events = list(self._events)
         if self._nonfinite:
             start, _, count, first = self._nonfinite
-            events.append(Event(NONFINITE, start, self._last_step, f"{count} non-finite value(s), the first {first}"))
+            events.append(
+                Event(NONFINITE, start, self._last_step, f"{count} non-finite value(s), the first {first}")
+            )
         if self._dep is not None:
             event = self._classify(self._dep, returned=bool(self._dep.pending))
             if event is not None:
@@ -513,7 +526,9 @@ def _merge(events: list[Event]) -> list[Event]:
     for e in events:
         for i, m in enumerate(merged):
             if m.kind == e.kind and e.start_step <= m.end_step and m.start_step <= e.end_step:
-                merged[i] = Event(m.kind, min(m.start_step, e.start_step), max(m.end_step, e.end_step), m.detail)
+                merged[i] = Event(
+                    m.kind, min(m.start_step, e.start_step), max(m.end_step, e.end_step), m.detail
+                )
                 break
         else:
             merged.append(e)
@@ -597,7 +612,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--plot", metavar="PNG", help="draw the series and its events into this PNG")
     parser.add_argument("--title", help="the plot's title, before the verdict")
-    parser.add_argument("--max-norm", type=float, help="the clipping threshold to draw (default: from the file)")
+    parser.add_argument(
+        "--max-norm", type=float, help="the clipping threshold to draw (default: from the file)"
+    )
     parser.add_argument("--json", action="store_true", help="print the diagnosis as JSON")
     parser.add_argument(
         "--fail-on-unstable", action="store_true", help="exit with 1 when the verdict is not stable (for CI)"

@@ -79,7 +79,8 @@ class GradNormMonitor:
 
     Example::
 
-        >>> monitor = fastnorm.GradNormMonitor(50, loggers=[fastnorm.JsonlLogger("run/metrics.jsonl")], max_norm=1.0)
+        >>> logger = fastnorm.JsonlLogger("run/metrics.jsonl")
+        >>> monitor = fastnorm.GradNormMonitor(50, loggers=[logger], max_norm=1.0)
         >>> with monitor:
         ...     for batch in loader:
         ...         loss = model(batch).mean()
@@ -100,7 +101,9 @@ class GradNormMonitor:
         warn: bool = True,
     ) -> None:
         if int(log_every_n_steps) != log_every_n_steps or log_every_n_steps < 1:
-            raise ValueError(f"GradNormMonitor: log_every_n_steps must be a positive integer, got {log_every_n_steps!r}")
+            raise ValueError(
+                f"GradNormMonitor: log_every_n_steps must be a positive integer, got {log_every_n_steps!r}"
+            )
         if max_norm is not None and not (max_norm >= 0):
             raise ValueError(f"GradNormMonitor: max_norm must be >= 0, got {max_norm!r}")
         self.log_every_n_steps = int(log_every_n_steps)
@@ -157,7 +160,9 @@ class GradNormMonitor:
         slot = self._buffer[self._count]
         if isinstance(norm, Tensor):
             if norm.numel() != 1:
-                raise ValueError(f"GradNormMonitor.update: norm must hold one value, got shape {tuple(norm.shape)}")
+                raise ValueError(
+                    f"GradNormMonitor.update: norm must hold one value, got shape {tuple(norm.shape)}"
+                )
             slot.copy_(norm.detach().reshape(()))
         else:
             slot.fill_(float(norm))
@@ -191,9 +196,11 @@ class GradNormMonitor:
     # -- the transfer ----------------------------------------------------------
 
     def flush(self) -> None:
-        """Moves what the current window holds to the host and logs it (one transfer).
+        """Moves what the current window holds to the host (one transfer) and logs it.
 
-        Called at each cadence; call it yourself to log a partial window.
+        Called at each cadence; call it yourself to log a partial window. On
+        CUDA the transfer is asynchronous and the window is logged once it has
+        landed: at the next :meth:`update` that finds it there, or at :meth:`close`.
         """
         if self._count == 0:
             return
@@ -209,7 +216,7 @@ class GradNormMonitor:
             self._land()  # its pinned memory is about to be overwritten
         self._host.copy_(self._buffer, non_blocking=True)
         event = torch.cuda.Event()
-        event.record()
+        event.record(torch.cuda.current_stream(self._buffer.device))  # the stream the copy went on
         self._in_flight = _InFlight(event, self._host, steps, layers_step)
 
     def _land(self) -> None:
@@ -229,7 +236,12 @@ class GradNormMonitor:
             self.diagnosis = self._diagnoser.result()
             self._maybe_warn(self.diagnosis)
         window = Window(
-            tuple(steps), tuple(values), window_stats(values, self.max_norm), layers, layers_step, self.diagnosis
+            tuple(steps),
+            tuple(values),
+            window_stats(values, self.max_norm),
+            layers,
+            layers_step,
+            self.diagnosis,
         )
         for logger in self.loggers:
             logger.log_window(window)

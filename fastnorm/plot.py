@@ -78,7 +78,15 @@ def plot(
         shaded.add(e.kind)
     bad = [s for s, v in zip(steps, values) if not math.isfinite(v)]
     if bad:
-        ax.plot(bad, [1.0] * len(bad), "|", color="tab:purple", ms=6, transform=ax.get_xaxis_transform(), clip_on=False)
+        ax.plot(
+            bad,
+            [1.0] * len(bad),
+            "|",
+            color="tab:purple",
+            ms=6,
+            transform=ax.get_xaxis_transform(),
+            clip_on=False,
+        )
     if max_norm is not None:
         ax.axhline(max_norm, ls="--", lw=1, color="tab:green", label=f"max_norm={max_norm:g}")
     ax.set_xlabel("step")

@@ -88,7 +88,8 @@ def _newest(folder: Path) -> Path:
     found = [
         p
         for p in folder.rglob("*")
-        if p.is_file() and (p.suffix in (".jsonl", ".csv") or p.name == "trainer_state.json" or _TFEVENTS in p.name)
+        if p.is_file()
+        and (p.suffix in (".jsonl", ".csv") or p.name == "trainer_state.json" or _TFEVENTS in p.name)
     ]
     if not found:
         raise FileNotFoundError(
@@ -174,4 +175,3 @@ def _read_tensorboard(folder: Path, key: str | None) -> Series:
     max_norm = acc.Scalars(MAX_NORM_KEY)[-1].value if MAX_NORM_KEY in tags else None
     pairs = [(e.step, float(e.value)) for e in acc.Scalars(key)]
     return _series(pairs, key, folder, max_norm)
-

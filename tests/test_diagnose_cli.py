@@ -7,10 +7,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from tests.synthetic import NAMES, N, case
 
 from fastnorm import GradNormMonitor, JsonlLogger, TensorBoardLogger, diagnose
 from fastnorm.cli import main
+from tests.synthetic import NAMES, N, case
 
 
 def write(kind, folder, values, max_norm=None):

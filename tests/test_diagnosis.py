@@ -7,9 +7,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from tests.synthetic import NAMES, K, N, case, noise, scaled
 
 from fastnorm.diagnosis import Diagnoser, diagnose
+from tests.synthetic import NAMES, K, N, case, noise, scaled
 
 SEEDS = [0, 1, 2]
 
@@ -171,7 +171,8 @@ def test_bad_input_raises(steps, values, kwargs, match):
 
 
 def test_runs_without_torch():
-    # Loaded as a file with torch (and the package, which imports it) made unimportable: the diagnosis must not need it.
+    # Loaded as a file, with torch (and the package, which imports it) made unimportable:
+    # the diagnosis must not need it.
     path = Path(__file__).resolve().parents[1] / "fastnorm" / "diagnosis.py"
     code = (
         "import sys, importlib.util\n"

@@ -53,7 +53,9 @@ class Regression(lightning.LightningModule):
     def train_dataloader(self):
         g = torch.Generator().manual_seed(0)
         x = torch.randn(64, 8, generator=g)
-        return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, 3 * x.sum(1, keepdim=True)), batch_size=8)
+        return torch.utils.data.DataLoader(
+            torch.utils.data.TensorDataset(x, 3 * x.sum(1, keepdim=True)), batch_size=8
+        )
 
 
 def fit(tmp_path, callback, steps=23, fail_at=None, **trainer_kwargs):
@@ -81,7 +83,9 @@ def logged(trainer):
 
 
 def test_clips_and_logs_every_step(tmp_path):
-    model, trainer = fit(tmp_path, GradNormCallback(max_norm=1.0, loggers=[JsonlLogger(tmp_path / "m.jsonl")]))
+    model, trainer = fit(
+        tmp_path, GradNormCallback(max_norm=1.0, loggers=[JsonlLogger(tmp_path / "m.jsonl")])
+    )
     rows = logged(trainer)
     assert sorted(rows) == list(range(23))
     assert [float(rows[s]["gradient_norm"]) for s in range(23)] == pytest.approx(model.before, rel=1e-5)
@@ -91,7 +95,9 @@ def test_clips_and_logs_every_step(tmp_path):
     assert float(rows[4]["gradient_norm_clipped_fraction"]) == clipped / 5
     # The same numbers went to fastnorm's own logger, and the CSV reads back for diagnose.
     assert read_series(tmp_path / "m.jsonl").values == pytest.approx(model.before, rel=1e-5)
-    assert read_series(f"{trainer.logger.log_dir}/metrics.csv").values == pytest.approx(model.before, rel=1e-5)
+    assert read_series(f"{trainer.logger.log_dir}/metrics.csv").values == pytest.approx(
+        model.before, rel=1e-5
+    )
 
 
 def test_per_layer_norms_once_per_window(tmp_path):

@@ -1,4 +1,4 @@
-"""The loggers: each writes what the window holds, where it says, read back by the destination's own reader."""
+"""The loggers: each writes what the window holds, read back by the destination's own reader."""
 
 import io
 import json
@@ -19,8 +19,12 @@ from fastnorm.loggers import (
 )
 
 
-def window(steps=(10, 11, 12, 13), values=(0.5, math.nan, 2.5, 1.25), max_norm=1.0, layers=None, layers_step=None):
-    return Window(tuple(steps), tuple(values), window_stats(list(values), max_norm), layers or {}, layers_step)
+def window(
+    steps=(10, 11, 12, 13), values=(0.5, math.nan, 2.5, 1.25), max_norm=1.0, layers=None, layers_step=None
+):
+    return Window(
+        tuple(steps), tuple(values), window_stats(list(values), max_norm), layers or {}, layers_step
+    )
 
 
 def test_metrics_put_each_value_at_its_step_and_the_statistics_last():

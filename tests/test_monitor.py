@@ -274,7 +274,7 @@ def test_layers_reach_the_loggers_in_the_same_transfer(tmp_path):
     rec = Recorder()
     path = tmp_path / "metrics.jsonl"
     with GradNormMonitor(4, [rec, JsonlLogger(path)], layer_names=layers.names, diagnose=False) as monitor:
-        for step in range(8):
+        for _ in range(8):
             total, per_layer = layers()
             if monitor.due:
                 monitor.update(total, layers=per_layer)
@@ -350,10 +350,11 @@ def test_cuda_updates_never_synchronize():
     given = [torch.tensor(v, device="cuda") for v in expected]
     rec = Recorder()
     monitor = GradNormMonitor(16, [rec], diagnose=False)
+    monitor.update(given[0])  # allocates the buffers
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        for norm in given:
+        for norm in given[1:]:
             monitor.update(norm)
     finally:
         torch.cuda.set_sync_debug_mode("default")
@@ -362,3 +363,16 @@ def test_cuda_updates_never_synchronize():
     assert monitor.transfers == 3
     assert rec.values == pytest.approx(expected, rel=1e-6)
     assert rec.steps == list(range(len(expected)))
+
+
+@pytest.mark.cuda
+def test_cuda_layer_norms_against_float64():
+    model = model_with_odd_shapes().cuda()
+    for p in model.parameters():
+        p.grad = p.grad.cuda()
+    total, per_layer = fastnorm.LayerNorms(model)()
+    assert per_layer.device.type == "cuda"
+    modules = [model[0], model[2][0], model[2][1]]
+    expected = [reference_layer_norm(list(m.parameters()), 2.0) for m in modules]
+    assert per_layer.tolist() == pytest.approx(expected, rel=1e-6)
+    assert total.item() == pytest.approx(reference_layer_norm(list(model.parameters()), 2.0), rel=1e-6)

@@ -48,6 +48,8 @@ def test_plain_loop_example_runs_and_diagnoses_as_shown(tmp_path, monkeypatch, c
     printed = capsys.readouterr().out.splitlines()
     assert printed[:2] == shown[1:3]
     kinds = [line.split()[0] for line in printed if line.startswith("  ") and not line.startswith("  -")]
-    assert kinds == [line.split()[0] for line in shown[3:] if line.startswith("  ") and not line.startswith("  -")]
+    assert kinds == [
+        line.split()[0] for line in shown[3:] if line.startswith("  ") and not line.startswith("  -")
+    ]
     assert (tmp_path / "grad_norm.png").stat().st_size > 0
     assert "![" in text and (README.parent / "docs" / "grad_norm.png").stat().st_size < 200_000

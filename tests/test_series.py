@@ -21,7 +21,9 @@ def test_reads_what_the_jsonl_logger_wrote(tmp_path):
             monitor.update(v, step=10 * step)
     series = read_series(path)
     assert series.steps == (0, 10, 20, 30, 40)
-    assert series.values[:2] == (0.5, 1.5) and math.isnan(series.values[2]) and series.values[3:] == (3.0, 0.25)
+    assert (
+        series.values[:2] == (0.5, 1.5) and math.isnan(series.values[2]) and series.values[3:] == (3.0, 0.25)
+    )
     assert series.key == "gradient_norm"
     assert series.max_norm == 2.0
     assert series.source == str(path)
