@@ -289,6 +289,17 @@ def test_layers_reach_the_loggers_in_the_same_transfer(tmp_path):
     assert last["gradient_norm_layer/2.0"] == pytest.approx(expected["2.0"])
 
 
+def test_per_tensor_norms_straight_from_tensor_norms():
+    model = model_with_odd_shapes()
+    names = [name for name, _ in model.named_parameters()]
+    rec = Recorder()
+    with GradNormMonitor(2, [rec], layer_names=names, diagnose=False) as monitor:
+        total, per_tensor = fastnorm.tensor_norms(model.parameters())
+        monitor.update(total, layers=per_tensor)
+    expected = {name: reference_layer_norm([p], 2.0) for name, p in model.named_parameters()}
+    assert rec.windows[0].layers == pytest.approx(expected, rel=1e-6)
+
+
 # ----------------------------------------------------------------------------
 # A real run
 # ----------------------------------------------------------------------------
