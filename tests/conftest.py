@@ -1,9 +1,11 @@
 """Shared test setup.
 
-Without a GPU, the Triton kernels run in Triton's interpreter on CPU tensors:
-TRITON_INTERPRET must be set before triton is first imported, so it is set
-here. With a GPU, the kernels are compiled and the CUDA tests (marked
-``cuda``) run instead; the interpreter tests on CPU tensors are skipped.
+Tests import the installed fastnorm (this folder, not the repository root, is
+on sys.path), so they check what users get. Without a GPU, the Triton kernels
+run in Triton's interpreter on CPU tensors: TRITON_INTERPRET must be set
+before triton is first imported, so it is set here. With a GPU, the kernels
+are compiled and the CUDA tests (marked ``cuda``) run instead; the
+interpreter tests on CPU tensors are skipped.
 """
 
 import os
@@ -14,7 +16,7 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+from harness import use_backend  # noqa: E402  (reads TRITON_INTERPRET)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -24,14 +26,6 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "cuda" in item.keywords:
             item.add_marker(skip)
-
-
-def use_backend(name: str, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Forces a backend for CPU tensors; triton needs the interpreter for those."""
-    if name == "triton" and not INTERPRETED:
-        pytest.skip("the triton backend runs on CPU tensors only under TRITON_INTERPRET=1")
-    monkeypatch.setenv("FASTNORM_BACKEND", name)
-    return name
 
 
 @pytest.fixture(params=["cpp", "triton", "torch"])

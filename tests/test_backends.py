@@ -4,33 +4,17 @@ from __future__ import annotations
 
 import gc
 import json
-import os
 import subprocess
-import sys
 import weakref
 
 import pytest
 import torch
 
 import fastnorm
+import reference
 from fastnorm import backends
 from fastnorm.backends import BackendUnavailableError, cpp
-from tests import reference
-from tests.conftest import INTERPRETED, use_backend
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def run_python(code: str, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "PYTHONPATH": REPO, **env},
-        check=False,
-    )
-
+from harness import INTERPRETED, run_python, use_backend
 
 # ----------------------------------------------------------------------------
 # Selection
@@ -100,9 +84,7 @@ def test_request_is_read_at_every_call(monkeypatch):
 
 def test_info_command_lists_every_backend():
     def fastnorm_cli(*args: str) -> subprocess.CompletedProcess:
-        env = {**os.environ, "PYTHONPATH": REPO, "TRITON_INTERPRET": "0"}
-        cmd = [sys.executable, "-m", "fastnorm", *args]
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, check=False)
+        return run_python(["-m", "fastnorm", *args], TRITON_INTERPRET="0")
 
     result = fastnorm_cli("info", "--json")
     assert result.returncode == 0, result.stderr
@@ -162,7 +144,10 @@ for dt in (torch.float16, torch.bfloat16):
     out[str(dt)] = torch.where(x.isnan(), -1, x.view(torch.int16).int()).tolist()
 import json; print(json.dumps(out))
 """
-    runs = [run_python(code, FASTNORM_BACKEND="cpp", **env) for env in ({}, {"FASTNORM_CPU_ISA": "generic"})]
+    runs = [
+        run_python(["-c", code], FASTNORM_BACKEND="cpp", **env)
+        for env in ({}, {"FASTNORM_CPU_ISA": "generic"})
+    ]
     vector, generic = (json.loads(r.stdout) for r in runs)
     assert (vector.pop("isa"), generic.pop("isa")) == ("avx2", "generic")
     # The squares of 16/32-bit values are exact in float64, so fused and

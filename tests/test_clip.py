@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import math
-import subprocess
-import sys
 import textwrap
 
 import pytest
 import torch
 
 import fastnorm
-from tests import reference
+import reference
+from harness import run_python
 
 
 def make_params(shapes, dtype=torch.float32, seed=0, scale=1.0):
@@ -107,7 +106,7 @@ def test_no_clip_touches_no_memory(name, tmp_path):
         print("unreachable", flush=True)
         """
     )
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    result = run_python(["-c", script])
     assert "untouched" in result.stdout, result.stderr
     # Clipping for real does write, and the read-only page stops it: proof the
     # first call did not write.

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import fastnorm
-from tests import reference
+import reference
 
 pytestmark = pytest.mark.cuda
 

@@ -1,0 +1,34 @@
+"""Helpers shared by the tests (pytest puts this folder on sys.path)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+# conftest.py decides this before triton is imported.
+INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def use_backend(name: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Forces a backend for CPU tensors; triton needs the interpreter for those."""
+    if name == "triton" and not INTERPRETED:
+        pytest.skip("the triton backend runs on CPU tensors only under TRITON_INTERPRET=1")
+    monkeypatch.setenv("FASTNORM_BACKEND", name)
+    return name
+
+
+def run_python(args: list[str], **env: str) -> subprocess.CompletedProcess:
+    """``python ARGS`` in a child process, from this folder: a child started in the
+    repository root would import the source tree instead of the installed package."""
+    return subprocess.run(
+        [sys.executable, *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, **env},
+        cwd=os.path.dirname(os.path.abspath(__file__)),
+        check=False,
+    )
