@@ -2,15 +2,13 @@
 
 import json
 import math
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from fastnorm import GradNormMonitor, JsonlLogger, TensorBoardLogger, diagnose
 from fastnorm.cli import main
-from tests.synthetic import NAMES, N, case
+from harness import run_python
+from synthetic import NAMES, N, case
 
 
 def write(kind, folder, values, max_norm=None):
@@ -109,11 +107,6 @@ def test_unreadable_path_exits_2(tmp_path, capsys):
 
 def test_python_dash_m(tmp_path):
     path = write("jsonl", tmp_path, case("vanishing", seed=5)[0])
-    out = subprocess.run(
-        [sys.executable, "-m", "fastnorm", "diagnose", str(path), "--fail-on-unstable"],
-        capture_output=True,
-        text=True,
-        cwd=Path(__file__).resolve().parents[1],
-    )
+    out = run_python(["-m", "fastnorm", "diagnose", str(path), "--fail-on-unstable"])
     assert out.returncode == 1
     assert "verdict: vanishing" in out.stdout

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from fastnorm.diagnosis import Diagnoser, diagnose
-from tests.synthetic import NAMES, K, N, case, noise, scaled
+from synthetic import NAMES, K, N, case, noise, scaled
 
 SEEDS = [0, 1, 2]
 

@@ -2,16 +2,14 @@
 
 import json
 import math
-import subprocess
-import sys
 import warnings
-from pathlib import Path
 
 import pytest
 import torch
 
 import fastnorm
 from fastnorm import GradNormMonitor, JsonlLogger, Logger, UnstableGradientWarning
+from harness import run_python
 
 
 class Recorder(Logger):
@@ -126,7 +124,7 @@ def test_unclosed_monitor_is_flushed_at_exit(tmp_path):
         "for i in range(7):\n"
         "    m.update(torch.tensor(float(i)))\n"
     )
-    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[1])
+    assert run_python(["-c", code]).returncode == 0
     lines = [json.loads(line) for line in path.read_text().splitlines()]
     assert [line["gradient_norm"] for line in lines] == [float(i) for i in range(7)]
 
