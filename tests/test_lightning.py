@@ -1,24 +1,12 @@
 """The Lightning callback: clips with fastnorm, logs every step through the trainer's loggers."""
 
 import csv
-import importlib
 import math
-import sys
 
 import pytest
 import torch
 
 from fastnorm import JsonlLogger, read_series
-
-
-def test_missing_lightning_names_the_extra(monkeypatch):
-    monkeypatch.setitem(sys.modules, "lightning", None)
-    monkeypatch.setitem(sys.modules, "lightning.pytorch", None)
-    monkeypatch.setitem(sys.modules, "lightning.pytorch.callbacks", None)
-    monkeypatch.delitem(sys.modules, "fastnorm.integrations.lightning", raising=False)
-    with pytest.raises(ImportError, match=r"pip install 'fastnorm\[lightning\]'"):
-        importlib.import_module("fastnorm.integrations.lightning")
-
 
 lightning = pytest.importorskip("lightning")
 from lightning.pytorch.loggers import CSVLogger  # noqa: E402
