@@ -2,11 +2,48 @@
 
 ``total_norm`` and ``clip_`` replace ``torch.nn.utils.get_total_norm`` and
 ``clip_grad_norm_``; both return a device scalar and never synchronize.
+``GradNormMonitor`` keeps that scalar for every step on the device, logs it at
+a cadence and diagnoses the trend (``diagnose``, also ``fastnorm diagnose PATH``).
 """
 
 from fastnorm.backends import report as backend_report
+from fastnorm.diagnosis import Diagnoser, Diagnosis, Event, diagnose
+from fastnorm.loggers import (
+    ConsoleLogger,
+    JsonlLogger,
+    Logger,
+    MLflowLogger,
+    TensorBoardLogger,
+    WandbLogger,
+    Window,
+)
+from fastnorm.monitor import GradNormMonitor, LayerNorms, UnstableGradientWarning
 from fastnorm.norm import clear_cache, clip_, tensor_norms, total_norm
+from fastnorm.series import Series, read_series
 
 __version__ = "0.1.0"
 
-__all__ = ["total_norm", "clip_", "tensor_norms", "backend_report", "clear_cache", "__version__"]
+__all__ = [
+    "total_norm",
+    "clip_",
+    "tensor_norms",
+    "backend_report",
+    "clear_cache",
+    "GradNormMonitor",
+    "LayerNorms",
+    "UnstableGradientWarning",
+    "Logger",
+    "Window",
+    "JsonlLogger",
+    "TensorBoardLogger",
+    "MLflowLogger",
+    "WandbLogger",
+    "ConsoleLogger",
+    "diagnose",
+    "Diagnoser",
+    "Diagnosis",
+    "Event",
+    "read_series",
+    "Series",
+    "__version__",
+]

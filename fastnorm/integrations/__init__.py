@@ -1,0 +1,1 @@
+"""Integrations with training frameworks, each importing its framework only when imported itself."""

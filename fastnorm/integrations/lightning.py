@@ -1,0 +1,136 @@
+"""Lightning: clip with fastnorm and log every step's norm through the trainer's loggers.
+
+Needs Lightning (``pip install 'fastnorm[lightning]'``); ``import fastnorm``
+never imports this module.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+try:
+    from lightning.pytorch.callbacks import Callback
+except ImportError as exc:
+    raise ImportError(
+        "fastnorm.integrations.lightning needs Lightning: pip install 'fastnorm[lightning]'"
+    ) from exc
+
+from fastnorm.diagnosis import Diagnoser
+from fastnorm.loggers import Logger
+from fastnorm.monitor import GradNormMonitor, LayerNorms
+from fastnorm.norm import clip_, total_norm
+
+
+class _TrainerLoggers(Logger):
+    """Hands each window to every logger of the trainer (TensorBoard, CSV, W&B, MLflow...)."""
+
+    def __init__(self, trainer: Any) -> None:
+        self.trainer = trainer
+
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        for logger in self.trainer.loggers:
+            logger.log_metrics(metrics, step=step)
+
+    def flush(self) -> None:
+        for logger in self.trainer.loggers:
+            logger.save()
+
+
+class GradNormCallback(Callback):
+    r"""Clips with :func:`fastnorm.clip_` and logs every step's gradient norm.
+
+    Replaces the trainer's ``gradient_clip_val`` (leave that unset): in
+    ``on_before_optimizer_step`` (after the backward pass and, with mixed
+    precision, after unscaling) it computes the norm of the optimizer's
+    gradients in one fused pass, clips them when ``max_norm`` is given, and
+    records the norm in a :class:`~fastnorm.GradNormMonitor` whose windows go to
+    the trainer's loggers (every step, at its ``global_step``) plus any others
+    given. The diagnosis runs at each window and warns when the run turns
+    unstable; nothing recorded is lost when training ends or raises.
+
+    Args:
+        max_norm (float, optional): clip the gradients' total norm to this;
+            None (default) only measures.
+        norm_type (float or str): the p of the p-norm. Default: 2.0.
+        log_every_n_steps (int, optional): the window. Default: the trainer's
+            ``log_every_n_steps``.
+        per_layer (bool): also log each module's norm once per window
+            (``gradient_norm_layer/<module>``); the norm is then over all the
+            module's parameters rather than the optimizer's. Default: False.
+        layer_depth (int, optional): with ``per_layer``, group by the first
+            ``layer_depth`` parts of the parameter names instead of by module.
+        diagnose (bool or Diagnoser): as for :class:`~fastnorm.GradNormMonitor`.
+        loggers (sequence of Logger): fastnorm loggers to write to as well,
+            e.g. a :class:`~fastnorm.JsonlLogger` for ``fastnorm diagnose``.
+
+    Example::
+
+        >>> from fastnorm.integrations.lightning import GradNormCallback
+        >>> trainer = lightning.Trainer(callbacks=[GradNormCallback(max_norm=1.0)])
+    """
+
+    def __init__(
+        self,
+        max_norm: float | None = None,
+        norm_type: float | str = 2.0,
+        log_every_n_steps: int | None = None,
+        *,
+        per_layer: bool = False,
+        layer_depth: int | None = None,
+        diagnose: bool | Diagnoser = True,
+        loggers: Sequence[Logger] = (),
+    ) -> None:
+        self.max_norm = max_norm
+        self.norm_type = norm_type
+        self.log_every_n_steps = log_every_n_steps
+        self.per_layer = per_layer
+        self.layer_depth = layer_depth
+        self.diagnose = diagnose
+        self.loggers = list(loggers)
+        self.monitor: GradNormMonitor | None = None
+        self._layers: LayerNorms | None = None
+
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        if stage != "fit":
+            return
+        if self.max_norm is not None and trainer.gradient_clip_val:
+            raise ValueError(
+                "GradNormCallback: max_norm and the Trainer's gradient_clip_val both clip; set only one"
+            )
+        self._layers = LayerNorms(pl_module, self.layer_depth, self.norm_type) if self.per_layer else None
+        self.monitor = GradNormMonitor(
+            self.log_every_n_steps or trainer.log_every_n_steps,
+            [_TrainerLoggers(trainer), *self.loggers],
+            max_norm=self.max_norm,
+            layer_names=self._layers.names if self._layers is not None else None,
+            diagnose=self.diagnose,
+        )
+
+    def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
+        monitor = self.monitor
+        if self._layers is not None:
+            params = self._layers.parameters
+        else:
+            params = [p for group in optimizer.param_groups for p in group["params"]]
+        layers = None
+        if self._layers is not None and monitor.due:
+            norm, layers = self._layers()  # the same total, with the layers from the same pass
+        else:
+            norm = total_norm(params, self.norm_type)
+        if self.max_norm is not None:
+            clip_(params, self.max_norm, self.norm_type, total_norm=norm)
+        monitor.update(norm, step=trainer.global_step, layers=layers)
+
+    def _close(self) -> None:
+        if self.monitor is not None:
+            self.monitor.close()
+
+    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+        self._close()
+
+    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        self._close()
+
+    def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        self._close()

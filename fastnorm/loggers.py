@@ -1,0 +1,315 @@
+"""Where :class:`~fastnorm.GradNormMonitor` sends its numbers.
+
+Every logger receives a :class:`Window` at each cadence: plain floats already on
+the host, every step's norm under the key ``gradient_norm`` at its own step,
+and at the window's last step its statistics (``gradient_norm_min``, ``_max``,
+``_mean``, ``_nonfinite_steps``, with ``max_norm`` known also
+``_clipped_fraction`` and ``_max_norm``), plus per-layer norms
+(``gradient_norm_layer/<name>``) when they were recorded. No key is a prefix
+of another followed by ``/``: MLflow's file store keeps each metric in a file
+named after its key, so ``gradient_norm`` and ``gradient_norm/min`` would clash.
+
+A logger is a :class:`Logger` with ``log_metrics(metrics, step)``; the other
+methods have defaults. Loggers of optional packages import them only when
+built, and say which extra to install when they are missing.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import math
+import os
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+
+from fastnorm.diagnosis import Diagnosis
+
+KEY = "gradient_norm"
+
+
+@dataclass(frozen=True)
+class Window:
+    """One cadence's worth of gradient norms, on the host.
+
+    Attributes:
+        steps (tuple of int): the step of each value.
+        values (tuple of float): the gradient norm of each step.
+        stats (dict): ``min``, ``max`` and ``mean`` over the finite values
+            (NaN when there is none), ``nonfinite_steps``, and with ``max_norm``
+            known ``clipped_fraction`` (the share of steps whose norm
+            ``clip_`` scaled down) and ``max_norm``.
+        layers (dict): per-layer norms by name, empty when none was recorded.
+        layers_step (int, optional): the step the per-layer norms belong to.
+        diagnosis (Diagnosis, optional): the diagnosis of the run so far.
+    """
+
+    steps: tuple[int, ...]
+    values: tuple[float, ...]
+    stats: dict[str, float]
+    layers: dict[str, float] = field(default_factory=dict)
+    layers_step: int | None = None
+    diagnosis: Diagnosis | None = None
+
+    def metrics(self) -> Iterator[tuple[int, dict[str, float]]]:
+        """``(step, metrics)`` in step order: each step's norm, the statistics
+        at the last step, the per-layer norms at their own step."""
+        last = len(self.steps) - 1
+        for i, (step, value) in enumerate(zip(self.steps, self.values)):
+            metrics = {KEY: value}
+            if step == self.layers_step:
+                metrics.update({f"{KEY}_layer/{name}": v for name, v in self.layers.items()})
+            if i == last:
+                metrics.update({f"{KEY}_{name}": v for name, v in self.stats.items()})
+            yield step, metrics
+
+
+def window_stats(values: list[float], max_norm: float | None) -> dict[str, float]:
+    """The statistics of a window (see :class:`Window`)."""
+    finite = [v for v in values if math.isfinite(v)]
+    stats = {
+        "min": min(finite, default=math.nan),
+        "max": max(finite, default=math.nan),
+        "mean": math.fsum(finite) / len(finite) if finite else math.nan,
+        "nonfinite_steps": float(len(values) - len(finite)),
+    }
+    if max_norm is not None:
+        # The condition under which clip_'s coefficient max_norm / (norm + 1e-6) is below 1.
+        clipped = sum(max_norm < v + 1e-6 for v in values)
+        stats["clipped_fraction"] = clipped / len(values) if values else 0.0
+        stats["max_norm"] = float(max_norm)
+    return stats
+
+
+def _require(module: str, logger: str, extra: str) -> Any:
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise ImportError(
+            f"{logger} needs the '{module.split('.')[0]}' package: pip install 'fastnorm[{extra}]'"
+        ) from exc
+
+
+class Logger:
+    """The interface of every logger: receives windows, flushes, closes."""
+
+    def log_window(self, window: Window) -> None:
+        """Logs every metric of ``window`` at its step, then flushes."""
+        for step, metrics in window.metrics():
+            self.log_metrics(metrics, step)
+        self.flush()
+
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        """Logs ``metrics`` (name -> value) at ``step``."""
+        raise NotImplementedError
+
+    def flush(self) -> None:
+        """Makes what was logged durable (called after each window)."""
+
+    def close(self) -> None:
+        """Flushes and releases what the logger opened."""
+        self.flush()
+
+
+class JsonlLogger(Logger):
+    r"""Writes ``metrics.jsonl``: one JSON object per step, flushed at each cadence.
+
+    Each line is ``{"step": 12, "gradient_norm": 0.53}``; the last step of a
+    window also carries the window's statistics. Non-finite values are written
+    as ``NaN`` and ``Infinity``, as Python's ``json`` module reads them.
+    ``fastnorm diagnose`` reads these files.
+
+    Args:
+        path (str or PathLike): the file; its folder is created.
+        mode (str): ``"a"`` (default) appends, so a resumed run continues
+            its file (the reader keeps the last value of a repeated step);
+            ``"w"`` starts afresh.
+    """
+
+    def __init__(self, path: str | os.PathLike, mode: str = "a") -> None:
+        if mode not in ("a", "w"):
+            raise ValueError(f"JsonlLogger: mode must be 'a' or 'w', got {mode!r}")
+        self.path = os.fspath(path)
+        folder = os.path.dirname(self.path)
+        if folder:
+            os.makedirs(folder, exist_ok=True)
+        self._file: TextIO | None = open(self.path, mode, encoding="utf-8")
+
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        if self._file is None:
+            raise RuntimeError(f"JsonlLogger: {self.path} is closed")
+        self._file.write(json.dumps({"step": step, **metrics}) + "\n")
+
+    def flush(self) -> None:
+        if self._file is not None:
+            self._file.flush()
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+class TensorBoardLogger(Logger):
+    r"""Writes scalars through TensorBoard's ``SummaryWriter``.
+
+    Args:
+        log_dir (str, optional): where the event files go (``SummaryWriter``'s
+            default when None). Ignored when ``writer`` is given.
+        writer (SummaryWriter, optional): an open writer to log into; it is
+            flushed but not closed, since its owner may still use it.
+
+    Raises:
+        ImportError: tensorboard is not installed (``pip install 'fastnorm[tensorboard]'``).
+    """
+
+    def __init__(self, log_dir: str | None = None, *, writer: Any = None) -> None:
+        if writer is None:
+            _require("tensorboard", "TensorBoardLogger", "tensorboard")
+            from torch.utils.tensorboard import SummaryWriter
+
+            writer = SummaryWriter(log_dir=log_dir)
+            self._owned = True
+        else:
+            self._owned = False
+        self.writer = writer
+
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        for name, value in metrics.items():
+            self.writer.add_scalar(name, value, step)
+
+    def flush(self) -> None:
+        self.writer.flush()
+
+    def close(self) -> None:
+        if self._owned:
+            self.writer.close()
+        else:
+            self.writer.flush()
+
+
+class MLflowLogger(Logger):
+    r"""Logs to MLflow, one ``log_batch`` request per window.
+
+    Args:
+        run_id (str, optional): the run to log into. Default: the active run,
+            or a new one started here (and ended by :meth:`close`).
+
+    Raises:
+        ImportError: mlflow is not installed (``pip install 'fastnorm[mlflow]'``).
+    """
+
+    _BATCH = 1000  # MLflow's limit on metrics per log_batch request
+
+    def __init__(self, run_id: str | None = None) -> None:
+        self._mlflow = _require("mlflow", "MLflowLogger", "mlflow")
+        self._ended_here = False
+        if run_id is None:
+            run = self._mlflow.active_run()
+            if run is None:
+                run = self._mlflow.start_run()
+                self._ended_here = True
+            run_id = run.info.run_id
+        self.run_id = run_id
+        self._client = self._mlflow.MlflowClient()
+
+    def log_window(self, window: Window) -> None:
+        batch = [m for step, metrics in window.metrics() for m in self._metrics(metrics, step)]
+        for i in range(0, len(batch), self._BATCH):
+            self._client.log_batch(self.run_id, metrics=batch[i : i + self._BATCH])
+
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        self._client.log_batch(self.run_id, metrics=self._metrics(metrics, step))
+
+    @staticmethod
+    def _metrics(metrics: dict[str, float], step: int) -> list:
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        return [Metric(name, value, now, step) for name, value in metrics.items()]
+
+    def close(self) -> None:
+        if self._ended_here:
+            self._mlflow.end_run()
+            self._ended_here = False
+
+
+class WandbLogger(Logger):
+    r"""Logs to Weights & Biases.
+
+    A window reaches W&B after its steps, so the metrics carry their own step
+    axis, ``gradient_norm_step`` (declared with ``define_metric``, as
+    Lightning's ``WandbLogger`` does with ``trainer/global_step``), rather than
+    W&B's ``step=``, which must only grow. Do not pass ``step=`` to
+    ``wandb.log`` elsewhere in the same run.
+
+    Args:
+        run (wandb Run, optional): the run to log into. Default: ``wandb.run``,
+            or a new one from ``wandb.init()`` (finished by :meth:`close`).
+
+    Raises:
+        ImportError: wandb is not installed (``pip install 'fastnorm[wandb]'``).
+    """
+
+    def __init__(self, run: Any = None) -> None:
+        wandb = _require("wandb", "WandbLogger", "wandb")
+        self._finish = False
+        if run is None:
+            run = wandb.run
+            if run is None:
+                run = wandb.init()
+                self._finish = True
+        self.run = run
+        run.define_metric(f"{KEY}_step")
+        run.define_metric(f"{KEY}*", step_metric=f"{KEY}_step")
+
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        self.run.log({**metrics, f"{KEY}_step": step})
+
+    def close(self) -> None:
+        if self._finish:
+            self.run.finish()
+            self._finish = False
+
+
+class ConsoleLogger(Logger):
+    r"""Prints one line per window: ``step 499: grad_norm=0.8123 (...)``.
+
+    The line shows the last step's norm, the window's min, mean and max, the
+    non-finite count, the clipped share when known, and the verdict when it is
+    not stable.
+
+    Args:
+        stream (file, optional): where to print. Default: ``sys.stdout``.
+    """
+
+    def __init__(self, stream: TextIO | None = None) -> None:
+        self.stream = stream
+
+    def log_window(self, window: Window) -> None:
+        print(self.line(window), file=self.stream or sys.stdout, flush=True)
+
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        value = metrics.get(KEY)
+        if value is not None:
+            print(f"step {step}: grad_norm={value:.4g}", file=self.stream or sys.stdout, flush=True)
+
+    @staticmethod
+    def line(window: Window) -> str:
+        """The line printed for ``window``."""
+        s = window.stats
+        parts = [
+            f"{len(window.values)} steps: min {s['min']:.4g}, mean {s['mean']:.4g}, max {s['max']:.4g}",
+            f"{int(s['nonfinite_steps'])} non-finite",
+        ]
+        if "clipped_fraction" in s:
+            parts.append(f"{s['clipped_fraction']:.0%} clipped at {s['max_norm']:g}")
+        text = f"step {window.steps[-1]}: grad_norm={window.values[-1]:.4g} ({'; '.join(parts)})"
+        d = window.diagnosis
+        if d is not None and d.unstable:
+            first = next(e for e in d.events if e.kind == d.verdict)
+            text += f" [{d.verdict} since step {first.start_step}]"
+        return text

@@ -1,0 +1,111 @@
+"""The Lightning callback: clips with fastnorm, logs every step through the trainer's loggers."""
+
+import csv
+import math
+
+import pytest
+import torch
+
+from fastnorm import JsonlLogger, read_series
+
+lightning = pytest.importorskip("lightning")
+from lightning.pytorch.loggers import CSVLogger  # noqa: E402
+
+from fastnorm.integrations.lightning import GradNormCallback  # noqa: E402
+
+
+class Regression(lightning.LightningModule):
+    """A tiny MLP that records torch's own norm of every step's gradients, before and after clipping."""
+
+    def __init__(self, fail_at=None):
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+        self.fail_at = fail_at
+        self.before, self.after = [], []
+
+    def training_step(self, batch, batch_idx):
+        if self.global_step == self.fail_at:
+            raise RuntimeError("the run dies here")
+        x, y = batch
+        return torch.nn.functional.mse_loss(self.net(x), y)
+
+    def on_after_backward(self):
+        self.before.append(torch.nn.utils.get_total_norm([p.grad for p in self.parameters()]).item())
+
+    def on_before_optimizer_step(self, optimizer):  # runs after the callbacks' hook
+        self.after.append(torch.nn.utils.get_total_norm([p.grad for p in self.parameters()]).item())
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.5)
+
+    def train_dataloader(self):
+        g = torch.Generator().manual_seed(0)
+        x = torch.randn(64, 8, generator=g)
+        return torch.utils.data.DataLoader(
+            torch.utils.data.TensorDataset(x, 3 * x.sum(1, keepdim=True)), batch_size=8
+        )
+
+
+def fit(tmp_path, callback, steps=23, fail_at=None, **trainer_kwargs):
+    torch.manual_seed(0)
+    model = Regression(fail_at)
+    trainer = lightning.Trainer(
+        max_steps=steps,
+        logger=CSVLogger(tmp_path, name="csv"),
+        callbacks=[callback],
+        accelerator="cpu",
+        log_every_n_steps=5,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        **trainer_kwargs,
+    )
+    trainer.fit(model)
+    return model, trainer
+
+
+def logged(trainer):
+    with open(f"{trainer.logger.log_dir}/metrics.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    return {int(r["step"]): r for r in rows if r.get("gradient_norm")}
+
+
+def test_clips_and_logs_every_step(tmp_path):
+    model, trainer = fit(
+        tmp_path, GradNormCallback(max_norm=1.0, loggers=[JsonlLogger(tmp_path / "m.jsonl")])
+    )
+    rows = logged(trainer)
+    assert sorted(rows) == list(range(23))
+    assert [float(rows[s]["gradient_norm"]) for s in range(23)] == pytest.approx(model.before, rel=1e-5)
+    assert max(model.before) > 1.0  # the test clips something
+    assert all(a <= 1.0 + 1e-5 for a in model.after)
+    clipped = sum(b > 1.0 for b in model.before[:5])
+    assert float(rows[4]["gradient_norm_clipped_fraction"]) == clipped / 5
+    # The same numbers went to fastnorm's own logger, and the CSV reads back for diagnose.
+    assert read_series(tmp_path / "m.jsonl").values == pytest.approx(model.before, rel=1e-5)
+    assert read_series(f"{trainer.logger.log_dir}/metrics.csv").values == pytest.approx(
+        model.before, rel=1e-5
+    )
+
+
+def test_per_layer_norms_once_per_window(tmp_path):
+    model, trainer = fit(tmp_path, GradNormCallback(per_layer=True, log_every_n_steps=10), steps=20)
+    rows = logged(trainer)
+    layer_steps = sorted(s for s, r in rows.items() if r.get("gradient_norm_layer/net.0"))
+    assert layer_steps == [9, 19]
+    total = float(rows[19]["gradient_norm"])
+    parts = [float(rows[19][f"gradient_norm_layer/{name}"]) for name in ("net.0", "net.2")]
+    assert math.hypot(*parts) == pytest.approx(total, rel=1e-5)
+    assert total == pytest.approx(model.before[19], rel=1e-5)
+
+
+def test_an_exception_loses_nothing(tmp_path):
+    callback = GradNormCallback(loggers=[JsonlLogger(tmp_path / "m.jsonl")])
+    with pytest.raises(RuntimeError, match="dies here"):
+        fit(tmp_path, callback, fail_at=13)
+    assert read_series(tmp_path / "m.jsonl").steps == tuple(range(13))
+
+
+def test_refuses_to_clip_twice(tmp_path):
+    with pytest.raises(ValueError, match="gradient_clip_val"):
+        fit(tmp_path, GradNormCallback(max_norm=1.0), gradient_clip_val=1.0)

@@ -1,0 +1,150 @@
+"""The loggers: each writes what the window holds, read back by the destination's own reader."""
+
+import io
+import json
+import math
+import sys
+
+import pytest
+
+from fastnorm.diagnosis import diagnose
+from fastnorm.loggers import (
+    ConsoleLogger,
+    JsonlLogger,
+    MLflowLogger,
+    TensorBoardLogger,
+    WandbLogger,
+    Window,
+    window_stats,
+)
+
+
+def window(
+    steps=(10, 11, 12, 13), values=(0.5, math.nan, 2.5, 1.25), max_norm=1.0, layers=None, layers_step=None
+):
+    return Window(
+        tuple(steps), tuple(values), window_stats(list(values), max_norm), layers or {}, layers_step
+    )
+
+
+def test_metrics_put_each_value_at_its_step_and_the_statistics_last():
+    w = window(layers={"encoder": 3.0, "head": 4.0}, layers_step=11)
+    rows = list(w.metrics())
+    assert [step for step, _ in rows] == [10, 11, 12, 13]
+    assert rows[0][1] == {"gradient_norm": 0.5}
+    assert math.isnan(rows[1][1]["gradient_norm"])
+    assert rows[1][1]["gradient_norm_layer/encoder"] == 3.0 and rows[1][1]["gradient_norm_layer/head"] == 4.0
+    assert rows[3][1] == {
+        "gradient_norm": 1.25,
+        "gradient_norm_min": 0.5,
+        "gradient_norm_max": 2.5,
+        "gradient_norm_mean": pytest.approx(4.25 / 3),
+        "gradient_norm_nonfinite_steps": 1.0,
+        "gradient_norm_clipped_fraction": 0.5,
+        "gradient_norm_max_norm": 1.0,
+    }
+
+
+def test_statistics_of_an_all_nan_window():
+    stats = window_stats([math.nan, math.nan], None)
+    assert all(math.isnan(stats[k]) for k in ("min", "max", "mean"))
+    assert stats["nonfinite_steps"] == 2.0
+
+
+def test_jsonl_one_object_per_step_flushed_at_each_window(tmp_path):
+    path = tmp_path / "run" / "metrics.jsonl"
+    logger = JsonlLogger(path)
+    logger.log_window(window())
+    lines = path.read_text().splitlines()  # readable before close: flushed
+    assert len(lines) == 4
+    records = [json.loads(line) for line in lines]
+    assert [r["step"] for r in records] == [10, 11, 12, 13]
+    assert math.isnan(records[1]["gradient_norm"])
+    assert records[3]["gradient_norm_clipped_fraction"] == 0.5
+    logger.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        logger.log_metrics({"gradient_norm": 1.0}, 14)
+
+
+def test_jsonl_appends_by_default_and_overwrites_on_request(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    for mode, expected in (("a", 1), ("a", 2), ("w", 1)):
+        logger = JsonlLogger(path, mode=mode)
+        logger.log_metrics({"gradient_norm": 1.0}, 0)
+        logger.close()
+        assert len(path.read_text().splitlines()) == expected
+    with pytest.raises(ValueError, match="mode"):
+        JsonlLogger(path, mode="r")
+
+
+def test_tensorboard_writes_scalars_that_tensorboard_reads(tmp_path):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    logger = TensorBoardLogger(str(tmp_path))
+    logger.log_window(window())
+    logger.close()
+    acc = EventAccumulator(str(tmp_path))
+    acc.Reload()
+    norms = [(e.step, e.value) for e in acc.Scalars("gradient_norm")]
+    assert [s for s, _ in norms] == [10, 11, 12, 13]
+    assert norms[0][1] == 0.5 and math.isnan(norms[1][1]) and norms[2][1] == 2.5
+    assert [(e.step, e.value) for e in acc.Scalars("gradient_norm_max")] == [(13, 2.5)]
+
+
+def test_tensorboard_leaves_a_given_writer_open(tmp_path):
+    pytest.importorskip("tensorboard")
+    from torch.utils.tensorboard import SummaryWriter
+
+    writer = SummaryWriter(str(tmp_path))
+    logger = TensorBoardLogger(writer=writer)
+    logger.log_window(window())
+    logger.close()
+    writer.add_scalar("still/open", 1.0, 0)  # raises if the writer was closed
+    writer.close()
+
+
+def test_mlflow_logs_every_step(tmp_path, monkeypatch):
+    mlflow = pytest.importorskip("mlflow")
+    monkeypatch.chdir(tmp_path)
+    # A local file store (the one mlflow-skinny has) is opt-in in MLflow 3.
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    mlflow.set_tracking_uri((tmp_path / "mlruns").as_uri())
+    logger = MLflowLogger()
+    run_id = logger.run_id
+    assert mlflow.active_run().info.run_id == run_id
+    logger.log_window(window())
+    logger.close()
+    assert mlflow.active_run() is None  # the run started here ends here
+    history = mlflow.MlflowClient().get_metric_history(run_id, "gradient_norm")
+    by_step = {m.step: m.value for m in history}
+    assert sorted(by_step) == [10, 11, 12, 13]
+    assert by_step[12] == 2.5 and math.isnan(by_step[11])
+
+
+@pytest.mark.parametrize(
+    "make, module, extra",
+    [
+        (lambda: TensorBoardLogger("unused"), "tensorboard", "tensorboard"),
+        (MLflowLogger, "mlflow", "mlflow"),
+        (WandbLogger, "wandb", "wandb"),
+    ],
+)
+def test_missing_package_names_the_extra(monkeypatch, make, module, extra):
+    monkeypatch.setitem(sys.modules, module, None)  # import raises ImportError
+    with pytest.raises(ImportError, match=rf"pip install 'fastnorm\[{extra}\]'"):
+        make()
+
+
+def test_console_line():
+    out = io.StringIO()
+    ConsoleLogger(out).log_window(window())
+    assert out.getvalue() == (
+        "step 13: grad_norm=1.25 (4 steps: min 0.5, mean 1.417, max 2.5; 1 non-finite; 50% clipped at 1)\n"
+    )
+
+
+def test_console_line_names_an_unstable_verdict():
+    d = diagnose(range(40), [1.0] * 30 + [math.nan] * 10)
+    w = Window((39,), (math.nan,), window_stats([math.nan], None), diagnosis=d)
+    assert ConsoleLogger.line(w).endswith("[nonfinite since step 30]")

@@ -1,0 +1,387 @@
+"""GradNormMonitor: every step kept on the device, one transfer per window, nothing lost."""
+
+import json
+import math
+import warnings
+
+import pytest
+import torch
+
+import fastnorm
+from fastnorm import GradNormMonitor, JsonlLogger, Logger, UnstableGradientWarning
+from harness import run_python
+
+
+class Recorder(Logger):
+    """Keeps every window it receives, and whether it was closed."""
+
+    def __init__(self):
+        self.windows = []
+        self.closed = False
+
+    def log_window(self, window):
+        self.windows.append(window)
+
+    def log_metrics(self, metrics, step):
+        raise AssertionError("the monitor hands over whole windows")
+
+    def close(self):
+        self.closed = True
+
+    @property
+    def steps(self):
+        return [s for w in self.windows for s in w.steps]
+
+    @property
+    def values(self):
+        return [v for w in self.windows for v in w.values]
+
+
+def norms(n, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.rand(n, generator=g, dtype=torch.float64) * 3).tolist()
+
+
+def test_every_step_reaches_the_loggers_in_one_transfer_per_window(monkeypatch):
+    expected = norms(5 * 8 + 3)
+    given = [torch.tensor(v, dtype=torch.float32) for v in expected]
+    reads = {"tolist": 0, "item": 0, "__float__": 0, "__bool__": 0}
+    for name in reads:
+        original = getattr(torch.Tensor, name)
+
+        def counted(self, *args, _name=name, _original=original):
+            reads[_name] += 1
+            return _original(self, *args)
+
+        monkeypatch.setattr(torch.Tensor, name, counted)
+    rec = Recorder()
+    monitor = GradNormMonitor(8, [rec], diagnose=False)
+    for i, norm in enumerate(given):
+        monitor.update(norm)
+        assert monitor.transfers == (i + 1) // 8
+    assert reads == {"tolist": 5, "item": 0, "__float__": 0, "__bool__": 0}
+    monitor.close()
+    assert monitor.transfers == 6 and reads["tolist"] == 6
+    assert rec.steps == list(range(len(expected)))
+    assert rec.values == pytest.approx(expected, rel=1e-7)  # float32 slots
+    assert [len(w.values) for w in rec.windows] == [8, 8, 8, 8, 8, 3]
+
+
+def test_buffer_is_preallocated_and_never_grows():
+    monitor = GradNormMonitor(16, diagnose=False)
+    monitor.update(torch.tensor(1.0))
+    buffer = monitor._buffer
+    address = buffer.data_ptr()
+    for i in range(5000):
+        monitor.update(torch.tensor(float(i)))
+    assert monitor._buffer is buffer and buffer.data_ptr() == address
+    assert buffer.numel() == 16
+    monitor.close()
+
+
+def test_float64_norms_keep_their_precision():
+    rec = Recorder()
+    value = 1.0 + 2.0**-40  # not a float32
+    with GradNormMonitor(4, [rec], diagnose=False) as monitor:
+        monitor.update(torch.tensor(value, dtype=torch.float64))
+    assert rec.values == [value]
+
+
+def test_steps_as_given_and_counted_on():
+    rec = Recorder()
+    with GradNormMonitor(3, [rec], diagnose=False) as monitor:
+        monitor.update(1.0)
+        monitor.update(1.0, step=100)
+        monitor.update(1.0)
+        monitor.update(1.0, step=250)
+        monitor.update(torch.tensor([2.0]))
+    assert rec.steps == [0, 100, 101, 250, 251]
+
+
+def test_exception_in_the_loop_loses_nothing(tmp_path):
+    rec = Recorder()
+    path = tmp_path / "metrics.jsonl"
+    expected = norms(13, seed=1)
+    with pytest.raises(KeyboardInterrupt):
+        with GradNormMonitor(5, [rec, JsonlLogger(path)], diagnose=False) as monitor:
+            for v in expected:
+                monitor.update(torch.tensor(v))
+            raise KeyboardInterrupt
+    assert rec.closed
+    assert rec.values == pytest.approx(expected, rel=1e-7)
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [line["step"] for line in lines] == list(range(13))
+    with pytest.raises(RuntimeError, match="after close"):
+        monitor.update(1.0)
+    monitor.close()  # twice is harmless
+
+
+def test_unclosed_monitor_is_flushed_at_exit(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    code = (
+        "import torch, fastnorm\n"
+        f"m = fastnorm.GradNormMonitor(5, [fastnorm.JsonlLogger({str(path)!r})], diagnose=False)\n"
+        "for i in range(7):\n"
+        "    m.update(torch.tensor(float(i)))\n"
+    )
+    assert run_python(["-c", code]).returncode == 0
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [line["gradient_norm"] for line in lines] == [float(i) for i in range(7)]
+
+
+@pytest.mark.parametrize("max_norm", [None, 1.0])
+def test_window_statistics(max_norm):
+    values = [0.5, math.nan, 2.0, 0.25, math.inf, 1.0 - 1e-9, 3.0]
+    rec = Recorder()
+    with GradNormMonitor(len(values), [rec], max_norm=max_norm, diagnose=False) as monitor:
+        for v in values:
+            monitor.update(torch.tensor(v, dtype=torch.float64))
+    stats = rec.windows[0].stats
+    finite = [0.5, 2.0, 0.25, 1.0 - 1e-9, 3.0]
+    assert stats["min"] == 0.25 and stats["max"] == 3.0
+    assert stats["mean"] == pytest.approx(sum(finite) / 5)
+    assert stats["nonfinite_steps"] == 2
+    if max_norm is None:
+        assert "clipped_fraction" not in stats
+    else:
+        # clip_ scales when max_norm / (norm + 1e-6) < 1: 2.0, inf, 1 - 1e-9 and 3.0.
+        assert stats["clipped_fraction"] == pytest.approx(4 / 7)
+        assert stats["max_norm"] == max_norm
+
+
+def test_clipped_fraction_matches_what_clip_did():
+    torch.manual_seed(0)
+    model = torch.nn.Linear(7, 3)
+    rec = Recorder()
+    clipped = 0
+    with GradNormMonitor(20, [rec], max_norm=1.0, diagnose=False) as monitor:
+        for i in range(20):
+            model.zero_grad()
+            (model(torch.randn(5, 7)) * (0.05 + 0.1 * i)).sum().backward()
+            before = model.weight.grad.clone()
+            monitor.update(fastnorm.clip_(model.parameters(), 1.0))
+            clipped += not torch.equal(before, model.weight.grad)
+    assert 0 < clipped < 20
+    assert rec.windows[0].stats["clipped_fraction"] == clipped / 20
+
+
+def test_warns_once_when_the_verdict_turns_unstable():
+    values = [1.0 + 0.01 * (i % 5) for i in range(60)] + [math.nan] * 40
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with GradNormMonitor(10) as monitor:
+            for v in values:
+                monitor.update(torch.tensor(v))
+    unstable = [w for w in caught if issubclass(w.category, UnstableGradientWarning)]
+    assert len(unstable) == 1
+    assert "nonfinite" in str(unstable[0].message) and "steps 60-69" in str(unstable[0].message)
+    assert unstable[0].filename == __file__  # points at the caller's update()
+    assert monitor.diagnosis.verdict == "nonfinite"
+
+
+def test_diagnosis_can_be_configured_or_off():
+    values = [1.0] * 30 + [1e3] * 30
+    strict = GradNormMonitor(10, diagnose=fastnorm.Diagnoser(explode_orders=4.0), warn=False)
+    off = GradNormMonitor(10, diagnose=False)
+    default = GradNormMonitor(10, warn=False)
+    for m in (strict, off, default):
+        for v in values:
+            m.update(v)
+        m.close()
+    assert strict.diagnosis.verdict == "stable"
+    assert default.diagnosis.verdict == "exploding"
+    assert off.diagnosis is None
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [({"log_every_n_steps": 0}, "log_every_n_steps"), ({"max_norm": -1.0}, "max_norm")],
+)
+def test_bad_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        GradNormMonitor(**kwargs)
+
+
+def test_bad_updates():
+    with GradNormMonitor(4, layer_names=["a", "b"]) as monitor:
+        with pytest.raises(ValueError, match="one value"):
+            monitor.update(torch.ones(2))
+        with pytest.raises(ValueError, match="layer_names"):
+            monitor.update(torch.tensor(1.0), layers=torch.ones(3))
+
+
+# ----------------------------------------------------------------------------
+# Per-layer norms
+# ----------------------------------------------------------------------------
+
+
+def reference_layer_norm(params, p):
+    grads = [q.grad.double().flatten() for q in params if q.grad is not None]
+    return torch.linalg.vector_norm(torch.cat(grads), p).item() if grads else 0.0
+
+
+def model_with_odd_shapes():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(123, 17),
+        torch.nn.ReLU(),
+        torch.nn.Sequential(torch.nn.Linear(17, 4097 // 17), torch.nn.Linear(4097 // 17, 5, bias=False)),
+    )
+    model(torch.randn(3, 123)).square().sum().backward()
+    return model
+
+
+@pytest.mark.parametrize("p", [1.0, 2.0, 3.0, math.inf])
+def test_layer_norms_against_float64(p):
+    model = model_with_odd_shapes()
+    layers = fastnorm.LayerNorms(model, norm_type=p)
+    assert layers.names == ["0", "2.0", "2.1"]
+    total, per_layer = layers()
+    modules = [model[0], model[2][0], model[2][1]]
+    expected = [reference_layer_norm(list(m.parameters()), p) for m in modules]
+    assert per_layer.dtype == torch.float32 and per_layer.shape == (3,)
+    assert per_layer.tolist() == pytest.approx(expected, rel=1e-6)
+    assert total.item() == pytest.approx(reference_layer_norm(list(model.parameters()), p), rel=1e-6)
+
+
+def test_layer_norms_by_depth_and_missing_grads():
+    model = model_with_odd_shapes()
+    model[2][1].weight.grad = None
+    layers = fastnorm.LayerNorms(model.named_parameters(), depth=1)
+    assert layers.names == ["0", "2"]
+    _, per_layer = layers()
+    expected = [reference_layer_norm(list(model[i].parameters()), 2.0) for i in (0, 2)]
+    assert per_layer.tolist() == pytest.approx(expected, rel=1e-6)
+
+
+def test_combine_does_not_overflow_and_keeps_nan():
+    from fastnorm.monitor import combine
+
+    norms = torch.tensor([1e30, 1e30, math.nan, 1.0, 3.0], dtype=torch.float32)
+    index = torch.tensor([0, 0, 1, 1, 2])
+    out = combine(norms, index, 3, 2.0)
+    assert out.dtype == torch.float32
+    assert out[0].item() == pytest.approx(math.sqrt(2) * 1e30, rel=1e-6)
+    assert math.isnan(out[1].item())
+    assert out[2].item() == 3.0
+
+
+def test_layers_reach_the_loggers_in_the_same_transfer(tmp_path):
+    model = model_with_odd_shapes()
+    layers = fastnorm.LayerNorms(model)
+    rec = Recorder()
+    path = tmp_path / "metrics.jsonl"
+    with GradNormMonitor(4, [rec, JsonlLogger(path)], layer_names=layers.names, diagnose=False) as monitor:
+        for _ in range(8):
+            total, per_layer = layers()
+            if monitor.due:
+                monitor.update(total, layers=per_layer)
+            else:
+                monitor.update(total)
+        assert monitor.transfers == 2
+    expected = dict(zip(layers.names, per_layer.tolist()))
+    assert [w.layers_step for w in rec.windows] == [3, 7]
+    assert rec.windows[1].layers == pytest.approx(expected)
+    last = json.loads(path.read_text().splitlines()[-1])
+    assert last["step"] == 7
+    assert last["gradient_norm_layer/2.0"] == pytest.approx(expected["2.0"])
+
+
+def test_per_tensor_norms_straight_from_tensor_norms():
+    model = model_with_odd_shapes()
+    names = [name for name, _ in model.named_parameters()]
+    rec = Recorder()
+    with GradNormMonitor(2, [rec], layer_names=names, diagnose=False) as monitor:
+        total, per_tensor = fastnorm.tensor_norms(model.parameters())
+        monitor.update(total, layers=per_tensor)
+    expected = {name: reference_layer_norm([p], 2.0) for name, p in model.named_parameters()}
+    assert rec.windows[0].layers == pytest.approx(expected, rel=1e-6)
+
+
+# ----------------------------------------------------------------------------
+# A real run
+# ----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def one_thread():
+    # The model is tiny: on a busy 2-core machine intra-op threads only add contention (20x here).
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def train(lr, steps=300):
+    """A tiny MLP regression with SGD; returns the monitor's diagnosis and the norms it logged."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    x = torch.randn(256, 8)
+    y = x.sum(1, keepdim=True).sin()
+    rec = Recorder()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UnstableGradientWarning)
+        with GradNormMonitor(50, [rec]) as monitor:
+            for _ in range(steps):
+                batch = torch.randint(0, 256, (32,))
+                loss = torch.nn.functional.mse_loss(model(x[batch]), y[batch])
+                optimizer.zero_grad()
+                loss.backward()
+                monitor.update(fastnorm.total_norm(model.parameters()))
+                optimizer.step()
+    return monitor.diagnosis, rec.values
+
+
+def test_real_run_with_far_too_high_learning_rate_explodes(one_thread):
+    diagnosis, values = train(lr=1.2)
+    first_nonfinite = next(i for i, v in enumerate(values) if not math.isfinite(v))
+    assert max(values[:first_nonfinite]) > 1e6 * values[0]  # it did blow up
+    assert diagnosis.verdict in ("exploding", "nonfinite")
+    exploding = [e for e in diagnosis.events if e.kind == "exploding"]
+    assert len(exploding) == 1 and exploding[0].start_step < first_nonfinite
+
+
+def test_real_run_with_sane_learning_rate_is_stable(one_thread):
+    diagnosis, values = train(lr=0.05)
+    assert all(math.isfinite(v) for v in values)
+    assert diagnosis.verdict == "stable" and diagnosis.events == ()
+
+
+# ----------------------------------------------------------------------------
+# CUDA: the asynchronous transfer
+# ----------------------------------------------------------------------------
+
+
+@pytest.mark.cuda
+def test_cuda_updates_never_synchronize():
+    expected = norms(2 * 16 + 5, seed=2)
+    given = [torch.tensor(v, device="cuda") for v in expected]
+    rec = Recorder()
+    monitor = GradNormMonitor(16, [rec], diagnose=False)
+    monitor.update(given[0])  # allocates the buffers
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for norm in given[1:]:
+            monitor.update(norm)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert monitor.transfers == 2
+    monitor.close()
+    assert monitor.transfers == 3
+    assert rec.values == pytest.approx(expected, rel=1e-6)
+    assert rec.steps == list(range(len(expected)))
+
+
+@pytest.mark.cuda
+def test_cuda_layer_norms_against_float64():
+    model = model_with_odd_shapes().cuda()
+    for p in model.parameters():
+        p.grad = p.grad.cuda()
+    total, per_layer = fastnorm.LayerNorms(model)()
+    assert per_layer.device.type == "cuda"
+    modules = [model[0], model[2][0], model[2][1]]
+    expected = [reference_layer_norm(list(m.parameters()), 2.0) for m in modules]
+    assert per_layer.tolist() == pytest.approx(expected, rel=1e-6)
+    assert total.item() == pytest.approx(reference_layer_norm(list(model.parameters()), 2.0), rel=1e-6)

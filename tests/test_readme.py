@@ -1,0 +1,55 @@
+"""The README's monitoring example runs, and says what the code does."""
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from fastnorm.cli import main
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def section(title):
+    text = README.read_text()
+    start = text.index(f"\n## {title}\n")
+    end = text.find("\n## ", start + 1)
+    return text[start : end if end != -1 else None]
+
+
+def blocks(text, language):
+    return re.findall(rf"```{language}\n(.*?)```", text, flags=re.S)
+
+
+@pytest.fixture
+def one_thread():
+    # The model is tiny: on a busy 2-core machine intra-op threads only add contention.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_plain_loop_example_runs_and_diagnoses_as_shown(tmp_path, monkeypatch, capsys, one_thread):
+    text = section("Monitoring and diagnosis")
+    code = blocks(text, "python")[0]
+    monkeypatch.chdir(tmp_path)
+    namespace = {}
+    with pytest.warns(UserWarning, match="exploding"):
+        exec(compile(code, "README.md", "exec"), namespace)
+    assert namespace["monitor"].diagnosis.verdict == "exploding"
+    assert len((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) == 1000
+    capsys.readouterr()
+
+    shown = blocks(text, "console")[0].splitlines()
+    command = shown[0].removeprefix("$ fastnorm ").split()
+    assert main(command) == 1
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[:2] == shown[1:3]
+    kinds = [line.split()[0] for line in printed if line.startswith("  ") and not line.startswith("  -")]
+    assert kinds == [
+        line.split()[0] for line in shown[3:] if line.startswith("  ") and not line.startswith("  -")
+    ]
+    assert (tmp_path / "grad_norm.png").stat().st_size > 0
+    assert "![" in text and (README.parent / "docs" / "grad_norm.png").stat().st_size < 200_000
