@@ -47,4 +47,4 @@ def root(partial: torch.Tensor, mode: Mode, p: float, dtype: torch.dtype) -> tor
         value = m
     else:
         value = torch.where(m == 0, torch.zeros_like(m), m * s.pow(1.0 / p))
-    return value.to(dtype)
+    return value.to(dtype, copy=True)  # a tensor of its own, never a view into the partial

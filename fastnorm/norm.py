@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from fastnorm import _partial, distributed
+from fastnorm import _partial, distributed, ops
 from fastnorm._collect import TensorOrTensors, items_of
 from fastnorm._collect import max_norm as check_max_norm
 from fastnorm._collect import norm_type as check_norm_type
@@ -159,7 +159,14 @@ def total_norm(
         >>> norm = fastnorm.total_norm(model.parameters())  # a device scalar, no sync
     """
     p = check_norm_type(norm_type, "total_norm")
-    plan = plan_for(items_of(tensors, "total_norm"), p, "total_norm", group)
+    items = items_of(tensors, "total_norm")
+    if torch.compiler.is_compiling():
+        if group is not None:
+            raise ops.unsupported_under_compile("total_norm", "group=")
+        if error_if_nonfinite:
+            raise ops.unsupported_under_compile("total_norm", "error_if_nonfinite=True")
+        return torch.ops.fastnorm.total_norm(ops.traced_gradients(items, "total_norm"), p)
+    plan = plan_for(items, p, "total_norm", group)
     norm, _ = _reduce(plan, p)
     if error_if_nonfinite:
         _check_finite(norm, p)
@@ -216,7 +223,18 @@ def clip_(
         raise TypeError(f"clip_: total_norm must be a Tensor, got {type(total_norm).__name__}")
     if total_norm is not None and total_norm.numel() != 1:
         raise ValueError(f"clip_: total_norm must hold one value, got shape {tuple(total_norm.shape)}")
-    plan = plan_for(items_of(parameters, "clip_"), p, "clip_", group)
+    items = items_of(parameters, "clip_")
+    if torch.compiler.is_compiling():
+        if group is not None:
+            raise ops.unsupported_under_compile("clip_", "group=")
+        if error_if_nonfinite:
+            raise ops.unsupported_under_compile("clip_", "error_if_nonfinite=True")
+        grads = ops.traced_gradients(items, "clip_")
+        if total_norm is None:
+            return torch.ops.fastnorm.clip_(grads, bound, p)
+        torch.ops.fastnorm.scale_(grads, total_norm, bound)
+        return total_norm
+    plan = plan_for(items, p, "clip_", group)
     norm = _reduce(plan, p)[0] if total_norm is None else total_norm
     if error_if_nonfinite:
         _check_finite(norm, p)
@@ -255,7 +273,13 @@ def tensor_norms(
         >>> names = [name for name, _ in model.named_parameters()]
     """
     p = check_norm_type(norm_type, "tensor_norms")
-    plan = plan_for(items_of(tensors, "tensor_norms"), p, "tensor_norms", group)
+    items = items_of(tensors, "tensor_norms")
+    if torch.compiler.is_compiling():
+        if group is not None:
+            raise ops.unsupported_under_compile("tensor_norms", "group=")
+        grads = ops.traced_gradients(items, "tensor_norms", keep_missing=True)
+        return torch.ops.fastnorm.tensor_norms(grads, p)
+    plan = plan_for(items, p, "tensor_norms", group)
     total, per_item = _reduce(plan, p, per_item=True)
     assert per_item is not None
     return total, per_item

@@ -122,3 +122,60 @@ def test_bitwise_deterministic():
     for _ in range(5):
         fastnorm.clear_cache()
         assert torch.equal(fastnorm.total_norm(tensors), first)
+
+
+def test_cuda_graph_capture_and_replay_with_new_values():
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 8)).cuda()
+    params = list(model.parameters())
+    for p in params:
+        p.grad = torch.randn_like(p)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fastnorm.clip_(params, 1.0)  # warm-up: builds and caches the tables
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        norm = fastnorm.clip_(params, 1.0)
+    for scale in (0.01, 10.0, 1000.0):
+        fresh = [torch.randn_like(p) * scale for p in params]
+        for p, f in zip(params, fresh):
+            p.grad.copy_(f)
+        graph.replay()
+        expected = torch.nn.utils.get_total_norm(fresh)
+        assert reference.rel_err(norm.item(), expected.item()) <= 1e-5
+        coef = min(1.0, 1.0 / (expected.item() + 1e-6))
+        for p, f in zip(params, fresh):
+            torch.testing.assert_close(p.grad, f * coef, rtol=1e-5, atol=1e-7)
+
+
+def test_compiled_step_on_cuda_matches_eager():
+    def make():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Linear(64, 4)).cuda()
+
+    def step(model, clip):
+        params = list(model.parameters())
+        norm = clip(params, 0.5)
+        with torch.no_grad():
+            torch._foreach_add_(params, [p.grad for p in params], alpha=-0.1)
+        return norm
+
+    eager, compiled = make(), make()
+    x = torch.randn(16, 32, device="cuda") * 10
+    for model in (eager, compiled):
+        model(x).square().sum().backward()
+    got = torch.compile(step, fullgraph=True)(compiled, fastnorm.clip_)
+    expected = step(eager, torch.nn.utils.clip_grad_norm_)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=0)
+    for a, b in zip(compiled.parameters(), eager.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_capture_without_warm_up_says_what_to_do():
+    grads = cuda_grads([(1000,)], torch.float32, seed=7)
+    fastnorm.clear_cache()
+    graph = torch.cuda.CUDAGraph()
+    with pytest.raises(RuntimeError, match="warm-up"):
+        with torch.cuda.graph(graph):
+            fastnorm.total_norm(grads)

@@ -146,6 +146,12 @@ class TritonBackend:
 
     def prepare(self, tensors: list[torch.Tensor]) -> Prepared:
         device = tensors[0].device
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            # Pinning host memory is not allowed while a CUDA graph is captured.
+            raise RuntimeError(
+                "fastnorm: the gradients' tables are built on the first call; make that call "
+                "(a warm-up step) before capturing a CUDA graph, with the gradients the graph will use"
+            )
         config = INTERPRETER_CONFIG if device.type == "cpu" else GPU_CONFIG
         tl_dtypes = kernels().TL_DTYPES
         positions: dict[torch.dtype, list[int]] = {}

@@ -1,0 +1,110 @@
+"""fastnorm's operations as torch.library custom ops, for torch.compile.
+
+A pointer table is not traceable, and an honest opaque op beats a graph break:
+under ``torch.compile``, ``total_norm``, ``clip_`` and ``tensor_norms`` gather
+the gradients with traceable Python (type checks, ``.grad``) and call one of
+these ops, which inductor calls in place on the real gradients (no copy). Each
+op's fake implementation gives the result's shape, dtype and device without
+reading anything. Their eager implementations are fastnorm's own eager paths.
+
+Ops: ``fastnorm::total_norm``, ``fastnorm::clip_`` (mutates its gradients),
+``fastnorm::scale_`` (clip with a given norm; mutates) and
+``fastnorm::tensor_norms``. Under compile, DTensors, ``group=``, sparse
+gradients and ``error_if_nonfinite=True`` are not supported (each raises a
+clear error); call those eagerly.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from fastnorm import distributed
+from fastnorm._collect import gradient_of
+
+
+def _result(grads: list[Tensor]) -> Tensor:
+    """An empty 0-dim tensor of the result's dtype and device."""
+    wide = any(g.dtype in (torch.float64, torch.complex128) for g in grads)
+    device = grads[0].device if grads else torch.device("cpu")
+    return torch.empty((), dtype=torch.float64 if wide else torch.float32, device=device)
+
+
+@torch.library.custom_op("fastnorm::total_norm", mutates_args=())
+def total_norm_op(grads: list[Tensor], norm_type: float) -> Tensor:
+    from fastnorm.norm import total_norm
+
+    return total_norm(grads, norm_type)
+
+
+@total_norm_op.register_fake
+def _(grads: list[Tensor], norm_type: float) -> Tensor:
+    return _result(grads)
+
+
+@torch.library.custom_op("fastnorm::clip_", mutates_args=("grads",))
+def clip_op(grads: list[Tensor], max_norm: float, norm_type: float) -> Tensor:
+    from fastnorm.norm import clip_
+
+    return clip_(grads, max_norm, norm_type)
+
+
+@clip_op.register_fake
+def _(grads: list[Tensor], max_norm: float, norm_type: float) -> Tensor:
+    return _result(grads)
+
+
+@torch.library.custom_op("fastnorm::scale_", mutates_args=("grads",))
+def scale_op(grads: list[Tensor], norm: Tensor, max_norm: float) -> None:
+    from fastnorm.norm import clip_
+
+    clip_(grads, max_norm, total_norm=norm)
+
+
+@scale_op.register_fake
+def _(grads: list[Tensor], norm: Tensor, max_norm: float) -> None:
+    return None
+
+
+@torch.library.custom_op("fastnorm::tensor_norms", mutates_args=())
+def tensor_norms_op(grads: list[Tensor], norm_type: float) -> tuple[Tensor, Tensor]:
+    from fastnorm.norm import tensor_norms
+
+    return tensor_norms(grads, norm_type)
+
+
+@tensor_norms_op.register_fake
+def _(grads: list[Tensor], norm_type: float) -> tuple[Tensor, Tensor]:
+    total = _result(grads)
+    return total, total.new_empty((len(grads),))
+
+
+def traced_gradients(items: list[Any], fn: str, *, keep_missing: bool = False) -> list[Tensor]:
+    """The gradients of ``items`` with traceable Python only (for torch.compile).
+
+    Drops missing gradients (or, with ``keep_missing``, stands a 0-element
+    tensor in for them, so that per-item results keep their positions) and
+    repeats of the same tensor.
+    """
+    grads: list[Tensor] = []
+    for position, item in enumerate(items):
+        grad = gradient_of(item, position, fn)
+        if grad is None:
+            if keep_missing:
+                grads.append(torch.empty(0, device=item.device))
+            continue
+        if distributed.is_dtensor(grad) or grad.layout != torch.strided or grad.is_complex():
+            raise NotImplementedError(
+                f"{fn} under torch.compile takes dense real gradients; item {position} is "
+                f"{type(grad).__name__} with layout {grad.layout} and dtype {grad.dtype}. "
+                "Call it outside the compiled region."
+            )
+        if keep_missing or not any(grad is seen for seen in grads):
+            grads.append(grad)
+    return grads
+
+
+def unsupported_under_compile(fn: str, what: str) -> NotImplementedError:
+    return NotImplementedError(f"{fn}: {what} is not supported under torch.compile; call it eagerly")
