@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #if defined(__x86_64__)
@@ -24,8 +25,11 @@ FASTNORM_INLINE void half_block_to_float(const uint16_t* x, float* out) {
 FASTNORM_INLINE void float_block_to_half(const float* x, uint16_t* out) {
   for (int j = 0; j < kLanes; ++j) out[j] = float_to_half(x[j]);
 }
-FASTNORM_INLINE void bf16_block_to_float(const uint16_t* x, float* out) {
-  for (int j = 0; j < kLanes; ++j) out[j] = bf16_to_float(x[j]);
+FASTNORM_INLINE void half_block_to_double(const uint16_t* x, double* out) {
+  for (int j = 0; j < kLanes; ++j) out[j] = double(half_to_float(x[j]));
+}
+FASTNORM_INLINE void bf16_block_to_double(const uint16_t* x, double* out) {
+  for (int j = 0; j < kLanes; ++j) out[j] = double(bf16_to_float(x[j]));
 }
 FASTNORM_INLINE double muladd(double a, double b, double c) { return a * b + c; }
 #include "kernels_impl.h"
@@ -53,11 +57,22 @@ FASTNORM_INLINE void float_block_to_half(const float* x, uint16_t* out) {
     _mm_storeu_si128(reinterpret_cast<__m128i*>(out + k), h);
   }
 }
-FASTNORM_INLINE void bf16_block_to_float(const uint16_t* x, float* out) {
+// 8 floats -> two groups of 4 doubles, stored as whole vectors.
+FASTNORM_INLINE void store_as_doubles(__m256 f, double* out) {
+  _mm256_storeu_pd(out, _mm256_cvtps_pd(_mm256_castps256_ps128(f)));
+  _mm256_storeu_pd(out + 4, _mm256_cvtps_pd(_mm256_extractf128_ps(f, 1)));
+}
+FASTNORM_INLINE void half_block_to_double(const uint16_t* x, double* out) {
+  for (int k = 0; k < kLanes; k += 8) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x + k));
+    store_as_doubles(_mm256_cvtph_ps(h), out + k);
+  }
+}
+FASTNORM_INLINE void bf16_block_to_double(const uint16_t* x, double* out) {
   for (int k = 0; k < kLanes; k += 8) {
     const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x + k));
     const __m256i w = _mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16);
-    _mm256_storeu_ps(out + k, _mm256_castsi256_ps(w));
+    store_as_doubles(_mm256_castsi256_ps(w), out + k);
   }
 }
 // Exact for squares of float32/16-bit values (the product fits a double), so

@@ -3,11 +3,12 @@
 // kernels.cpp includes this file inside one namespace per target (generic, and
 // avx2+fma+f16c on x86-64 under a target pragma) and picks one at run time, so
 // a single build runs everywhere and still uses the wide vectors where present.
-// Each namespace first defines four hooks:
-//   half_block_to_float(const uint16_t* x, float* out)   kLanes halves -> floats
-//   bf16_block_to_float(const uint16_t* x, float* out)   kLanes bfloat16 -> floats
-//   float_block_to_half(const float* x, uint16_t* out)   kLanes floats -> halves (RNE)
-//   muladd(a, b, c)                                      a * b + c
+// Each namespace first defines five hooks:
+//   half_block_to_double(const uint16_t* x, double* out)  kLanes halves -> doubles
+//   bf16_block_to_double(const uint16_t* x, double* out)  kLanes bfloat16 -> doubles
+//   half_block_to_float(const uint16_t* x, float* out)    kLanes halves -> floats
+//   float_block_to_half(const float* x, uint16_t* out)    kLanes floats -> halves (RNE)
+//   muladd(a, b, c)                                       a * b + c
 // Do not include headers here: everything it needs is included before.
 //
 // Every loop keeps kLanes independent accumulators so that the compiler can
@@ -16,28 +17,22 @@
 
 constexpr int64_t kPowTile = 256;
 
-// Element types by the dtype code the Python side passes. Compute is the type
-// every value converts to exactly; Bits is an integer of the same width, whose
-// order on |x| (sign bit cleared) is the order of the magnitudes, with inf
-// above every finite value and NaN above inf.
+// Element types by the dtype code the Python side passes. kPlain types are
+// read in place as double; the 16-bit ones go through the ISA hooks. Bits is
+// an integer of the same width, whose order on |x| (sign bit cleared) is the
+// order of the magnitudes, with inf above every finite value and NaN above inf.
 struct F32 {
   using T = float;
-  using Compute = float;
   using Bits = uint32_t;
+  static constexpr bool kPlain = true;
   static constexpr Bits kAbsMask = 0x7FFFFFFFu;
-  static FASTNORM_INLINE void widen(const T* x, float (&out)[kLanes]) {
-    for (int j = 0; j < kLanes; ++j) out[j] = x[j];
-  }
   static FASTNORM_INLINE double from_bits(Bits b) { return double(bits_to_float(b)); }
 };
 struct F64 {
   using T = double;
-  using Compute = double;
   using Bits = int64_t;  // |x| bits are below 2^63: signed compares vectorize on AVX2
+  static constexpr bool kPlain = true;
   static constexpr Bits kAbsMask = 0x7FFFFFFFFFFFFFFFll;
-  static FASTNORM_INLINE void widen(const T* x, double (&out)[kLanes]) {
-    for (int j = 0; j < kLanes; ++j) out[j] = x[j];
-  }
   static FASTNORM_INLINE double from_bits(Bits b) {
     double d;
     std::memcpy(&d, &b, sizeof d);
@@ -46,60 +41,84 @@ struct F64 {
 };
 struct F16 {
   using T = uint16_t;
-  using Compute = float;
   using Bits = uint16_t;
+  static constexpr bool kPlain = false;
   static constexpr Bits kAbsMask = 0x7FFFu;
-  static FASTNORM_INLINE void widen(const T* x, float (&out)[kLanes]) {
-    half_block_to_float(x, out);
-  }
+  static FASTNORM_INLINE void widen(const T* x, double* out) { half_block_to_double(x, out); }
   static FASTNORM_INLINE double from_bits(Bits b) { return double(half_to_float(b)); }
 };
 struct BF16 {
   using T = uint16_t;
-  using Compute = float;
   using Bits = uint16_t;
+  static constexpr bool kPlain = false;
   static constexpr Bits kAbsMask = 0x7FFFu;
-  static FASTNORM_INLINE void widen(const T* x, float (&out)[kLanes]) {
-    bf16_block_to_float(x, out);
-  }
+  static FASTNORM_INLINE void widen(const T* x, double* out) { bf16_block_to_double(x, out); }
   static FASTNORM_INLINE double from_bits(Bits b) { return double(bf16_to_float(b)); }
 };
 
-// The tail of a loop (fewer than kLanes elements), padded with zeros.
+// kLanes values of x as doubles. Plain types stay where they are (a copy
+// through the stack would stall on store forwarding); 16-bit ones are widened
+// into `buf` by whole vectors, read back at the width they were written.
 template <class E>
-FASTNORM_INLINE void widen_tail(const typename E::T* x, int64_t n,
-                                typename E::Compute (&out)[kLanes]) {
-  typename E::T padded[kLanes] = {};
-  for (int64_t j = 0; j < n; ++j) padded[j] = x[j];
-  E::widen(padded, out);
-}
-
-FASTNORM_INLINE double fold(double (&acc)[kLanes]) {
-  for (int width = kLanes / 2; width > 0; width /= 2) {
-    for (int j = 0; j < width; ++j) acc[j] += acc[j + width];
+FASTNORM_INLINE void load_block(const typename E::T* x, double (&buf)[kLanes]) {
+  if constexpr (E::kPlain) {
+    for (int j = 0; j < kLanes; ++j) buf[j] = double(x[j]);
+  } else {
+    E::widen(x, buf);
   }
-  return acc[0];
 }
 
-template <int Power>
-FASTNORM_INLINE double accumulate(double acc, double v) {
-  return Power == 2 ? muladd(v, v, acc) : acc + std::fabs(v);
+// The first n (< kLanes) values of x, padded with zeros.
+template <class E>
+FASTNORM_INLINE void pad_block(const typename E::T* x, int64_t n, typename E::T (&out)[kLanes]) {
+  for (int j = 0; j < kLanes; ++j) out[j] = j < n ? x[j] : typename E::T(0);
+}
+
+// Pairwise, in a fixed order, written out: a loop here costs more than the
+// arithmetic for the many tensors of a few elements.
+FASTNORM_INLINE double fold(const double (&acc)[kLanes]) {
+  static_assert(kLanes == 16, "fold is written for 16 lanes");
+  double half[8], quarter[4];
+  for (int j = 0; j < 8; ++j) half[j] = acc[j] + acc[j + 8];
+  for (int j = 0; j < 4; ++j) quarter[j] = half[j] + half[j + 4];
+  return (quarter[0] + quarter[2]) + (quarter[1] + quarter[3]);
+}
+
+// acc[j] (+)= |x_j|^Power for one block. The first block initializes the
+// lanes (0 + y is y): zeroing them first costs more than the arithmetic for
+// tensors of a few elements.
+template <class E, int Power, bool First>
+FASTNORM_INLINE void accumulate_block(double (&acc)[kLanes], const typename E::T* x) {
+  const auto step = [&](int j, double v) {
+    const double base = First ? 0.0 : acc[j];
+    acc[j] = Power == 2 ? muladd(v, v, base) : base + std::fabs(v);
+  };
+  if constexpr (E::kPlain) {
+    for (int j = 0; j < kLanes; ++j) step(j, double(x[j]));
+  } else {
+    double v[kLanes];
+    E::widen(x, v);
+    for (int j = 0; j < kLanes; ++j) step(j, v[j]);
+  }
 }
 
 // sum |x|^2 (Power == 2) or sum |x| (Power == 1), accumulated in double: the
 // square of any float32 is exact in double and cannot overflow there.
 template <class E, int Power>
 FASTNORM_INLINE double sum_pow(const typename E::T* x, int64_t n) {
-  double acc[kLanes] = {};
-  typename E::Compute v[kLanes];
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
-    E::widen(x + i, v);
-    for (int j = 0; j < kLanes; ++j) acc[j] = accumulate<Power>(acc[j], double(v[j]));
+  double acc[kLanes];
+  typename E::T padded[kLanes];
+  if (n < kLanes) {
+    pad_block<E>(x, n, padded);
+    accumulate_block<E, Power, true>(acc, padded);
+    return fold(acc);
   }
+  accumulate_block<E, Power, true>(acc, x);
+  int64_t i = kLanes;
+  for (; i + kLanes <= n; i += kLanes) accumulate_block<E, Power, false>(acc, x + i);
   if (i < n) {
-    widen_tail<E>(x + i, n - i, v);
-    for (int j = 0; j < kLanes; ++j) acc[j] = accumulate<Power>(acc[j], double(v[j]));
+    pad_block<E>(x + i, n - i, padded);
+    accumulate_block<E, Power, false>(acc, padded);
   }
   return fold(acc);
 }
@@ -151,14 +170,16 @@ FASTNORM_INLINE void reduce_as(int mode, double p, const void* ptr, int64_t n, A
         if (tile_max > 0.0 && tile_max < INFINITY) {
           tile_sum = 0.0;
           const double inv = 1.0 / tile_max;
-          typename E::Compute v[kLanes];
+          double v[kLanes];
+          typename E::T padded[kLanes];
           for (int64_t i = 0; i < len; i += kLanes) {
             if (len - i >= kLanes) {
-              E::widen(x + t + i, v);
+              load_block<E>(x + t + i, v);
             } else {
-              widen_tail<E>(x + t + i, len - i, v);
+              pad_block<E>(x + t + i, len - i, padded);
+              load_block<E>(padded, v);
             }
-            for (int j = 0; j < kLanes; ++j) tile_sum += std::pow(std::fabs(double(v[j])) * inv, p);
+            for (int j = 0; j < kLanes; ++j) tile_sum += std::pow(std::fabs(v[j]) * inv, p);
           }
         }
         merge_scaled(acc, tile_max, tile_sum, p);

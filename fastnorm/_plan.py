@@ -3,8 +3,7 @@ prepared tables, and the cache that reuses a plan while nothing it depends on
 has changed.
 
 A plan is cached per list of items (by identity) and reused while every item
-is alive, every gradient is the same object (for parameters) and every
-gradient keeps its address. Values are never cached: they are read afresh by
+is alive and every gradient keeps its address (see _Cache). Values are never cached: they are read afresh by
 every call. Plans that hold tensors made for the call (merged sparse values,
 complex views) or whose backend state holds tensors (the torch backend) are
 not cached, so the cache never keeps a gradient alive.
@@ -117,39 +116,52 @@ def build(grads: Gradients, request: str) -> Plan:
 
 
 class _Entry:
-    __slots__ = ("kind", "grad_ids", "ptrs", "dense_mask", "plan", "alive", "refs", "__weakref__")
+    __slots__ = ("kind", "item_ids", "present", "missing", "ptrs", "plan", "alive", "refs", "__weakref__")
 
-    def __init__(self, kind: str, grads: list[Tensor | None], plan: Plan) -> None:
+    def __init__(self, kind: str, item_ids: list[int], grads: list[Tensor | None], plan: Plan) -> None:
         self.kind = kind  # "params": every item is a Parameter; "tensors": none requires grad
-        self.grad_ids = list(map(id, grads))
-        self.dense_mask = [g is not None for g in grads]
-        self.ptrs = list(map(_data_ptr, compress(grads, self.dense_mask)))
+        self.item_ids = item_ids
+        self.present = [g is not None for g in grads]
+        self.missing = [i for i, g in enumerate(grads) if g is None]
+        self.ptrs = list(map(_data_ptr, compress(grads, self.present)))
         self.plan = plan
         self.alive = True
         self.refs: list[weakref.ref] = []
 
 
 class _Cache:
-    """A few plans keyed by (backend request, group, ids of the items)."""
+    """A few plans keyed by (backend request, group, number of items, first and
+    last item's id); a hit also compares every item's id (a list comparison
+    costs far less than hashing a tuple of thousands of ids).
+
+    For parameters, a plan stays valid while every gradient sits at the same
+    address, even as a new tensor (``zero_grad(set_to_none=True)`` makes new
+    ones, often at the old addresses): torch ties a parameter's gradient to the
+    parameter's shape, dtype and device, and a sparse gradient has no address.
+    """
 
     def __init__(self, size: int = 8) -> None:
         self._entries: OrderedDict[tuple[Any, ...], _Entry] = OrderedDict()
         self._size = size
         self._lock = threading.Lock()
 
-    def lookup(self, key: tuple[Any, ...], items: list[Any]) -> Plan | None:
+    def lookup(self, key: tuple[Any, ...], items: list[Any], item_ids: list[int]) -> Plan | None:
         entry = self._entries.get(key)
-        if entry is None or not entry.alive:
+        if entry is None or not entry.alive or item_ids != entry.item_ids:
             return None
         if entry.kind == "params":
             grads = list(map(_get_grad, items))
-            if list(map(id, grads)) != entry.grad_ids:
+            if any(grads[i] is not None for i in entry.missing):
                 return None
         else:
             if any(map(_get_requires_grad, items)):
                 return None
             grads = items
-        if list(map(_data_ptr, compress(grads, entry.dense_mask))) != entry.ptrs:
+        try:
+            ptrs = list(map(_data_ptr, compress(grads, entry.present)))
+        except (TypeError, RuntimeError):  # a gradient now missing, or sparse
+            return None
+        if ptrs != entry.ptrs:
             return None
         with self._lock:
             if key in self._entries:
@@ -157,9 +169,15 @@ class _Cache:
         return entry.plan
 
     def store(
-        self, key: tuple[Any, ...], kind: str, items: list[Any], grads: list[Tensor | None], plan: Plan
+        self,
+        key: tuple[Any, ...],
+        kind: str,
+        items: list[Any],
+        item_ids: list[int],
+        grads: list[Tensor | None],
+        plan: Plan,
     ) -> None:
-        entry = _Entry(kind, grads, plan)
+        entry = _Entry(kind, item_ids, grads, plan)
         entry_ref = weakref.ref(entry)
 
         def expire(_: object) -> None:
@@ -167,8 +185,7 @@ class _Cache:
             if e is not None:
                 e.alive = False
 
-        watched = items if kind == "tensors" else items + [g for g in grads if g is not None]
-        entry.refs = [weakref.ref(t, expire) for t in watched]
+        entry.refs = [weakref.ref(t, expire) for t in items]
         with self._lock:
             self._entries[key] = entry
             self._entries.move_to_end(key)
@@ -195,15 +212,16 @@ def _kind(items: list[Any]) -> str | None:
 def plan_for(items: list[Any], p: float, fn: str, group: Any = None) -> Plan:
     """The plan for ``items``, from the cache when still valid."""
     request = requested()
-    key = (request, id(group), tuple(map(id, items)))
-    plan = _CACHE.lookup(key, items)
+    item_ids = list(map(id, items))
+    key = (request, id(group), len(items), item_ids[0] if items else 0, item_ids[-1] if items else 0)
+    plan = _CACHE.lookup(key, items, item_ids)
     if plan is not None:
         return plan
     grads = collect(items, p, fn, group)
     plan = build(grads, request)
     kind = _kind(items)
     if plan.cacheable and kind is not None:
-        _CACHE.store(key, kind, items, grads.per_item, plan)
+        _CACHE.store(key, kind, items, item_ids, grads.per_item, plan)
     return plan
 
 
