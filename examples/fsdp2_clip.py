@@ -25,7 +25,7 @@ model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.L
 for layer in model:
     if isinstance(layer, torch.nn.Linear):
         fully_shard(layer, mesh=mesh)
-fully_shard(model, mesh=mesh)
+model = fully_shard(model, mesh=mesh)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
 
 for step in range(3):

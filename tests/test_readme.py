@@ -53,3 +53,24 @@ def test_plain_loop_example_runs_and_diagnoses_as_shown(tmp_path, monkeypatch, c
     ]
     assert (tmp_path / "grad_norm.png").stat().st_size > 0
     assert "![" in text and (README.parent / "docs" / "grad_norm.png").stat().st_size < 200_000
+
+
+def test_quick_start_runs(capsys):
+    (code,) = blocks(section("Quick start"), "python")
+    exec(compile(code, "README.md", "exec"), {})
+    printed = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0] for line in printed] == ["step 0", "step 1", "step 2"]
+    assert all(float(line.split("=")[1]) > 0 for line in printed)
+
+
+def test_distributed_snippets_come_from_the_examples():
+    # Each snippet is cut from the example linked just before it (which
+    # test_examples.py runs): every line of code in it is in that file.
+    text = section("Distributed")
+    for snippet in blocks(text, "python"):
+        before = text[: text.index(snippet)]
+        name = re.findall(r"\(examples/(\w+\.py)\)", before)[-1]
+        source = (README.parent / "examples" / name).read_text()
+        for line in snippet.splitlines():
+            code = line.split("#")[0].strip()
+            assert code in ("", "...") or code in source, (name, code)
