@@ -161,10 +161,7 @@ def total_norm(
     p = check_norm_type(norm_type, "total_norm")
     items = items_of(tensors, "total_norm")
     if torch.compiler.is_compiling():
-        if group is not None:
-            raise ops.unsupported_under_compile("total_norm", "group=")
-        if error_if_nonfinite:
-            raise ops.unsupported_under_compile("total_norm", "error_if_nonfinite=True")
+        ops.check_compilable("total_norm", group, error_if_nonfinite)
         return torch.ops.fastnorm.total_norm(ops.traced_gradients(items, "total_norm"), p)
     plan = plan_for(items, p, "total_norm", group)
     norm, _ = _reduce(plan, p)
@@ -225,10 +222,7 @@ def clip_(
         raise ValueError(f"clip_: total_norm must hold one value, got shape {tuple(total_norm.shape)}")
     items = items_of(parameters, "clip_")
     if torch.compiler.is_compiling():
-        if group is not None:
-            raise ops.unsupported_under_compile("clip_", "group=")
-        if error_if_nonfinite:
-            raise ops.unsupported_under_compile("clip_", "error_if_nonfinite=True")
+        ops.check_compilable("clip_", group, error_if_nonfinite)
         grads = ops.traced_gradients(items, "clip_")
         if total_norm is None:
             return torch.ops.fastnorm.clip_(grads, bound, p)
@@ -275,8 +269,7 @@ def tensor_norms(
     p = check_norm_type(norm_type, "tensor_norms")
     items = items_of(tensors, "tensor_norms")
     if torch.compiler.is_compiling():
-        if group is not None:
-            raise ops.unsupported_under_compile("tensor_norms", "group=")
+        ops.check_compilable("tensor_norms", group)
         grads = ops.traced_gradients(items, "tensor_norms", keep_missing=True)
         return torch.ops.fastnorm.tensor_norms(grads, p)
     plan = plan_for(items, p, "tensor_norms", group)

@@ -106,5 +106,8 @@ def traced_gradients(items: list[Any], fn: str, *, keep_missing: bool = False) -
     return grads
 
 
-def unsupported_under_compile(fn: str, what: str) -> NotImplementedError:
-    return NotImplementedError(f"{fn}: {what} is not supported under torch.compile; call it eagerly")
+def check_compilable(fn: str, group: Any, error_if_nonfinite: bool = False) -> None:
+    """Raises for the arguments that only eager calls support."""
+    for unsupported, what in ((group is not None, "group="), (error_if_nonfinite, "error_if_nonfinite=True")):
+        if unsupported:
+            raise NotImplementedError(f"{fn}: {what} is not supported under torch.compile; call it eagerly")

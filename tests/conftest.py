@@ -41,3 +41,12 @@ def fused(request, monkeypatch):
 
     fastnorm.clear_cache()
     return use_backend(request.param, monkeypatch)
+
+
+@pytest.fixture
+def one_thread():
+    """One intra-op thread: for tiny models, on a busy 2-core machine more threads only contend."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -303,15 +303,6 @@ def test_per_tensor_norms_straight_from_tensor_norms():
 # ----------------------------------------------------------------------------
 
 
-@pytest.fixture
-def one_thread():
-    # The model is tiny: on a busy 2-core machine intra-op threads only add contention (20x here).
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def train(lr, steps=300):
     """A tiny MLP regression with SGD; returns the monitor's diagnosis and the norms it logged."""
     torch.manual_seed(0)

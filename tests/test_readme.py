@@ -4,7 +4,6 @@ import re
 from pathlib import Path
 
 import pytest
-import torch
 
 from fastnorm.cli import main
 
@@ -20,15 +19,6 @@ def section(title):
 
 def blocks(text, language):
     return re.findall(rf"```{language}\n(.*?)```", text, flags=re.S)
-
-
-@pytest.fixture
-def one_thread():
-    # The model is tiny: on a busy 2-core machine intra-op threads only add contention.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def test_plain_loop_example_runs_and_diagnoses_as_shown(tmp_path, monkeypatch, capsys, one_thread):
