@@ -1,0 +1,423 @@
+"""The harness: check every contender, then time them all, interleaved.
+
+For each workload and dtype:
+
+1. prepare the gradients (and their flat copy);
+2. call every contender once and check it against the float64 reference norm
+   (clipping contenders: every gradient, element by element); abort with
+   :class:`CorrectnessError` before anything is timed if one is wrong. That first
+   call on fresh gradients is also where the peak extra memory is measured;
+3. warm up, then find for each contender how many calls make a sample last
+   about ``MIN_SAMPLE_S`` (so that microsecond calls are not all clock);
+4. time ``repeats`` rounds; each round takes one sample of every contender,
+   the order rotating from round to round, so that the machine's noise (other
+   processes, frequency, the memory controller) falls on all of them alike;
+5. summarize: median, min, quartiles, GB/s over the least bytes each kind must
+   move, % of the roofline (the fastest plain read / read-write of the same
+   bytes in the same rounds) and the speedup over the contender's baseline.
+
+On CUDA each call is timed with CUDA events (the device time, launch gaps
+included), and the host time until the call returns is kept separately; on the
+CPU both are the same ``perf_counter`` span.
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import os
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from fastnorm.bench.contenders import Call, Contender
+from fastnorm.bench.workloads import Prepared, Workload, prepare
+
+# A sample should last at least this long; microsecond calls are repeated.
+MIN_SAMPLE_S = 2e-3
+MAX_CALLS_PER_SAMPLE = 200
+# Contenders that must be undone after each call (clipping) repeat fewer
+# times: the undo is not timed but still costs wall time.
+MAX_CALLS_WITH_UNDO = 20
+
+# How far a norm may be from the float64 reference. torch returns a 16-bit norm
+# for 16-bit gradients (about 3 significant digits), hence the loose 16-bit bound.
+RTOL = {torch.float64: 1e-10, torch.float32: 1e-4, torch.bfloat16: 2e-2, torch.float16: 2e-2}
+
+
+class CorrectnessError(RuntimeError):
+    """A contender computed a wrong norm or clipped wrongly: nothing is timed."""
+
+
+# ----------------------------------------------------------------------------
+# Clocks and memory
+# ----------------------------------------------------------------------------
+
+
+class Clock:
+    """Times calls on one device."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.cuda = device.type == "cuda"
+
+    def sync(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+
+    def time(self, call: Call, calls: int, undo: Callable[[], None] | None = None) -> tuple[float, float]:
+        """Mean seconds per call over ``calls`` calls: (elapsed, host until return).
+
+        ``undo`` runs after each call, outside the timed spans.
+        """
+        perf = time.perf_counter
+        host = 0.0
+        if self.cuda:
+            events = [
+                (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                for _ in range(calls)
+            ]
+            self.sync()
+            for start, end in events:
+                start.record()
+                t0 = perf()
+                call()
+                host += perf() - t0
+                end.record()
+                if undo is not None:
+                    undo()
+            self.sync()
+            elapsed = sum(start.elapsed_time(end) for start, end in events) / 1e3
+            return elapsed / calls, host / calls
+        for _ in range(calls):
+            t0 = perf()
+            call()
+            host += perf() - t0
+            if undo is not None:
+                undo()
+        return host / calls, host / calls
+
+
+def _status_kib(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise OSError(f"no {field} in /proc/self/status")
+
+
+def peak_extra_bytes(call: Call, device: torch.device) -> tuple[Any, int | None, str]:
+    """Runs ``call`` once; returns (its result, the peak memory it added, the method).
+
+    CUDA: the caching allocator's peak over what was allocated before. CPU: the
+    growth of the peak resident set (``VmHWM``, reset through ``clear_refs``),
+    page-grained, and blind to memory the allocator already held; None where
+    Linux's /proc does not allow it.
+    """
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        base = torch.cuda.memory_allocated(device)
+        result = call()
+        torch.cuda.synchronize(device)
+        return result, torch.cuda.max_memory_allocated(device) - base, "cuda.max_memory_allocated"
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # resets VmHWM to the current resident set
+        base = _status_kib("VmRSS")
+    except OSError:
+        return call(), None, "unavailable"
+    result = call()
+    return result, max(0, _status_kib("VmHWM") - base) * 1024, "rss-peak"
+
+
+class LoadMeter:
+    """How busy the machine's CPUs were with other work while timing.
+
+    On a small machine another process that keeps one core busy delays every
+    2-thread kernel by the scheduler's tick (milliseconds): the median absorbs
+    a burst, not a sustained load. The run records the load so that a reader
+    can tell. Linux only (``/proc/stat``); None elsewhere.
+    """
+
+    def __init__(self) -> None:
+        self._start = self._snapshot()
+
+    @staticmethod
+    def _snapshot() -> tuple[float, float, float, float] | None:
+        try:
+            with open("/proc/stat") as f:
+                fields = [float(x) for x in f.readline().split()[1:]]
+        except (OSError, ValueError):
+            return None
+        ticks = os.sysconf("SC_CLK_TCK")
+        user, nice, system, _idle, _iowait, irq, softirq, steal = (fields + [0.0] * 8)[:8]
+        own = os.times()
+        return (
+            (user + nice + system + irq + softirq) / ticks,
+            steal / ticks,
+            own.user + own.system,
+            time.monotonic(),
+        )
+
+    def stop(self) -> dict[str, float] | None:
+        end = self._snapshot()
+        if self._start is None or end is None or end[3] <= self._start[3]:
+            return None
+        busy, steal, own, wall = (b - a for a, b in zip(self._start, end))
+        return {
+            "other_cores_busy": round(max(0.0, busy - own) / wall, 3),
+            "steal_cores": round(steal / wall, 3),
+        }
+
+
+# ----------------------------------------------------------------------------
+# Correctness
+# ----------------------------------------------------------------------------
+
+
+def _check(c: Contender, result: Any, w: Prepared, max_norm: float | None) -> str | None:
+    """Why the contender's first call was wrong, or None."""
+    if c.kind in ("read", "read-write"):
+        return None
+    if not isinstance(result, torch.Tensor) or result.numel() != 1:
+        return f"returned {type(result).__name__} {getattr(result, 'shape', '')}, not a one-element norm tensor"
+    got = float(result.reshape(()).item())
+    rtol = RTOL[w.dtype]
+    if not math.isfinite(got) or abs(got - w.ref_norm) > rtol * w.ref_norm:
+        return f"norm {got!r}, reference {w.ref_norm!r} (rtol {rtol:g})"
+    if c.kind == "clip-noop":
+        return w.compare(1.0, rtol)
+    if c.kind == "clip":
+        coef = min(1.0, max_norm / (w.ref_norm + 1e-6))
+        return w.compare(coef, rtol)
+    return None
+
+
+def check(
+    contenders: list[Contender], w: Prepared, calls: dict[str, Call]
+) -> tuple[dict[str, int | None], str, dict[str, list[str]]]:
+    """First call of each contender: correctness and peak extra memory.
+
+    Returns (extra bytes per contender, the memory method, optional contenders
+    dropped with the reason). Raises CorrectnessError on a wrong result.
+    """
+    memory: dict[str, int | None] = {}
+    method = "unavailable"
+    dropped: dict[str, list[str]] = {}
+    for c in contenders:
+        max_norm = c.max_norm(w)
+        try:
+            result, memory[c.name], method = peak_extra_bytes(calls[c.name], w.device)
+        except Exception as exc:
+            if not c.optional:
+                raise CorrectnessError(f"{c.name} on {w.name} {w.dtype}: raised {exc!r}") from exc
+            dropped[c.name] = [f"raised {type(exc).__name__}: {exc}"]
+            memory.pop(c.name, None)
+            w.restore()
+            continue
+        error = _check(c, result, w, max_norm)
+        if c.kind == "clip":
+            w.restore()
+        if error is not None:
+            raise CorrectnessError(f"{c.name} on {w.name} {str(w.dtype).replace('torch.', '')}: {error}")
+    return memory, method, dropped
+
+
+# ----------------------------------------------------------------------------
+# Timing
+# ----------------------------------------------------------------------------
+
+
+def _summary(samples: list[float]) -> dict[str, float]:
+    if len(samples) >= 2:
+        q1, _, q3 = statistics.quantiles(samples, n=4, method="inclusive")
+    else:
+        q1 = q3 = samples[0]
+    median = statistics.median(samples)
+    return {"median": median, "min": min(samples), "q1": q1, "q3": q3}
+
+
+def time_rounds(
+    contenders: list[Contender],
+    w: Prepared,
+    calls: dict[str, Call],
+    clock: Clock,
+    repeats: int,
+    warmup: int,
+) -> tuple[dict[str, list[float]], dict[str, list[float]], dict[str, int]]:
+    """Per contender: elapsed and host seconds per call of each sample, calls per sample."""
+
+    def undo_of(c: Contender) -> Callable[[], None] | None:
+        return w.restore if c.kind == "clip" else None
+
+    for _ in range(warmup):
+        for c in contenders:
+            clock.time(calls[c.name], 1, undo_of(c))
+    per_sample = {}
+    for c in contenders:
+        once, _ = clock.time(calls[c.name], 1, undo_of(c))
+        cap = MAX_CALLS_WITH_UNDO if c.kind == "clip" else MAX_CALLS_PER_SAMPLE
+        per_sample[c.name] = max(1, min(cap, math.ceil(MIN_SAMPLE_S / max(once, 1e-9))))
+
+    elapsed: dict[str, list[float]] = {c.name: [] for c in contenders}
+    host: dict[str, list[float]] = {c.name: [] for c in contenders}
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        for r in range(repeats):
+            shift = r % len(contenders)
+            for c in contenders[shift:] + contenders[:shift]:
+                e, h = clock.time(calls[c.name], per_sample[c.name], undo_of(c))
+                elapsed[c.name].append(e)
+                host[c.name].append(h)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+    return elapsed, host, per_sample
+
+
+# ----------------------------------------------------------------------------
+# One workload
+# ----------------------------------------------------------------------------
+
+
+def memory_needed(workload: Workload, dtype: torch.dtype, quick: bool = False) -> int:
+    """Bytes a workload holds while it runs: the gradients and their flat copy."""
+    return 2 * workload.numel(quick) * torch.empty((), dtype=dtype).element_size()
+
+
+def memory_available(device: torch.device) -> int | None:
+    """Free device memory (CUDA) or MemAvailable (Linux); None when unknown."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def too_big(workload: Workload, dtype: torch.dtype, device: torch.device, quick: bool = False) -> str | None:
+    """Why the workload would not fit in memory (with a 20% margin), or None."""
+    need, free = memory_needed(workload, dtype, quick), memory_available(device)
+    if free is not None and need * 1.2 > free:
+        return f"needs {need / 1e9:.1f} GB for gradients and their copy, {free / 1e9:.1f} GB free on {device.type}"
+    return None
+
+
+def _roofline(contenders: list[Contender], medians: dict[str, float], kind: str) -> tuple[str, float] | None:
+    candidates = [(medians[c.name], c.name) for c in contenders if c.roofline and c.kind == kind]
+    if not candidates:
+        return None
+    seconds, name = min(candidates)
+    return name, seconds
+
+
+def run_workload(
+    workload: Workload,
+    dtype: torch.dtype,
+    device: torch.device,
+    contenders: list[Contender],
+    *,
+    repeats: int,
+    warmup: int,
+    quick: bool = False,
+    skipped: dict[str, list[str]] | None = None,
+    dtype_name: str | None = None,
+) -> dict[str, Any]:
+    """Checks, then times every contender on one workload; returns its JSON record."""
+    w = prepare(workload, dtype, device, quick=quick)
+    try:
+        calls = {c.name: c.make(w, c.max_norm(w)) for c in contenders}
+        memory, memory_method, dropped = check(contenders, w, calls)
+        live = [c for c in contenders if c.name not in dropped]
+        clock = Clock(device)
+        load = LoadMeter()
+        elapsed, host, per_sample = time_rounds(live, w, calls, clock, repeats, warmup)
+        record = _record(workload, w, live, elapsed, host, per_sample, memory, memory_method, quick)
+        record["load"] = load.stop()
+        record["dtype"] = dtype_name or str(dtype).replace("torch.", "")
+        record["skipped"] = {**(skipped or {}), **dropped}
+        return record
+    finally:
+        del w
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+def _record(
+    workload: Workload,
+    w: Prepared,
+    contenders: list[Contender],
+    elapsed: dict[str, list[float]],
+    host: dict[str, list[float]],
+    per_sample: dict[str, int],
+    memory: dict[str, int | None],
+    memory_method: str,
+    quick: bool,
+) -> dict[str, Any]:
+    stats = {name: _summary(samples) for name, samples in elapsed.items()}
+    medians = {name: s["median"] for name, s in stats.items()}
+    read = _roofline(contenders, medians, "read")
+    read_write = _roofline(contenders, medians, "read-write")
+    roof_seconds = {
+        "norm": read[1] if read else None,
+        "clip-noop": read[1] if read else None,
+        "read": read[1] if read else None,
+        "read-write": read_write[1] if read_write else None,
+        "clip": read[1] + read_write[1] if read and read_write else None,
+    }
+    results = []
+    for c in contenders:
+        s = stats[c.name]
+        moved = c.bytes_moved(w)
+        roof = roof_seconds[c.kind]
+        base = medians.get(c.baseline) if c.baseline else None
+        results.append(
+            {
+                "contender": c.name,
+                "kind": c.kind,
+                "group": c.group,
+                "ms": s["median"] * 1e3,
+                "ms_min": s["min"] * 1e3,
+                "ms_q1": s["q1"] * 1e3,
+                "ms_q3": s["q3"] * 1e3,
+                "spread_pct": 100 * (s["q3"] - s["q1"]) / s["median"],
+                "host_us": statistics.median(host[c.name]) * 1e6,
+                "bytes_moved": moved,
+                "gbps": moved / s["median"] / 1e9,
+                "roofline_pct": 100 * roof / s["median"] if roof else None,
+                "baseline": c.baseline if base else None,
+                "speedup": base / s["median"] if base else None,
+                "extra_bytes": memory.get(c.name),
+                "calls_per_sample": per_sample[c.name],
+                "samples_ms": [round(x * 1e3, 6) for x in elapsed[c.name]],
+            }
+        )
+
+    def roof_entry(found: tuple[str, float] | None, factor: int) -> dict[str, Any] | None:
+        if found is None:
+            return None
+        name, seconds = found
+        return {"kernel": name, "ms": seconds * 1e3, "gbps": factor * w.nbytes / seconds / 1e9}
+
+    return {
+        "workload": workload.name,
+        "description": workload.description,
+        "quick": quick,
+        "tensors": len(w.grads),
+        "numel": w.numel,
+        "bytes": w.nbytes,
+        "ref_norm": w.ref_norm,
+        "memory_method": memory_method,
+        "roofline": {"read": roof_entry(read, 1), "read_write": roof_entry(read_write, 2)},
+        "results": results,
+    }
