@@ -12,6 +12,8 @@ import json
 import sys
 from collections.abc import Sequence
 
+from fastnorm import bench
+
 
 def _info(args: argparse.Namespace) -> int:
     import torch
@@ -43,6 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fastnorm", description=__doc__.splitlines()[0])
     subparsers = parser.add_subparsers(dest="command", required=True)
     _add_info(subparsers)
+    bench.add_parser(subparsers)
     return parser
 
 
