@@ -17,9 +17,10 @@ def test_norm(benchmark, case, prepared_workloads) -> None:
     if reasons:
         pytest.skip("; ".join(reasons))
     call = contender.make(w, contender.max_norm(w))
-    _, _, dropped = check([contender], w, {name: call})
-    if dropped:
-        pytest.skip("; ".join(dropped[name]))
+    checked = check([contender], w, {name: call})
+    if checked.dropped:
+        pytest.skip("; ".join(checked.dropped[name]))
+    benchmark.extra_info["norm_error"] = checked.errors.get(name)
 
     timed = call
     if w.device.type == "cuda":

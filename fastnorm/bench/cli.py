@@ -7,8 +7,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-DEFAULT_REPEATS, QUICK_REPEATS = 20, 5
-DEFAULT_WARMUP, QUICK_WARMUP = 3, 1
+DEFAULT_REPEATS, QUICK_REPEATS = 15, 5
+DEFAULT_WARMUP, QUICK_WARMUP = 2, 1
 
 
 def _csv(value: str) -> list[str]:

@@ -64,12 +64,12 @@ def draw(run: dict[str, Any], path: Path) -> Path:
             labeled.add(name)
         read, rw = rec["roofline"]["read"], rec["roofline"]["read_write"]
         if read:
-            ax.hlines(read["gbps"], x - 0.45, x + 0.45, colors="black", linestyles="--",
+            ax.hlines(read["gbps"], x - 0.45, x + 0.45, colors="black", linestyles="--", linewidth=2,
                       label=None if "roof" in labeled else "read roofline (fastest plain read)")
             labeled.add("roof")
         if read and rw:
             clip_gbps = 3 * rec["bytes"] / (read["ms"] + rw["ms"]) / 1e6
-            ax.hlines(clip_gbps, x - 0.45, x + 0.45, colors="gray", linestyles=":",
+            ax.hlines(clip_gbps, x - 0.45, x + 0.45, colors="dimgray", linestyles=":", linewidth=2,
                       label=None if "cliproof" in labeled else "clip roofline (read + read-write)")
             labeled.add("cliproof")
     ax.set_xticks(range(len(records)), [f"{r['workload']}\n{r['dtype']}" for r in records])

@@ -20,6 +20,7 @@ import datetime
 import json
 import os
 import platform
+import re
 import sys
 from importlib import metadata
 from pathlib import Path
@@ -147,7 +148,7 @@ def headline(record: dict[str, Any]) -> str:
 
 def table(record: dict[str, Any]) -> str:
     """The terminal table of one workload."""
-    header = ("contender", "time", "spread", "GB/s", "% roof", "vs base", "host", "extra mem")
+    header = ("contender", "time", "spread", "GB/s", "% roof", "vs base", "host", "extra mem", "norm err")
     rows = [header]
     for r in record["results"]:
         rows.append(
@@ -160,6 +161,7 @@ def table(record: dict[str, Any]) -> str:
                 _opt(r["speedup"], ".2f") + ("x" if r["speedup"] is not None else ""),
                 fmt_time(r["host_us"] / 1e3),
                 "-" if r["extra_bytes"] is None else fmt_bytes(r["extra_bytes"]),
+                _opt(r["norm_error"], ".0e"),
             )
         )
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
@@ -223,7 +225,10 @@ def markdown(run: dict[str, Any]) -> str:
 
 
 def write_json(run: dict[str, Any], path: Path) -> None:
-    path.write_text(json.dumps(run, indent=1) + "\n")
+    text = json.dumps(run, indent=1)
+    # Lists of numbers (the samples) on one line each: a readable, small file.
+    text = re.sub(r"\[\s+([-0-9.e,\s]+?)\s+\]", lambda m: "[" + " ".join(m.group(1).split()) + "]", text)
+    path.write_text(text + "\n")
 
 
 def append_csv(run: dict[str, Any], path: Path) -> None:
