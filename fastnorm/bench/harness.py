@@ -10,8 +10,10 @@ For each workload and dtype:
 3. warm up, then find for each contender how many calls make a sample last
    about ``MIN_SAMPLE_S`` (so that microsecond calls are not all clock);
 4. time ``repeats`` rounds; each round takes one sample of every contender,
-   the order rotating from round to round, so that the machine's noise (other
-   processes, frequency, the memory controller) falls on all of them alike;
+   the order rotating from round to round, so that the machine's noise
+   (frequency, the memory controller, interrupts) falls on all of them alike.
+   A round during which other processes kept the CPUs busy is replaced (see
+   :class:`LoadMeter`);
 5. summarize: median, min, quartiles, GB/s over the least bytes each kind must
    move, % of the roofline (the fastest plain read / read-write of the same
    bytes in the same rounds) and the speedup over the contender's baseline.
@@ -37,6 +39,10 @@ import torch
 from fastnorm.bench.contenders import Call, Contender
 from fastnorm.bench.workloads import Prepared, Workload, prepare
 
+# A round during which other processes kept more cores than this busy (on
+# average) is replaced by another, at most ROUND_BUDGET times as many rounds.
+QUIET_CORES = 0.25
+ROUND_BUDGET = 2
 # A sample should last at least this long; microsecond calls are repeated.
 MIN_SAMPLE_S = 2e-3
 MAX_CALLS_PER_SAMPLE = 200
@@ -146,12 +152,12 @@ def peak_extra_bytes(call: Call, device: torch.device) -> tuple[Any, int | None,
 
 
 class LoadMeter:
-    """How busy the machine's CPUs were with other work while timing.
+    """How busy the machine's CPUs were with other processes' work, since creation.
 
     On a small machine another process that keeps one core busy delays every
-    2-thread kernel by the scheduler's tick (milliseconds): the median absorbs
-    a burst, not a sustained load. The run records the load so that a reader
-    can tell. Linux only (``/proc/stat``); None elsewhere.
+    2-thread torch kernel by a scheduler tick (milliseconds), while a kernel
+    that hands out work dynamically (fastnorm's) barely notices: such rounds
+    would flatter fastnorm. Linux only (``/proc/stat``); None elsewhere.
     """
 
     def __init__(self) -> None:
@@ -267,6 +273,18 @@ def _summary(samples: list[float]) -> dict[str, float]:
     return {"median": median, "min": min(samples), "q1": q1, "q3": q3}
 
 
+@dataclass
+class Timings:
+    """Per contender, seconds per call of each kept sample; and the rounds' story."""
+
+    elapsed: dict[str, list[float]]
+    host: dict[str, list[float]]
+    calls_per_sample: dict[str, int]
+    rounds: int  # timed
+    kept: int  # used for the statistics
+    others_busy: list[float | None]  # cores busy with other processes, per round
+
+
 def time_rounds(
     contenders: list[Contender],
     w: Prepared,
@@ -274,8 +292,14 @@ def time_rounds(
     clock: Clock,
     repeats: int,
     warmup: int,
-) -> tuple[dict[str, list[float]], dict[str, list[float]], dict[str, int]]:
-    """Per contender: elapsed and host seconds per call of each sample, calls per sample."""
+) -> Timings:
+    """Warm-up, calibration, then rounds until ``repeats`` undisturbed ones.
+
+    A round during which other processes kept more than ``QUIET_CORES`` busy is
+    replaced by another, up to ``ROUND_BUDGET * repeats`` rounds in all. If
+    fewer than ``repeats`` were quiet, the statistics use every round, and the
+    record says so.
+    """
 
     def undo_of(c: Contender) -> Callable[[], None] | None:
         return w.restore if c.kind == "clip" else None
@@ -289,21 +313,36 @@ def time_rounds(
         cap = MAX_CALLS_WITH_UNDO if c.kind == "clip" else MAX_CALLS_PER_SAMPLE
         per_sample[c.name] = max(1, min(cap, math.ceil(MIN_SAMPLE_S / max(once, 1e-9))))
 
-    elapsed: dict[str, list[float]] = {c.name: [] for c in contenders}
-    host: dict[str, list[float]] = {c.name: [] for c in contenders}
+    rounds: list[tuple[dict[str, tuple[float, float]], float | None]] = []
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
-        for r in range(repeats):
-            shift = r % len(contenders)
-            for c in contenders[shift:] + contenders[:shift]:
-                e, h = clock.time(calls[c.name], per_sample[c.name], undo_of(c))
-                elapsed[c.name].append(e)
-                host[c.name].append(h)
+        quiet = 0
+        while quiet < repeats and len(rounds) < ROUND_BUDGET * repeats:
+            shift = len(rounds) % len(contenders)
+            meter = LoadMeter()
+            samples = {
+                c.name: clock.time(calls[c.name], per_sample[c.name], undo_of(c))
+                for c in contenders[shift:] + contenders[:shift]
+            }
+            load = meter.stop()
+            busy = None if load is None else load["other_cores_busy"]
+            rounds.append((samples, busy))
+            quiet += busy is None or busy <= QUIET_CORES
     finally:
         if gc_was_enabled:
             gc.enable()
-    return elapsed, host, per_sample
+    kept = [samples for samples, busy in rounds if busy is None or busy <= QUIET_CORES]
+    if len(kept) < repeats:
+        kept = [samples for samples, _ in rounds]
+    return Timings(
+        elapsed={c.name: [k[c.name][0] for k in kept] for c in contenders},
+        host={c.name: [k[c.name][1] for k in kept] for c in contenders},
+        calls_per_sample=per_sample,
+        rounds=len(rounds),
+        kept=len(kept),
+        others_busy=[busy for _, busy in rounds],
+    )
 
 
 # ----------------------------------------------------------------------------
@@ -365,9 +404,15 @@ def run_workload(
         checked = check(contenders, w, calls)
         live = [c for c in contenders if c.name not in checked.dropped]
         load = LoadMeter()
-        elapsed, host, per_sample = time_rounds(live, w, calls, Clock(device), repeats, warmup)
-        record = _record(workload, w, live, elapsed, host, per_sample, checked, quick)
+        timings = time_rounds(live, w, calls, Clock(device), repeats, warmup)
+        record = _record(workload, w, live, timings, checked, quick)
         record["load"] = load.stop()
+        record["rounds"] = {
+            "timed": timings.rounds,
+            "kept": timings.kept,
+            "quiet_cores": QUIET_CORES,
+            "others_busy": timings.others_busy,
+        }
         record["dtype"] = dtype_name or str(dtype).replace("torch.", "")
         record["skipped"] = {**(skipped or {}), **checked.dropped}
         return record
@@ -382,12 +427,11 @@ def _record(
     workload: Workload,
     w: Prepared,
     contenders: list[Contender],
-    elapsed: dict[str, list[float]],
-    host: dict[str, list[float]],
-    per_sample: dict[str, int],
+    timings: Timings,
     checked: Checked,
     quick: bool,
 ) -> dict[str, Any]:
+    elapsed = timings.elapsed
     stats = {name: _summary(samples) for name, samples in elapsed.items()}
     medians = {name: s["median"] for name, s in stats.items()}
     read = _roofline(contenders, medians, "read")
@@ -415,7 +459,7 @@ def _record(
                 "ms_q1": s["q1"] * 1e3,
                 "ms_q3": s["q3"] * 1e3,
                 "spread_pct": 100 * (s["q3"] - s["q1"]) / s["median"],
-                "host_us": statistics.median(host[c.name]) * 1e6,
+                "host_us": statistics.median(timings.host[c.name]) * 1e6,
                 "bytes_moved": moved,
                 "gbps": moved / s["median"] / 1e9,
                 "roofline_pct": 100 * roof / s["median"] if roof else None,
@@ -423,7 +467,7 @@ def _record(
                 "speedup": base / s["median"] if base else None,
                 "norm_error": checked.errors.get(c.name),
                 "extra_bytes": checked.extra_bytes.get(c.name),
-                "calls_per_sample": per_sample[c.name],
+                "calls_per_sample": timings.calls_per_sample[c.name],
                 "samples_ms": [round(x * 1e3, 6) for x in elapsed[c.name]],
             }
         )

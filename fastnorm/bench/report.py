@@ -30,9 +30,6 @@ import torch
 
 SCHEMA = 1
 
-# Other processes busy on this many cores (on average) make a run suspect.
-BUSY_WARNING = 0.2
-
 CSV_FIELDS = [
     "timestamp", "device", "device_name", "cores", "threads", "torch", "triton", "fastnorm", "backend",
     "workload", "dtype", "quick", "tensors", "numel", "bytes", "contender", "kind",
@@ -137,11 +134,17 @@ def headline(record: dict[str, Any]) -> str:
     if roof["read_write"]:
         parts.append(f"read+write {roof['read_write']['gbps']:.1f} GB/s ({roof['read_write']['kernel']})")
     line = "; ".join(parts)
-    load = record.get("load")
-    if load and load["other_cores_busy"] >= BUSY_WARNING:
+    rounds = record.get("rounds")
+    if rounds and rounds["timed"] > rounds["kept"]:
         line += (
-            f"\n  WARNING: other processes kept {load['other_cores_busy']:.2f} cores busy while timing: "
-            "parallel kernels waited for the scheduler; rerun on a quiet machine"
+            f"\n  ({rounds['timed'] - rounds['kept']} of {rounds['timed']} rounds dropped: other processes "
+            f"kept more than {rounds['quiet_cores']:g} cores busy)"
+        )
+    elif rounds and any(b is not None and b > rounds["quiet_cores"] for b in rounds["others_busy"]):
+        line += (
+            f"\n  WARNING: other processes kept the CPUs busy in most rounds (up to "
+            f"{max(b for b in rounds['others_busy'] if b is not None):.2f} cores): parallel kernels waited "
+            "for the scheduler; rerun on a quiet machine"
         )
     return line
 
