@@ -65,7 +65,7 @@ def test_clipping_rounds_clip_the_same_values():
     w = prepare(WORKLOADS["tiny"], torch.float32, CPU, quick=True)
     clip = C.CONTENDERS["fastnorm.clip_/clips"]
     call = clip.make(w, clip.max_norm(w))
-    harness.time_rounds([clip], w, {clip.name: call}, harness.Clock(CPU), repeats=3, warmup=1)
+    harness.time_rounds([clip], w, {clip.name: call}, harness.Clock(CPU), repeats=3, warmup=1, min_time_s=0.05)
     assert w.compare(1.0, 0.0) is None
     assert float(call()) == pytest.approx(w.ref_norm, rel=1e-5)
     assert w.compare(clip.max_norm(w) / (w.ref_norm + 1e-6), 1e-5) is None
@@ -85,7 +85,7 @@ def _time(repeats):
     w = prepare(WORKLOADS["tiny"], torch.float32, CPU, quick=True)
     chosen = [C.CONTENDERS["fastnorm.total_norm"], C.CONTENDERS["roofline.read/sum"]]
     calls = {c.name: c.make(w, c.max_norm(w)) for c in chosen}
-    return harness.time_rounds(chosen, w, calls, harness.Clock(CPU), repeats=repeats, warmup=0)
+    return harness.time_rounds(chosen, w, calls, harness.Clock(CPU), repeats=repeats, warmup=0, min_time_s=0)
 
 
 def test_rounds_disturbed_by_other_processes_are_replaced(monkeypatch):
@@ -99,6 +99,13 @@ def test_a_busy_machine_still_gives_numbers(monkeypatch):
     _fake_load(monkeypatch, [1.0] * 4)
     t = _time(repeats=2)
     assert (t.rounds, t.kept) == (4, 4)  # every round, and the record says they were busy
+
+
+def test_quick_rounds_are_repeated_to_fill_the_minimum_time():
+    w = prepare(WORKLOADS["tiny"], torch.float32, CPU, quick=True)
+    c = C.CONTENDERS["roofline.read/sum"]  # microseconds a round
+    t = harness.time_rounds([c], w, {c.name: c.make(w, None)}, harness.Clock(CPU), repeats=2, warmup=0, min_time_s=1.0)
+    assert t.rounds >= 2 * harness.MAX_ROUNDS_FACTOR  # capped at 10x the rounds asked for
 
 
 # ----------------------------------------------------------------------------
@@ -155,7 +162,9 @@ def registered():
 def test_a_wrong_contender_aborts_before_timing(registered, kind, make, message):
     broken = registered(C.Contender("broken", kind, make))
     with pytest.raises(harness.CorrectnessError, match=message):
-        harness.run_workload(WORKLOADS["tiny"], torch.float32, CPU, [broken], repeats=1, warmup=0, quick=True)
+        harness.run_workload(
+            WORKLOADS["tiny"], torch.float32, CPU, [broken], repeats=1, warmup=0, quick=True, min_time_s=0
+        )
 
 
 def test_cli_reports_a_wrong_contender(registered, tmp_path, capsys):

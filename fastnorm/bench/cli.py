@@ -31,7 +31,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--dtypes", type=_csv, default=["fp32", "bf16"], help="comma list of fp32, bf16, fp16, fp64 (default: fp32,bf16)")
     parser.add_argument("--contenders", type=_csv, help="comma list of name prefixes, e.g. fastnorm,torch.get (the roofline always runs)")
     parser.add_argument("--quick", action="store_true", help="small shapes and few repeats: a smoke run of seconds")
-    parser.add_argument("--repeats", type=int, help=f"timed rounds (default {DEFAULT_REPEATS}; {QUICK_REPEATS} with --quick)")
+    parser.add_argument("--repeats", type=int, help=f"timed rounds, at least (default {DEFAULT_REPEATS}; {QUICK_REPEATS} with --quick); quick workloads get more, to fill a second")
     parser.add_argument("--warmup", type=int, help=f"untimed rounds first (default {DEFAULT_WARMUP}; {QUICK_WARMUP} with --quick)")
     parser.add_argument("--threads", type=int, help="torch.set_num_threads (fastnorm's CPU kernels use as many)")
     parser.add_argument("--out", type=Path, default=Path("bench-results"), help="results folder (default: bench-results)")
@@ -61,7 +61,7 @@ def main(args: argparse.Namespace) -> int:
 
     from fastnorm.bench import goals, report
     from fastnorm.bench.contenders import select
-    from fastnorm.bench.harness import CorrectnessError, run_workload, too_big
+    from fastnorm.bench.harness import MIN_TIMING_S, CorrectnessError, run_workload, too_big
     from fastnorm.bench.workloads import DTYPES, WORKLOADS, defaults
 
     def fail(message: str) -> int:
@@ -127,7 +127,8 @@ def main(args: argparse.Namespace) -> int:
                 print(f"... {name} {dtype}", file=sys.stderr, flush=True)
                 record = run_workload(
                     WORKLOADS[name], DTYPES[dtype], device, contenders, repeats=repeats, warmup=warmup,
-                    quick=args.quick, skipped=skipped, dtype_name=dtype,
+                    quick=args.quick, min_time_s=0.0 if args.quick else MIN_TIMING_S,
+                    skipped=skipped, dtype_name=dtype,
                 )
                 run["workloads"].append(record)
                 print(report.table(record) + "\n", flush=True)

@@ -7,19 +7,18 @@ For each workload and dtype:
    (clipping contenders: every gradient, element by element); abort with
    :class:`CorrectnessError` before anything is timed if one is wrong. That first
    call on fresh gradients is also where the peak extra memory is measured;
-3. warm up, then find for each contender how many calls make a sample last
-   about ``MIN_SAMPLE_S`` (so that microsecond calls are not all clock);
-4. time ``repeats`` rounds; each round takes one sample of every contender,
-   the order rotating from round to round, so that the machine's noise
-   (frequency, the memory controller, interrupts) falls on all of them alike.
-   A round during which other processes kept the CPUs busy is replaced (see
-   :class:`LoadMeter`);
+3. warm up;
+4. time rounds of one call of every contender (``repeats`` of them, more for
+   quick workloads), in a new random order every round, so that the machine's
+   noise (frequency, the memory controller, interrupts) falls on all
+   of them alike. A round during which other processes kept the CPUs busy is
+   replaced (see :class:`LoadMeter`);
 5. summarize: median, min, quartiles, GB/s over the least bytes each kind must
    move, % of the roofline (the fastest plain read / read-write of the same
    bytes in the same rounds) and the speedup over the contender's baseline.
 
-On CUDA each call is timed with CUDA events (the device time, launch gaps
-included), and the host time until the call returns is kept separately; on the
+On CUDA each call is timed with CUDA events from an idle device (launches and
+kernels), and the host time until the call returns is kept separately; on the
 CPU both are the same ``perf_counter`` span.
 """
 
@@ -28,6 +27,7 @@ from __future__ import annotations
 import gc
 import math
 import os
+import random
 import statistics
 import time
 from collections.abc import Callable
@@ -43,12 +43,10 @@ from fastnorm.bench.workloads import Prepared, Workload, prepare
 # average) is replaced by another, at most ROUND_BUDGET times as many rounds.
 QUIET_CORES = 0.25
 ROUND_BUDGET = 2
-# A sample should last at least this long; microsecond calls are repeated.
-MIN_SAMPLE_S = 2e-3
-MAX_CALLS_PER_SAMPLE = 200
-# Contenders that must be undone after each call (clipping) repeat fewer
-# times: the undo is not timed but still costs wall time.
-MAX_CALLS_WITH_UNDO = 20
+# Workloads whose rounds are quick get more of them: at least this much time
+# in timed rounds, and at most MAX_ROUNDS_FACTOR times the rounds asked for.
+MIN_TIMING_S = 1.0
+MAX_ROUNDS_FACTOR = 10
 
 # How far a norm may be from the float64 reference. fastnorm accumulates in
 # float64 and returns float32 whatever the gradients' dtype. The others only
@@ -85,37 +83,31 @@ class Clock:
         if self.cuda:
             torch.cuda.synchronize(self.device)
 
-    def time(self, call: Call, calls: int, undo: Callable[[], None] | None = None) -> tuple[float, float]:
-        """Mean seconds per call over ``calls`` calls: (elapsed, host until return).
+    def time(self, call: Call, undo: Callable[[], None] | None = None) -> tuple[float, float]:
+        """Seconds one call takes: (elapsed, host until it returns).
 
-        ``undo`` runs after each call, outside the timed spans.
+        On CUDA the device is idle when the call starts, and elapsed is the
+        span between events recorded around it: launches and kernels. ``undo``
+        runs afterwards, untimed.
         """
         perf = time.perf_counter
-        host = 0.0
         if self.cuda:
-            events = [
-                (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-                for _ in range(calls)
-            ]
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             self.sync()
-            for start, end in events:
-                start.record()
-                t0 = perf()
-                call()
-                host += perf() - t0
-                end.record()
-                if undo is not None:
-                    undo()
-            self.sync()
-            elapsed = sum(start.elapsed_time(end) for start, end in events) / 1e3
-            return elapsed / calls, host / calls
-        for _ in range(calls):
+            start.record()
             t0 = perf()
             call()
-            host += perf() - t0
-            if undo is not None:
-                undo()
-        return host / calls, host / calls
+            host = perf() - t0
+            end.record()
+            self.sync()
+            elapsed = start.elapsed_time(end) / 1e3
+        else:
+            t0 = perf()
+            call()
+            elapsed = host = perf() - t0
+        if undo is not None:
+            undo()
+        return elapsed, host
 
 
 def _status_kib(field: str) -> int:
@@ -275,11 +267,10 @@ def _summary(samples: list[float]) -> dict[str, float]:
 
 @dataclass
 class Timings:
-    """Per contender, seconds per call of each kept sample; and the rounds' story."""
+    """Per contender, the seconds of each call kept; and the rounds' story."""
 
     elapsed: dict[str, list[float]]
     host: dict[str, list[float]]
-    calls_per_sample: dict[str, int]
     rounds: int  # timed
     kept: int  # used for the statistics
     others_busy: list[float | None]  # cores busy with other processes, per round
@@ -292,13 +283,17 @@ def time_rounds(
     clock: Clock,
     repeats: int,
     warmup: int,
+    min_time_s: float = MIN_TIMING_S,
 ) -> Timings:
-    """Warm-up, calibration, then rounds until ``repeats`` undisturbed ones.
+    """Warm-up, then rounds of one call of each contender, until enough quiet rounds.
 
-    A round during which other processes kept more than ``QUIET_CORES`` busy is
-    replaced by another, up to ``ROUND_BUDGET * repeats`` rounds in all. If
-    fewer than ``repeats`` were quiet, the statistics use every round, and the
-    record says so.
+    Every timed call follows the other contenders' calls, as the norm follows
+    the backward pass in a training step: no contender gets a cache warmed by
+    its own previous call. Enough means ``repeats`` rounds, or more when they
+    are quick (``min_time_s`` in all, up to ``MAX_ROUNDS_FACTOR * repeats``). A round
+    during which other processes kept more than ``QUIET_CORES`` busy is
+    replaced by another, up to ``ROUND_BUDGET`` times the rounds wanted; if too
+    few were quiet, the statistics use every round and the record says so.
     """
 
     def undo_of(c: Contender) -> Callable[[], None] | None:
@@ -306,25 +301,26 @@ def time_rounds(
 
     for _ in range(warmup):
         for c in contenders:
-            clock.time(calls[c.name], 1, undo_of(c))
-    per_sample = {}
-    for c in contenders:
-        once, _ = clock.time(calls[c.name], 1, undo_of(c))
-        cap = MAX_CALLS_WITH_UNDO if c.kind == "clip" else MAX_CALLS_PER_SAMPLE
-        per_sample[c.name] = max(1, min(cap, math.ceil(MIN_SAMPLE_S / max(once, 1e-9))))
+            clock.time(calls[c.name], undo_of(c))
 
     rounds: list[tuple[dict[str, tuple[float, float]], float | None]] = []
+    # A fresh order every round, not a rotation: with a fixed cyclic order each
+    # contender would always follow the same one, and fastnorm's variants,
+    # which walk the same parameter objects, would warm the caches for each other.
+    order = random.Random(0)
+    want = repeats
+    quiet = 0
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
-        quiet = 0
-        while quiet < repeats and len(rounds) < ROUND_BUDGET * repeats:
-            shift = len(rounds) % len(contenders)
+        while quiet < want and len(rounds) < ROUND_BUDGET * want:
+            shuffled = order.sample(contenders, len(contenders))
             meter = LoadMeter()
-            samples = {
-                c.name: clock.time(calls[c.name], per_sample[c.name], undo_of(c))
-                for c in contenders[shift:] + contenders[:shift]
-            }
+            t0 = time.perf_counter()
+            samples = {c.name: clock.time(calls[c.name], undo_of(c)) for c in shuffled}
+            if not rounds:  # the first round tells how many rounds fit in min_time_s
+                took = time.perf_counter() - t0
+                want = max(repeats, min(MAX_ROUNDS_FACTOR * repeats, math.ceil(min_time_s / took)))
             load = meter.stop()
             busy = None if load is None else load["other_cores_busy"]
             rounds.append((samples, busy))
@@ -333,12 +329,11 @@ def time_rounds(
         if gc_was_enabled:
             gc.enable()
     kept = [samples for samples, busy in rounds if busy is None or busy <= QUIET_CORES]
-    if len(kept) < repeats:
+    if len(kept) < want:
         kept = [samples for samples, _ in rounds]
     return Timings(
         elapsed={c.name: [k[c.name][0] for k in kept] for c in contenders},
         host={c.name: [k[c.name][1] for k in kept] for c in contenders},
-        calls_per_sample=per_sample,
         rounds=len(rounds),
         kept=len(kept),
         others_busy=[busy for _, busy in rounds],
@@ -394,6 +389,7 @@ def run_workload(
     repeats: int,
     warmup: int,
     quick: bool = False,
+    min_time_s: float = MIN_TIMING_S,
     skipped: dict[str, list[str]] | None = None,
     dtype_name: str | None = None,
 ) -> dict[str, Any]:
@@ -404,7 +400,7 @@ def run_workload(
         checked = check(contenders, w, calls)
         live = [c for c in contenders if c.name not in checked.dropped]
         load = LoadMeter()
-        timings = time_rounds(live, w, calls, Clock(device), repeats, warmup)
+        timings = time_rounds(live, w, calls, Clock(device), repeats, warmup, min_time_s)
         record = _record(workload, w, live, timings, checked, quick)
         record["load"] = load.stop()
         record["rounds"] = {
@@ -467,7 +463,6 @@ def _record(
                 "speedup": base / s["median"] if base else None,
                 "norm_error": checked.errors.get(c.name),
                 "extra_bytes": checked.extra_bytes.get(c.name),
-                "calls_per_sample": timings.calls_per_sample[c.name],
                 "samples_ms": [round(x * 1e3, 6) for x in elapsed[c.name]],
             }
         )
