@@ -186,7 +186,9 @@ def markdown(run: dict[str, Any]) -> str:
     env = run["environment"]
     lines = [
         f"{env['device_name']} ({env['device']}, {env['threads']} threads), torch {env['torch']}, "
-        f"fastnorm {env['fastnorm']} ({env['backend']} backend), {run['timestamp'][:10]}.",
+        f"fastnorm {env['fastnorm']} ({env['backend']} backend), {run['timestamp'][:10]}: "
+        f"`{run['command']}`. Median of interleaved rounds; GB/s over one read of the gradients, "
+        "% of the read roofline (the fastest plain torch read of the same bytes, same run).",
         "",
         "| workload | dtype | read roofline GB/s | fastnorm total_norm | torch get_total_norm | "
         "speedup | fastnorm clip_ (no clip / clips) | torch clip_grad_norm_ (no clip / clips) |",
@@ -198,7 +200,8 @@ def markdown(run: dict[str, Any]) -> str:
         if r is None:
             return "-"
         text = fmt_time(r["ms"])
-        if r["kind"] in ("norm", "clip-noop") and r["roofline_pct"] is not None:
+        # Below a megabyte the time is the per-call host cost: GB/s means nothing.
+        if record["bytes"] >= 1e6 and r["roofline_pct"] is not None:
             text += f", {r['gbps']:.3g} GB/s ({r['roofline_pct']:.0f}%)"
         return text
 
