@@ -12,7 +12,7 @@ import json
 import sys
 from collections.abc import Sequence
 
-from fastnorm import diagnosis
+from fastnorm import bench, diagnosis
 
 
 def _info(args: argparse.Namespace) -> int:
@@ -45,6 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fastnorm", description=__doc__.splitlines()[0])
     subparsers = parser.add_subparsers(dest="command", required=True)
     _add_info(subparsers)
+    bench.add_parser(subparsers)
     diagnosis.add_parser(subparsers)
     return parser
 

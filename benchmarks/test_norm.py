@@ -1,0 +1,40 @@
+"""Every contender on every workload, through pytest-benchmark."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fastnorm.bench.contenders import CONTENDERS
+from fastnorm.bench.harness import check
+
+
+def test_norm(benchmark, case, prepared_workloads) -> None:
+    workload, dtype, name = case
+    w = prepared_workloads.get(workload, dtype)
+    contender = CONTENDERS[name]
+    reasons = contender.reasons(w.device)
+    if reasons:
+        pytest.skip("; ".join(reasons))
+    call = contender.make(w, contender.max_norm(w))
+    checked = check([contender], w, {name: call})
+    if checked.dropped:
+        pytest.skip("; ".join(checked.dropped[name]))
+    benchmark.extra_info["norm_error"] = checked.errors.get(name)
+
+    timed = call
+    if w.device.type == "cuda":
+        def timed():  # the device's work, not just the launch
+            call()
+            torch.cuda.synchronize(w.device)
+
+    benchmark.group = f"{workload} {dtype}"
+    benchmark.extra_info.update(kind=contender.kind, bytes_moved=contender.bytes_moved(w), tensors=len(w.grads))
+    if contender.kind == "clip":
+        # Each round clips the original values: restore them first, untimed.
+        benchmark.pedantic(timed, setup=w.restore, rounds=20, warmup_rounds=2)
+        w.restore()
+    else:
+        benchmark(timed)
+    median = benchmark.stats.stats.median
+    benchmark.extra_info["gbps"] = contender.bytes_moved(w) / median / 1e9

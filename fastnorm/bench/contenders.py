@@ -1,0 +1,280 @@
+"""Contenders: small named callables over a prepared workload.
+
+Each contender is one way to compute (or clip) the total gradient norm. Its
+``kind`` says what it must do, which fixes three things at once:
+
+========== ============================ ==================== ======================
+kind       max_norm it is given         bytes it must move   what it is checked for
+========== ============================ ==================== ======================
+norm       -                            one read (N)         the norm
+clip-noop  ``NOOP_MAX_NORM`` (1e9)      one read (N)         the norm; no gradient
+                                                             changed, bit for bit
+clip       half the gradients' norm     N + a read and a     the norm; every
+                                        write (3N)           gradient scaled by ~0.5
+read       -                            N (flat buffer)      - (a roofline kernel)
+read-write -                            2N (flat buffer)     - (a roofline kernel)
+========== ============================ ==================== ======================
+
+The references (kinds ``read`` and ``read-write`` and the one-flat-tensor
+fastnorm row) run on ``Prepared.flat`` and are timed in the same rounds as the
+contenders, so that the roofline sees the same machine.
+
+Other modules add contenders with :func:`register_contender`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+import fastnorm
+from fastnorm.bench.workloads import Prepared
+
+KINDS = ("norm", "clip-noop", "clip", "read", "read-write")
+
+# Far above any norm of the workloads (~1): the coefficient clamps to exactly 1.
+NOOP_MAX_NORM = 1e9
+# Clipping to half the norm scales by ~0.5. Every timed call clips the same
+# values, because the gradients are restored from the flat copy after each call,
+# outside the timed region: repeated scaling would otherwise shrink them
+# geometrically into the denormals, where the CPU slows down many times over.
+CLIP_FRACTION = 0.5
+
+Call = Callable[[], Any]
+
+
+@dataclass(frozen=True)
+class Contender:
+    """One way to compute the norm.
+
+    Args:
+        name: unique; ``--contenders`` selects by prefix (``fastnorm``, ``torch.clip``).
+        kind: one of ``KINDS`` (see the module docstring).
+        make: ``make(workload, max_norm) -> call``; the call does one timed
+            operation and returns the norm (a tensor, or None for the roofline).
+        baseline: the contender whose time the speedup column divides by.
+        group: ``fastnorm``, ``torch``, ``other`` or ``reference``.
+        default_on: device types where it runs when ``--contenders`` is not given.
+        reasons: ``reasons(device) -> list[str]``, why it cannot run there.
+        optional: an exception in its correctness call skips it (with the
+            reason) instead of aborting the run: for third-party code.
+        roofline: a read (or read-write) kernel that competes for the roofline.
+    """
+
+    name: str
+    kind: str
+    make: Callable[[Prepared, float | None], Call]
+    baseline: str | None = None
+    group: str = "other"
+    default_on: tuple[str, ...] = ("cpu", "cuda")
+    reasons: Callable[[torch.device], list[str]] = field(default=lambda device: [])
+    optional: bool = False
+    roofline: bool = False
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"contender {self.name!r}: kind must be one of {KINDS}, got {self.kind!r}")
+
+    def max_norm(self, workload: Prepared) -> float | None:
+        if self.kind == "clip-noop":
+            return NOOP_MAX_NORM
+        if self.kind == "clip":
+            return CLIP_FRACTION * workload.ref_norm
+        return None
+
+    def bytes_moved(self, workload: Prepared) -> int:
+        """The least traffic the operation needs: the numerator of GB/s."""
+        return workload.nbytes * {"clip": 3, "read-write": 2}.get(self.kind, 1)
+
+
+CONTENDERS: dict[str, Contender] = {}
+
+
+def register_contender(contender: Contender, *, replace: bool = False) -> Contender:
+    """Adds a contender to ``fastnorm bench`` (and to the pytest-benchmark suites)."""
+    if contender.name in CONTENDERS and not replace:
+        raise ValueError(f"a contender named {contender.name!r} is already registered")
+    CONTENDERS[contender.name] = contender
+    return contender
+
+
+def unregister_contender(name: str) -> None:
+    CONTENDERS.pop(name, None)
+
+
+# ----------------------------------------------------------------------------
+# fastnorm
+# ----------------------------------------------------------------------------
+
+
+def _fastnorm_norm(w: Prepared, max_norm: float | None) -> Call:
+    params = w.params
+    return lambda: fastnorm.total_norm(params)
+
+
+def _fastnorm_clip(w: Prepared, max_norm: float | None) -> Call:
+    params = w.params
+    return lambda: fastnorm.clip_(params, max_norm)
+
+
+def _fastnorm_flat(w: Prepared, max_norm: float | None) -> Call:
+    flat = [w.flat]
+    return lambda: fastnorm.total_norm(flat)
+
+
+# ----------------------------------------------------------------------------
+# torch (foreach=None: torch's own choice, the foreach kernels where it supports
+# them, i.e. on CUDA; on the CPU it loops, as users get by default)
+# ----------------------------------------------------------------------------
+
+
+def _torch_norm(w: Prepared, max_norm: float | None) -> Call:
+    params = w.params
+    get_total_norm = torch.nn.utils.get_total_norm
+    # As clip_grad_norm_ does it: the list of gradients is built in the call.
+    return lambda: get_total_norm([p.grad for p in params if p.grad is not None])
+
+
+def _torch_clip(w: Prepared, max_norm: float | None) -> Call:
+    params = w.params
+    clip = torch.nn.utils.clip_grad_norm_
+    return lambda: clip(params, max_norm)
+
+
+def _loop(w: Prepared, max_norm: float | None) -> Call:
+    params = w.params
+
+    def call() -> torch.Tensor:
+        # What many training loops do. The per-tensor sums are stacked and summed
+        # once, so that a 16-bit running total does not stall.
+        return torch.stack([p.grad.pow(2).sum() for p in params if p.grad is not None]).sum().sqrt()
+
+    return call
+
+
+def _compiled_clip(w: Prepared, max_norm: float | None) -> Call:
+    params = w.params
+    clip = torch.nn.utils.clip_grad_norm_
+    return torch.compile(lambda: clip(params, max_norm))
+
+
+def _apex_reasons(device: torch.device) -> list[str]:
+    reasons = []
+    if device.type != "cuda":
+        reasons.append("apex's kernels are CUDA only")
+    if importlib.util.find_spec("amp_C") is None:
+        reasons.append("apex is not installed with its CUDA extensions (amp_C)")
+    return reasons
+
+
+def _apex_l2norm(w: Prepared, max_norm: float | None) -> Call:
+    import amp_C
+    from apex.multi_tensor_apply import multi_tensor_applier
+
+    params = w.params
+    overflow = torch.zeros(1, dtype=torch.int, device=w.device)
+    l2norm = amp_C.multi_tensor_l2norm
+    return lambda: multi_tensor_applier(
+        l2norm, overflow, [[p.grad for p in params if p.grad is not None]], False
+    )[0]
+
+
+def _compile_reasons(device: torch.device) -> list[str]:
+    import torch._dynamo
+
+    if not torch._dynamo.is_dynamo_supported():
+        return ["torch.compile is not supported on this Python or platform"]
+    return []
+
+
+# ----------------------------------------------------------------------------
+# The roofline: plain torch kernels over the flat copy of the same bytes
+# ----------------------------------------------------------------------------
+
+
+def _read(op: Callable[[torch.Tensor], Any]) -> Callable[[Prepared, float | None], Call]:
+    def make(w: Prepared, max_norm: float | None) -> Call:
+        flat = w.flat
+        return lambda: op(flat)
+
+    return make
+
+
+def _read_write(op: Callable[[torch.Tensor], Any]) -> Callable[[Prepared, float | None], Call]:
+    def make(w: Prepared, max_norm: float | None) -> Call:
+        flat = w.flat
+
+        def call() -> None:
+            op(flat)  # leaves the values as they are: the flat copy stays exact
+
+        return call
+
+    return make
+
+
+for _contender in (
+    Contender("fastnorm.total_norm", "norm", _fastnorm_norm, "torch.get_total_norm", "fastnorm"),
+    Contender("fastnorm.clip_/noop", "clip-noop", _fastnorm_clip, "torch.clip_grad_norm_/noop", "fastnorm"),
+    Contender("fastnorm.clip_/clips", "clip", _fastnorm_clip, "torch.clip_grad_norm_/clips", "fastnorm"),
+    Contender("torch.get_total_norm", "norm", _torch_norm, None, "torch"),
+    Contender("torch.clip_grad_norm_/noop", "clip-noop", _torch_clip, None, "torch"),
+    Contender("torch.clip_grad_norm_/clips", "clip", _torch_clip, None, "torch"),
+    Contender("loop.pow(2).sum()", "norm", _loop, "torch.get_total_norm", "other"),
+    Contender(
+        "compile.clip_grad_norm_/noop", "clip-noop", _compiled_clip, "torch.clip_grad_norm_/noop", "torch",
+        default_on=("cuda",), reasons=_compile_reasons, optional=True,
+    ),
+    Contender(
+        "compile.clip_grad_norm_/clips", "clip", _compiled_clip, "torch.clip_grad_norm_/clips", "torch",
+        default_on=("cuda",), reasons=_compile_reasons, optional=True,
+    ),
+    Contender(
+        "apex.multi_tensor_l2norm", "norm", _apex_l2norm, "torch.get_total_norm", "other",
+        default_on=("cuda",), reasons=_apex_reasons, optional=True,
+    ),
+    # References: the roofline, and fastnorm on one flat tensor (the multi-tensor
+    # overhead is the gap between this row and fastnorm.total_norm).
+    Contender("fastnorm.total_norm/flat", "norm", _fastnorm_flat, None, "reference"),
+    Contender("roofline.read/sum", "read", _read(torch.sum), group="reference", roofline=True),
+    Contender("roofline.read/amax", "read", _read(torch.amax), group="reference", roofline=True),
+    Contender(
+        "roofline.read/dot", "read", _read(lambda t: torch.dot(t, t)), group="reference", roofline=True
+    ),
+    Contender(
+        "roofline.read/vector_norm", "read", _read(torch.linalg.vector_norm), group="reference", roofline=True
+    ),
+    Contender(
+        "roofline.rw/mul_", "read-write", _read_write(lambda t: t.mul_(1.0)), group="reference", roofline=True
+    ),
+    Contender(
+        "roofline.rw/add_", "read-write", _read_write(lambda t: t.add_(0.0)), group="reference", roofline=True
+    ),
+):
+    register_contender(_contender)
+
+
+def select(device: torch.device, prefixes: list[str] | None = None) -> tuple[list[Contender], dict[str, list[str]]]:
+    """The contenders to run on ``device``, and why each other one does not run.
+
+    With ``prefixes``, every contender whose name starts with one of them (even
+    one not run by default there); the references always run.
+    """
+    chosen, skipped = [], {}
+    for c in CONTENDERS.values():
+        wanted = (
+            c.group == "reference"
+            or (prefixes is None and device.type in c.default_on)
+            or (prefixes is not None and any(c.name.startswith(p) for p in prefixes))
+        )
+        if not wanted:
+            continue
+        reasons = c.reasons(device)
+        if reasons:
+            skipped[c.name] = reasons
+        else:
+            chosen.append(c)
+    return chosen, skipped

@@ -1,0 +1,487 @@
+"""The harness: check every contender, then time them all, interleaved.
+
+For each workload and dtype:
+
+1. prepare the gradients (and their flat copy);
+2. call every contender once and check it against the float64 reference norm
+   (clipping contenders: every gradient, element by element); abort with
+   :class:`CorrectnessError` before anything is timed if one is wrong. That first
+   call on fresh gradients is also where the peak extra memory is measured;
+3. warm up;
+4. time rounds of one call of every contender (``repeats`` of them, more for
+   quick workloads), in a new random order every round, so that the machine's
+   noise (frequency, the memory controller, interrupts) falls on all
+   of them alike. A round during which other processes kept the CPUs busy is
+   replaced (see :class:`LoadMeter`);
+5. summarize: median, min, quartiles, GB/s over the least bytes each kind must
+   move, % of the roofline (the fastest plain read / read-write of the same
+   bytes in the same rounds) and the speedup over the contender's baseline.
+
+On CUDA each call is timed with CUDA events from an idle device (launches and
+kernels), and the host time until the call returns is kept separately; on the
+CPU both are the same ``perf_counter`` span.
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import os
+import random
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from fastnorm.bench.contenders import Call, Contender
+from fastnorm.bench.workloads import Prepared, Workload, prepare
+
+# A round during which other processes kept more cores than this busy (on
+# average) is replaced by another, at most ROUND_BUDGET times as many rounds.
+QUIET_CORES = 0.25
+ROUND_BUDGET = 2
+# Workloads whose rounds are quick get more of them: at least this much time
+# in timed rounds, and at most MAX_ROUNDS_FACTOR times the rounds asked for.
+MIN_TIMING_S = 1.0
+MAX_ROUNDS_FACTOR = 10
+
+# How far a norm may be from the float64 reference. fastnorm accumulates in
+# float64 and returns float32 whatever the gradients' dtype. The others only
+# have to be recognizably right: torch's CPU vector_norm accumulates float32
+# sequentially (0.3% off on GPT-2's 38.6M-element embedding) and returns a
+# 16-bit norm for 16-bit gradients. Each result's error is reported.
+NORM_RTOL_FASTNORM = {torch.float64: 1e-10}
+NORM_RTOL_FASTNORM_DEFAULT = 1e-4
+NORM_RTOL_OTHERS = {torch.float64: 1e-6, torch.float32: 2e-2}
+NORM_RTOL_OTHERS_DEFAULT = 5e-2
+# How far a clipped element may be from (original * the coefficient of the
+# contender's own norm): a rounding of the coefficient and of the product.
+SCALE_RTOL = {torch.float64: 1e-12, torch.float32: 1e-5}
+SCALE_RTOL_DEFAULT = 2e-2
+
+
+class CorrectnessError(RuntimeError):
+    """A contender computed a wrong norm or clipped wrongly: nothing is timed."""
+
+
+# ----------------------------------------------------------------------------
+# Clocks and memory
+# ----------------------------------------------------------------------------
+
+
+class Clock:
+    """Times calls on one device."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.cuda = device.type == "cuda"
+
+    def sync(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+
+    def time(self, call: Call, undo: Callable[[], None] | None = None) -> tuple[float, float]:
+        """Seconds one call takes: (elapsed, host until it returns).
+
+        On CUDA the device is idle when the call starts, and elapsed is the
+        span between events recorded around it: launches and kernels. ``undo``
+        runs afterwards, untimed.
+        """
+        perf = time.perf_counter
+        if self.cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            self.sync()
+            start.record()
+            t0 = perf()
+            call()
+            host = perf() - t0
+            end.record()
+            self.sync()
+            elapsed = start.elapsed_time(end) / 1e3
+        else:
+            t0 = perf()
+            call()
+            elapsed = host = perf() - t0
+        if undo is not None:
+            undo()
+        return elapsed, host
+
+
+def _status_kib(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise OSError(f"no {field} in /proc/self/status")
+
+
+def peak_extra_bytes(call: Call, device: torch.device) -> tuple[Any, int | None, str]:
+    """Runs ``call`` once; returns (its result, the peak memory it added, the method).
+
+    CUDA: the caching allocator's peak over what was allocated before. CPU: the
+    growth of the peak resident set (``VmHWM``, reset through ``clear_refs``),
+    page-grained, and blind to memory the allocator already held; None where
+    Linux's /proc does not allow it.
+    """
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        base = torch.cuda.memory_allocated(device)
+        result = call()
+        torch.cuda.synchronize(device)
+        return result, torch.cuda.max_memory_allocated(device) - base, "cuda.max_memory_allocated"
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # resets VmHWM to the current resident set
+        base = _status_kib("VmRSS")
+    except OSError:
+        return call(), None, "unavailable"
+    result = call()
+    return result, max(0, _status_kib("VmHWM") - base) * 1024, "rss-peak"
+
+
+class LoadMeter:
+    """How busy the machine's CPUs were with other processes' work, since creation.
+
+    On a small machine another process that keeps one core busy delays every
+    2-thread torch kernel by a scheduler tick (milliseconds), while a kernel
+    that hands out work dynamically (fastnorm's) barely notices: such rounds
+    would flatter fastnorm. Linux only (``/proc/stat``); None elsewhere.
+    """
+
+    def __init__(self) -> None:
+        self._start = self._snapshot()
+
+    @staticmethod
+    def _snapshot() -> tuple[float, float, float, float] | None:
+        try:
+            with open("/proc/stat") as f:
+                fields = [float(x) for x in f.readline().split()[1:]]
+        except (OSError, ValueError):
+            return None
+        ticks = os.sysconf("SC_CLK_TCK")
+        user, nice, system, _idle, _iowait, irq, softirq, steal = (fields + [0.0] * 8)[:8]
+        own = os.times()
+        return (
+            (user + nice + system + irq + softirq) / ticks,
+            steal / ticks,
+            own.user + own.system,
+            time.monotonic(),
+        )
+
+    def stop(self) -> dict[str, float] | None:
+        end = self._snapshot()
+        if self._start is None or end is None or end[3] <= self._start[3]:
+            return None
+        busy, steal, own, wall = (b - a for a, b in zip(self._start, end))
+        return {
+            "other_cores_busy": round(max(0.0, busy - own) / wall, 3),
+            "steal_cores": round(steal / wall, 3),
+        }
+
+
+# ----------------------------------------------------------------------------
+# Correctness
+# ----------------------------------------------------------------------------
+
+
+def norm_rtol(c: Contender, dtype: torch.dtype) -> float:
+    if c.group in ("fastnorm", "reference"):
+        return NORM_RTOL_FASTNORM.get(dtype, NORM_RTOL_FASTNORM_DEFAULT)
+    return NORM_RTOL_OTHERS.get(dtype, NORM_RTOL_OTHERS_DEFAULT)
+
+
+def _check(c: Contender, result: Any, w: Prepared, max_norm: float | None) -> tuple[float | None, str | None]:
+    """The relative error of the contender's first call, and why it is wrong (or None)."""
+    if c.kind in ("read", "read-write"):
+        return None, None
+    if not isinstance(result, torch.Tensor) or result.numel() != 1:
+        shape = getattr(result, "shape", "")
+        return None, f"returned {type(result).__name__} {shape}, not a one-element norm tensor"
+    got = float(result.reshape(()).item())
+    error = abs(got - w.ref_norm) / w.ref_norm if math.isfinite(got) else math.inf
+    rtol = norm_rtol(c, w.dtype)
+    if not error <= rtol:
+        return error, f"norm {got!r}, float64 reference {w.ref_norm!r} (rtol {rtol:g})"
+    if c.kind == "clip-noop":
+        return error, w.compare(1.0, 0.0)
+    if c.kind == "clip":
+        # The gradients must be scaled by the coefficient of the norm it returned.
+        coef = min(1.0, max_norm / (got + 1e-6))
+        return error, w.compare(coef, SCALE_RTOL.get(w.dtype, SCALE_RTOL_DEFAULT))
+    return error, None
+
+
+@dataclass
+class Checked:
+    """What the first calls found."""
+
+    extra_bytes: dict[str, int | None] = field(default_factory=dict)
+    errors: dict[str, float | None] = field(default_factory=dict)  # relative, of the norm
+    memory_method: str = "unavailable"
+    dropped: dict[str, list[str]] = field(default_factory=dict)  # optional ones that raised
+
+
+def check(contenders: list[Contender], w: Prepared, calls: dict[str, Call]) -> Checked:
+    """First call of each contender: correctness, error and peak extra memory.
+
+    Raises CorrectnessError on a wrong result (or an exception of a contender
+    that is not optional); optional contenders that raise are dropped.
+    """
+    out = Checked()
+    dtype = str(w.dtype).replace("torch.", "")
+    for c in contenders:
+        try:
+            result, extra, out.memory_method = peak_extra_bytes(calls[c.name], w.device)
+        except Exception as exc:
+            if not c.optional:
+                raise CorrectnessError(f"{c.name} on {w.name} {dtype}: raised {exc!r}") from exc
+            out.dropped[c.name] = [f"raised {type(exc).__name__}: {exc}"]
+            w.restore()
+            continue
+        error, wrong = _check(c, result, w, c.max_norm(w))
+        if c.kind == "clip":
+            w.restore()
+        if wrong is not None:
+            raise CorrectnessError(f"{c.name} on {w.name} {dtype}: {wrong}")
+        out.extra_bytes[c.name], out.errors[c.name] = extra, error
+    return out
+
+
+# ----------------------------------------------------------------------------
+# Timing
+# ----------------------------------------------------------------------------
+
+
+def _summary(samples: list[float]) -> dict[str, float]:
+    if len(samples) >= 2:
+        q1, _, q3 = statistics.quantiles(samples, n=4, method="inclusive")
+    else:
+        q1 = q3 = samples[0]
+    median = statistics.median(samples)
+    return {"median": median, "min": min(samples), "q1": q1, "q3": q3}
+
+
+@dataclass
+class Timings:
+    """Per contender, the seconds of each call kept; and the rounds' story."""
+
+    elapsed: dict[str, list[float]]
+    host: dict[str, list[float]]
+    rounds: int  # timed
+    kept: int  # used for the statistics
+    others_busy: list[float | None]  # cores busy with other processes, per round
+
+
+def time_rounds(
+    contenders: list[Contender],
+    w: Prepared,
+    calls: dict[str, Call],
+    clock: Clock,
+    repeats: int,
+    warmup: int,
+    min_time_s: float = MIN_TIMING_S,
+) -> Timings:
+    """Warm-up, then rounds of one call of each contender, until enough quiet rounds.
+
+    Every timed call follows the other contenders' calls, as the norm follows
+    the backward pass in a training step: no contender gets a cache warmed by
+    its own previous call. Enough means ``repeats`` rounds, or more when they
+    are quick (``min_time_s`` in all, up to ``MAX_ROUNDS_FACTOR * repeats``). A round
+    during which other processes kept more than ``QUIET_CORES`` busy is
+    replaced by another, up to ``ROUND_BUDGET`` times the rounds wanted; if too
+    few were quiet, the statistics use every round and the record says so.
+    """
+
+    def undo_of(c: Contender) -> Callable[[], None] | None:
+        return w.restore if c.kind == "clip" else None
+
+    for _ in range(warmup):
+        for c in contenders:
+            clock.time(calls[c.name], undo_of(c))
+
+    rounds: list[tuple[dict[str, tuple[float, float]], float | None]] = []
+    # A fresh order every round, not a rotation: with a fixed cyclic order each
+    # contender would always follow the same one, and fastnorm's variants,
+    # which walk the same parameter objects, would warm the caches for each other.
+    order = random.Random(0)
+    want = repeats
+    quiet = 0
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        while quiet < want and len(rounds) < ROUND_BUDGET * want:
+            shuffled = order.sample(contenders, len(contenders))
+            meter = LoadMeter()
+            t0 = time.perf_counter()
+            samples = {c.name: clock.time(calls[c.name], undo_of(c)) for c in shuffled}
+            if not rounds:  # the first round tells how many rounds fit in min_time_s
+                took = time.perf_counter() - t0
+                want = max(repeats, min(MAX_ROUNDS_FACTOR * repeats, math.ceil(min_time_s / took)))
+            load = meter.stop()
+            busy = None if load is None else load["other_cores_busy"]
+            rounds.append((samples, busy))
+            quiet += busy is None or busy <= QUIET_CORES
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+    kept = [samples for samples, busy in rounds if busy is None or busy <= QUIET_CORES]
+    if len(kept) < want:
+        kept = [samples for samples, _ in rounds]
+    return Timings(
+        elapsed={c.name: [k[c.name][0] for k in kept] for c in contenders},
+        host={c.name: [k[c.name][1] for k in kept] for c in contenders},
+        rounds=len(rounds),
+        kept=len(kept),
+        others_busy=[busy for _, busy in rounds],
+    )
+
+
+# ----------------------------------------------------------------------------
+# One workload
+# ----------------------------------------------------------------------------
+
+
+def memory_needed(workload: Workload, dtype: torch.dtype, quick: bool = False) -> int:
+    """Bytes a workload holds while it runs: the gradients and their flat copy."""
+    return 2 * workload.numel(quick) * torch.empty((), dtype=dtype).element_size()
+
+
+def memory_available(device: torch.device) -> int | None:
+    """Free device memory (CUDA) or MemAvailable (Linux); None when unknown."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def too_big(workload: Workload, dtype: torch.dtype, device: torch.device, quick: bool = False) -> str | None:
+    """Why the workload would not fit in memory (with a 20% margin), or None."""
+    need, free = memory_needed(workload, dtype, quick), memory_available(device)
+    if free is not None and need * 1.2 > free:
+        return f"needs {need / 1e9:.1f} GB for gradients and their copy, {free / 1e9:.1f} GB free on {device.type}"
+    return None
+
+
+def _roofline(contenders: list[Contender], medians: dict[str, float], kind: str) -> tuple[str, float] | None:
+    candidates = [(medians[c.name], c.name) for c in contenders if c.roofline and c.kind == kind]
+    if not candidates:
+        return None
+    seconds, name = min(candidates)
+    return name, seconds
+
+
+def run_workload(
+    workload: Workload,
+    dtype: torch.dtype,
+    device: torch.device,
+    contenders: list[Contender],
+    *,
+    repeats: int,
+    warmup: int,
+    quick: bool = False,
+    min_time_s: float = MIN_TIMING_S,
+    skipped: dict[str, list[str]] | None = None,
+    dtype_name: str | None = None,
+) -> dict[str, Any]:
+    """Checks, then times every contender on one workload; returns its JSON record."""
+    w = prepare(workload, dtype, device, quick=quick)
+    try:
+        calls = {c.name: c.make(w, c.max_norm(w)) for c in contenders}
+        checked = check(contenders, w, calls)
+        live = [c for c in contenders if c.name not in checked.dropped]
+        load = LoadMeter()
+        timings = time_rounds(live, w, calls, Clock(device), repeats, warmup, min_time_s)
+        record = _record(workload, w, live, timings, checked, quick)
+        record["load"] = load.stop()
+        record["rounds"] = {
+            "timed": timings.rounds,
+            "kept": timings.kept,
+            "quiet_cores": QUIET_CORES,
+            "others_busy": timings.others_busy,
+        }
+        record["dtype"] = dtype_name or str(dtype).replace("torch.", "")
+        record["skipped"] = {**(skipped or {}), **checked.dropped}
+        return record
+    finally:
+        del w
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+def _record(
+    workload: Workload,
+    w: Prepared,
+    contenders: list[Contender],
+    timings: Timings,
+    checked: Checked,
+    quick: bool,
+) -> dict[str, Any]:
+    elapsed = timings.elapsed
+    stats = {name: _summary(samples) for name, samples in elapsed.items()}
+    medians = {name: s["median"] for name, s in stats.items()}
+    read = _roofline(contenders, medians, "read")
+    read_write = _roofline(contenders, medians, "read-write")
+    roof_seconds = {
+        "norm": read[1] if read else None,
+        "clip-noop": read[1] if read else None,
+        "read": read[1] if read else None,
+        "read-write": read_write[1] if read_write else None,
+        "clip": read[1] + read_write[1] if read and read_write else None,
+    }
+    results = []
+    for c in contenders:
+        s = stats[c.name]
+        moved = c.bytes_moved(w)
+        roof = roof_seconds[c.kind]
+        base = medians.get(c.baseline) if c.baseline else None
+        results.append(
+            {
+                "contender": c.name,
+                "kind": c.kind,
+                "group": c.group,
+                "ms": s["median"] * 1e3,
+                "ms_min": s["min"] * 1e3,
+                "ms_q1": s["q1"] * 1e3,
+                "ms_q3": s["q3"] * 1e3,
+                "spread_pct": 100 * (s["q3"] - s["q1"]) / s["median"],
+                "host_us": statistics.median(timings.host[c.name]) * 1e6,
+                "bytes_moved": moved,
+                "gbps": moved / s["median"] / 1e9,
+                "roofline_pct": 100 * roof / s["median"] if roof else None,
+                "baseline": c.baseline if base else None,
+                "speedup": base / s["median"] if base else None,
+                "norm_error": checked.errors.get(c.name),
+                "extra_bytes": checked.extra_bytes.get(c.name),
+                "samples_ms": [round(x * 1e3, 6) for x in elapsed[c.name]],
+            }
+        )
+
+    def roof_entry(found: tuple[str, float] | None, factor: int) -> dict[str, Any] | None:
+        if found is None:
+            return None
+        name, seconds = found
+        return {"kernel": name, "ms": seconds * 1e3, "gbps": factor * w.nbytes / seconds / 1e9}
+
+    return {
+        "workload": workload.name,
+        "description": workload.description,
+        "quick": quick,
+        "tensors": len(w.grads),
+        "numel": w.numel,
+        "bytes": w.nbytes,
+        "ref_norm": w.ref_norm,
+        "memory_method": checked.memory_method,
+        "roofline": {"read": roof_entry(read, 1), "read_write": roof_entry(read_write, 2)},
+        "results": results,
+    }

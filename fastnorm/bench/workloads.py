@@ -1,0 +1,305 @@
+"""Workloads: gradient lists shaped like real models' parameter lists.
+
+A workload is a named recipe for a list of parameter shapes. ``prepare`` turns
+it into a :class:`Prepared` workload for one dtype and device: parameters whose
+``.grad`` holds fresh random data (never zeros, which the kernel may not even
+read at full cost), scaled so that the total norm is about 1, as near a usual
+clipping threshold; and a flat buffer holding an exact copy of every gradient,
+back to back, that serves three purposes: the roofline kernels read it, the
+correctness check compares against it, and a contender that clips is undone
+by copying it back.
+
+The shapes come from the architectures themselves (no model is built, so no
+memory beyond the gradients is needed); the tests check the tensor counts and
+parameter totals against the published ones.
+
+Other modules add workloads with :func:`register_workload` (a distributed
+workload, for instance, prepares DTensor gradients with its own ``build``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+from torch.nn import Parameter
+
+Shape = tuple[int, ...]
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "fp64": torch.float64}
+
+# Roughly what a reference check or a restore touches at once: small enough to
+# bound the transient memory of float64 temporaries, large enough to stay fast.
+_CHUNK = 1 << 24
+
+
+# ----------------------------------------------------------------------------
+# Shapes of real models
+# ----------------------------------------------------------------------------
+
+
+def gpt2_shapes(n_layer: int = 12, d: int = 768, vocab: int = 50257, ctx: int = 1024) -> list[Shape]:
+    """GPT-2's parameters in Hugging Face order (the LM head is tied to ``wte``)."""
+    shapes: list[Shape] = [(vocab, d), (ctx, d)]  # wte, wpe
+    for _ in range(n_layer):
+        shapes += [
+            (d,), (d,),  # ln_1
+            (d, 3 * d), (3 * d,),  # attn.c_attn (Conv1D: in x out)
+            (d, d), (d,),  # attn.c_proj
+            (d,), (d,),  # ln_2
+            (d, 4 * d), (4 * d,),  # mlp.c_fc
+            (4 * d, d), (d,),  # mlp.c_proj
+        ]
+    return shapes + [(d,), (d,)]  # ln_f
+
+
+def resnet_shapes(
+    blocks: tuple[int, ...] = (3, 4, 6, 3), width: int = 64, classes: int = 1000, in_channels: int = 3
+) -> list[Shape]:
+    """A bottleneck ResNet's parameters in torchvision's order (ResNet-50 by default)."""
+    expansion = 4
+    shapes: list[Shape] = [(width, in_channels, 7, 7), (width,), (width,)]  # conv1, bn1
+    inplanes = width
+    for stage, count in enumerate(blocks):
+        planes = width * 2**stage
+        for block in range(count):
+            shapes += [
+                (planes, inplanes, 1, 1), (planes,), (planes,),
+                (planes, planes, 3, 3), (planes,), (planes,),
+                (planes * expansion, planes, 1, 1), (planes * expansion,), (planes * expansion,),
+            ]
+            if block == 0:  # the downsample branch: a 1x1 conv and its batch norm
+                shapes += [(planes * expansion, inplanes, 1, 1), (planes * expansion,), (planes * expansion,)]
+            inplanes = planes * expansion
+    return shapes + [(classes, inplanes), (classes,)]  # fc
+
+
+def llama_shapes(
+    n_layer: int, d: int, intermediate: int, vocab: int = 32000, kv_dim: int | None = None
+) -> list[Shape]:
+    """A LLaMA-style decoder: embedding, blocks (attention, SwiGLU MLP, two RMSNorms),
+    final norm and an untied LM head, in Hugging Face order."""
+    kv = d if kv_dim is None else kv_dim
+    shapes: list[Shape] = [(vocab, d)]
+    for _ in range(n_layer):
+        shapes += [
+            (d, d), (kv, d), (kv, d), (d, d),  # q, k, v, o
+            (intermediate, d), (intermediate, d), (d, intermediate),  # gate, up, down
+            (d,), (d,),  # input and post-attention RMSNorm
+        ]
+    return shapes + [(d,), (vocab, d)]
+
+
+# ----------------------------------------------------------------------------
+# The registry
+# ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A named list of parameter shapes, at full size and at ``--quick`` size.
+
+    ``devices``: device types where it may run; ``default_on``: those where it
+    runs when ``--workloads`` is not given. ``build``, when set, replaces
+    :func:`prepare` (for gradients that are not plain tensors on one device).
+    """
+
+    name: str
+    description: str
+    full: Callable[[], list[Shape]]
+    quick: Callable[[], list[Shape]]
+    devices: tuple[str, ...] = ("cpu", "cuda")
+    default_on: tuple[str, ...] = ("cpu", "cuda")
+    build: Callable[..., Prepared] | None = None
+
+    def shapes(self, quick: bool = False) -> list[Shape]:
+        return self.quick() if quick else self.full()
+
+    def numel(self, quick: bool = False) -> int:
+        return sum(math.prod(s) for s in self.shapes(quick))
+
+    def not_supported_reasons(self, device: torch.device) -> list[str]:
+        if device.type not in self.devices:
+            return [f"{self.name} runs on {', '.join(self.devices)} only (its size is chosen for those)"]
+        return []
+
+
+WORKLOADS: dict[str, Workload] = {}
+
+
+def register_workload(workload: Workload, *, replace: bool = False) -> Workload:
+    """Adds a workload to ``fastnorm bench`` (and to the pytest-benchmark suites)."""
+    if workload.name in WORKLOADS and not replace:
+        raise ValueError(f"a workload named {workload.name!r} is already registered")
+    WORKLOADS[workload.name] = workload
+    return workload
+
+
+def defaults(device: torch.device) -> list[str]:
+    """The workloads run on ``device`` when none are named."""
+    return [w.name for w in WORKLOADS.values() if device.type in w.default_on]
+
+
+for _workload in (
+    Workload(
+        "gpt2-small",
+        "GPT-2 small: 148 tensors, 124.4M parameters",
+        gpt2_shapes,
+        lambda: gpt2_shapes(n_layer=2, d=64, vocab=1000, ctx=128),
+    ),
+    Workload(
+        "resnet50",
+        "ResNet-50: 161 tensors, 25.6M parameters, many of them small (batch norms)",
+        resnet_shapes,
+        lambda: resnet_shapes(blocks=(1, 1, 1, 1), width=8, classes=10),
+    ),
+    Workload(
+        # 18 blocks of width 1024: 297M parameters, 1.2 GB of fp32 gradients.
+        "llama-300m",
+        "LLaMA-style decoder, 18 blocks of width 1024: 165 tensors, 297M parameters",
+        lambda: llama_shapes(n_layer=18, d=1024, intermediate=2816),
+        lambda: llama_shapes(n_layer=2, d=64, intermediate=176, vocab=500),
+        default_on=("cpu",),
+    ),
+    Workload(
+        # LLaMA-2 7B's shapes: 27 GB of fp32 gradients, for GPUs only.
+        "llama-7b",
+        "LLaMA-2 7B: 291 tensors, 6.74B parameters",
+        lambda: llama_shapes(n_layer=32, d=4096, intermediate=11008),
+        lambda: llama_shapes(n_layer=2, d=128, intermediate=352, vocab=1000),
+        devices=("cuda",),
+        default_on=("cuda",),
+    ),
+    Workload(
+        "many-small",
+        "2000 tensors of 4096 elements: per-tensor overhead at moderate size",
+        lambda: [(4096,)] * 2000,
+        lambda: [(4096,)] * 100,
+    ),
+    Workload(
+        "tiny",
+        "2000 tensors of 16 elements: nearly all host cost per call",
+        lambda: [(16,)] * 2000,
+        lambda: [(16,)] * 200,
+    ),
+):
+    register_workload(_workload)
+
+
+# ----------------------------------------------------------------------------
+# A prepared workload
+# ----------------------------------------------------------------------------
+
+
+def _chunks(t: Tensor) -> Iterator[Tensor]:
+    flat = t.reshape(-1)
+    for start in range(0, flat.numel(), _CHUNK):
+        yield flat[start : start + _CHUNK]
+
+
+@dataclass
+class Prepared:
+    """Parameters with gradients on one device, and an exact flat copy of them.
+
+    ``ref_norm`` is the float64 L2 norm of the gradients as stored (after
+    rounding to ``dtype``), computed without any backend under test.
+    """
+
+    name: str
+    dtype: torch.dtype
+    device: torch.device
+    params: list[Parameter]
+    flat: Tensor
+    ref_norm: float = field(init=False)
+    _grads: list[Tensor] = field(init=False, repr=False)
+    _originals: list[Tensor] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        total = 0.0
+        for chunk in _chunks(self.flat):
+            total += float(chunk.to(torch.float64).square().sum())
+        self.ref_norm = math.sqrt(total)
+        self._grads, self._originals = [], []
+        offset = 0
+        for g in self.grads:
+            n = g.numel()
+            self._grads.append(g)
+            self._originals.append(self.flat[offset : offset + n].view(g.shape))
+            offset += n
+
+    @property
+    def grads(self) -> list[Tensor]:
+        return [p.grad for p in self.params if p.grad is not None]
+
+    @property
+    def numel(self) -> int:
+        return self.flat.numel()
+
+    @property
+    def nbytes(self) -> int:
+        return self.flat.numel() * self.flat.element_size()
+
+    def originals(self) -> Iterator[tuple[Tensor, Tensor]]:
+        """Each gradient with the view of ``flat`` that holds its original values."""
+        return zip(self._grads, self._originals)
+
+    def restore(self) -> None:
+        """Puts the original values back into every gradient (exact)."""
+        with torch.no_grad():
+            torch._foreach_copy_(self._grads, self._originals)
+
+    def compare(self, coef: float, rtol: float) -> str | None:
+        """Why the gradients are not ``coef`` times the originals (None when they are).
+
+        ``coef == 1`` asks for bitwise equality: nothing was to be written.
+        """
+        for index, (g, original) in enumerate(self.originals()):
+            if coef == 1.0:
+                if not torch.equal(g, original):
+                    return f"gradient {index} {tuple(g.shape)} changed although nothing was to be clipped"
+                continue
+            for got, orig in zip(_chunks(g), _chunks(original)):
+                want = orig.to(torch.float64) * coef
+                err = (got.to(torch.float64) - want).abs()
+                bad = err > rtol * want.abs() + 1e-30
+                if bool(bad.any()):
+                    i = int(bad.nonzero()[0, 0])
+                    return (
+                        f"gradient {index} {tuple(g.shape)}: element {float(got[i])!r} where "
+                        f"{float(want[i])!r} (= {float(orig[i])!r} * {coef:.6g}) was expected"
+                    )
+        return None
+
+
+def prepare(
+    workload: Workload, dtype: torch.dtype, device: torch.device, *, quick: bool = False, seed: int = 0
+) -> Prepared:
+    """The workload's gradients, filled with seeded normal values of total norm ~1."""
+    if workload.build is not None:
+        return workload.build(dtype=dtype, device=device, quick=quick, seed=seed)
+    reasons = workload.not_supported_reasons(device)
+    if reasons:
+        raise ValueError("; ".join(reasons))
+    shapes = workload.shapes(quick)
+    numel = sum(math.prod(s) for s in shapes)
+    scale = 1.0 / math.sqrt(numel)
+    flat = torch.empty(numel, dtype=dtype, device=device)
+    generator = torch.Generator(device=device).manual_seed(seed)
+    params = []
+    offset = 0
+    with torch.no_grad():
+        for shape in shapes:
+            n = math.prod(shape)
+            # The parameters' values are never read: a zero-stride view of one
+            # element keeps their memory out of the measurement (7B fp32 is 27 GB).
+            param = Parameter(torch.empty((), dtype=dtype, device=device).expand(shape))
+            grad = torch.randn(shape, generator=generator, device=device, dtype=torch.float32)
+            grad = grad.mul_(scale).to(dtype)
+            param.grad = grad
+            flat[offset : offset + n].copy_(grad.reshape(-1))
+            params.append(param)
+            offset += n
+    return Prepared(workload.name, dtype, device, params, flat)

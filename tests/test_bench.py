@@ -1,0 +1,318 @@
+"""fastnorm bench: the workloads' shapes, the correctness gate, the outputs.
+
+Everything runs at --quick size on the CPU, in a few seconds.
+"""
+
+import csv
+import json
+import math
+
+import pytest
+import torch
+
+from fastnorm.bench import contenders as C
+from fastnorm.bench import goals, harness, plot, report
+from fastnorm.bench.workloads import WORKLOADS, prepare
+from fastnorm.cli import main
+
+CPU = torch.device("cpu")
+
+
+# ----------------------------------------------------------------------------
+# Workloads: counted from the shapes, nothing allocated
+# ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "name, tensors, numel",
+    [
+        ("gpt2-small", 148, 124_439_808),  # Hugging Face gpt2, LM head tied
+        ("resnet50", 161, 25_557_032),  # torchvision resnet50
+        ("llama-7b", 291, 6_738_415_616),  # Llama-2-7b
+        ("llama-300m", 165, 296_784_896),
+        ("many-small", 2000, 2000 * 4096),
+        ("tiny", 2000, 2000 * 16),
+    ],
+)
+def test_workload_sizes(name, tensors, numel):
+    workload = WORKLOADS[name]
+    assert len(workload.shapes()) == tensors
+    assert workload.numel() == numel
+    quick = workload.shapes(quick=True)
+    assert 0 < sum(math.prod(s) for s in quick) < 1_000_000
+
+
+def test_llama_7b_is_gpu_only():
+    assert WORKLOADS["llama-7b"].not_supported_reasons(CPU)
+    assert "llama-7b" not in [w for w in WORKLOADS if CPU.type in WORKLOADS[w].default_on]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_prepared_gradients(dtype):
+    w = prepare(WORKLOADS["resnet50"], dtype, CPU, quick=True)
+    grads = w.grads
+    assert len(grads) == len(WORKLOADS["resnet50"].shapes(quick=True))
+    assert all(g.dtype == dtype and g.abs().sum() > 0 for g in grads)
+    assert w.flat.numel() == sum(g.numel() for g in grads)
+    expected = math.sqrt(sum(float(g.double().square().sum()) for g in grads))
+    assert w.ref_norm == pytest.approx(expected, rel=1e-12)
+    assert 0.5 < w.ref_norm < 2  # a realistic norm, near a usual clipping threshold
+    assert w.compare(1.0, 0.0) is None
+
+
+def test_clipping_rounds_clip_the_same_values():
+    """Each timed clip scales by ~0.5 and is undone: no drift toward denormals."""
+    w = prepare(WORKLOADS["tiny"], torch.float32, CPU, quick=True)
+    clip = C.CONTENDERS["fastnorm.clip_/clips"]
+    call = clip.make(w, clip.max_norm(w))
+    harness.time_rounds([clip], w, {clip.name: call}, harness.Clock(CPU), repeats=3, warmup=1, min_time_s=0.05)
+    assert w.compare(1.0, 0.0) is None
+    assert float(call()) == pytest.approx(w.ref_norm, rel=1e-5)
+    assert w.compare(clip.max_norm(w) / (w.ref_norm + 1e-6), 1e-5) is None
+
+
+def _fake_load(monkeypatch, busy):
+    values = iter(busy)
+
+    class Meter:
+        def stop(self):
+            return {"other_cores_busy": next(values), "steal_cores": 0.0}
+
+    monkeypatch.setattr(harness, "LoadMeter", Meter)
+
+
+def _time(repeats):
+    w = prepare(WORKLOADS["tiny"], torch.float32, CPU, quick=True)
+    chosen = [C.CONTENDERS["fastnorm.total_norm"], C.CONTENDERS["roofline.read/sum"]]
+    calls = {c.name: c.make(w, c.max_norm(w)) for c in chosen}
+    return harness.time_rounds(chosen, w, calls, harness.Clock(CPU), repeats=repeats, warmup=0, min_time_s=0)
+
+
+def test_rounds_disturbed_by_other_processes_are_replaced(monkeypatch):
+    _fake_load(monkeypatch, [1.0, 0.0, 0.9, 0.0, 0.1])
+    t = _time(repeats=3)
+    assert (t.rounds, t.kept) == (5, 3)
+    assert all(len(samples) == 3 for samples in t.elapsed.values())
+
+
+def test_a_busy_machine_still_gives_numbers(monkeypatch):
+    _fake_load(monkeypatch, [1.0] * 4)
+    t = _time(repeats=2)
+    assert (t.rounds, t.kept) == (4, 4)  # every round, and the record says they were busy
+
+
+def test_quick_rounds_are_repeated_to_fill_the_minimum_time():
+    w = prepare(WORKLOADS["tiny"], torch.float32, CPU, quick=True)
+    c = C.CONTENDERS["roofline.read/sum"]  # microseconds a round
+    t = harness.time_rounds([c], w, {c.name: c.make(w, None)}, harness.Clock(CPU), repeats=2, warmup=0, min_time_s=1.0)
+    assert t.rounds >= 2 * harness.MAX_ROUNDS_FACTOR  # capped at 10x the rounds asked for
+
+
+# ----------------------------------------------------------------------------
+# The correctness gate
+# ----------------------------------------------------------------------------
+
+
+def _broken_norm(w, max_norm):
+    return lambda: torch.nn.utils.get_total_norm(w.grads) * 1.05
+
+
+def _broken_clip(w, max_norm):
+    first = w.grads[0]
+
+    def call():
+        norm = torch.nn.utils.get_total_norm(w.grads)
+        first.mul_(max_norm / (norm + 1e-6))  # forgets every gradient but the first
+        return norm
+
+    return call
+
+
+def _writing_noop(w, max_norm):
+    def call():
+        norm = torch.nn.utils.get_total_norm(w.grads)
+        torch._foreach_mul_(w.grads, 0.999)  # nothing was to be clipped
+        return norm
+
+    return call
+
+
+@pytest.fixture
+def registered():
+    names = []
+
+    def register(contender):
+        C.register_contender(contender)
+        names.append(contender.name)
+        return contender
+
+    yield register
+    for name in names:
+        C.unregister_contender(name)
+
+
+@pytest.mark.parametrize(
+    "kind, make, message",
+    [
+        ("norm", _broken_norm, "reference"),
+        ("clip", _broken_clip, "gradient 1"),
+        ("clip-noop", _writing_noop, "changed although nothing was to be clipped"),
+    ],
+)
+def test_a_wrong_contender_aborts_before_timing(registered, kind, make, message):
+    broken = registered(C.Contender("broken", kind, make))
+    with pytest.raises(harness.CorrectnessError, match=message):
+        harness.run_workload(
+            WORKLOADS["tiny"], torch.float32, CPU, [broken], repeats=1, warmup=0, quick=True, min_time_s=0
+        )
+
+
+def test_cli_reports_a_wrong_contender(registered, tmp_path, capsys):
+    registered(C.Contender("broken", "norm", _broken_norm))
+    argv = ["bench", "--quick", "--workloads", "tiny", "--dtypes", "fp32", "--contenders", "broken"]
+    assert main(argv + ["--out", str(tmp_path)]) == 1
+    assert "correctness check failed" in capsys.readouterr().err
+    assert not (tmp_path / "cpu.json").exists()
+
+
+def test_the_correct_contenders_pass_in_bf16():
+    chosen, _ = C.select(CPU)
+    w = prepare(WORKLOADS["gpt2-small"], torch.bfloat16, CPU, quick=True)
+    calls = {c.name: c.make(w, c.max_norm(w)) for c in chosen}
+    checked = harness.check(chosen, w, calls)
+    assert not checked.dropped
+    assert set(checked.extra_bytes) == {c.name for c in chosen}
+    assert checked.errors["fastnorm.total_norm"] < 1e-6  # float64 accumulation, float32 result
+
+
+# ----------------------------------------------------------------------------
+# The command and its files
+# ----------------------------------------------------------------------------
+
+
+def test_bench_quick_writes_json_csv_markdown_png(tmp_path, capsys):
+    argv = ["bench", "--quick", "--workloads", "tiny,resnet50", "--dtypes", "fp32,bf16", "--repeats", "3"]
+    assert main(argv + ["--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    expected, _ = C.select(CPU)
+    names = {c.name for c in expected}
+    for name in names:
+        assert name in out
+
+    run = json.loads((tmp_path / "cpu.json").read_text())
+    assert run["environment"]["device"] == "cpu"
+    assert run["environment"]["backend"] in ("cpp", "torch")
+    assert run["environment"]["torch"] == torch.__version__
+    assert run["command"].startswith("fastnorm bench --device cpu --workloads tiny,resnet50 --dtypes fp32,bf16 --quick")
+    assert [(r["workload"], r["dtype"]) for r in run["workloads"]] == [
+        ("tiny", "fp32"), ("tiny", "bf16"), ("resnet50", "fp32"), ("resnet50", "bf16"),
+    ]
+    for record in run["workloads"]:
+        assert {r["contender"] for r in record["results"]} == names
+        assert record["roofline"]["read"]["gbps"] > 0 and record["roofline"]["read_write"]["gbps"] > 0
+        for r in record["results"]:
+            assert r["ms"] > 0 and r["gbps"] > 0 and 3 <= len(r["samples_ms"]) <= 6  # busy rounds replaced
+            assert r["ms_min"] <= r["ms"]
+        fast = next(r for r in record["results"] if r["contender"] == "fastnorm.total_norm")
+        assert fast["baseline"] == "torch.get_total_norm" and fast["speedup"] > 0
+        assert fast["roofline_pct"] > 0
+
+    with (tmp_path / "results.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 4 * len(names)
+    assert {row["device_name"] for row in rows} == {run["environment"]["device_name"]}
+    assert all(row["torch"] == torch.__version__ and row["timestamp"] for row in rows)
+
+    assert (tmp_path / "cpu.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "| tiny | fp32 |" in (tmp_path / "cpu.md").read_text()
+
+    # a second run appends to the data file, with one header
+    assert main(argv[:3] + ["tiny", "--dtypes", "fp32", "--repeats", "1", "--no-plot", "--out", str(tmp_path)]) == 0
+    with (tmp_path / "results.csv").open() as f:
+        assert len(list(csv.DictReader(f))) == 5 * len(names)
+
+
+def test_plot_redraws_from_json(tmp_path):
+    argv = ["bench", "--quick", "--workloads", "tiny", "--dtypes", "fp32", "--repeats", "1", "--warmup", "0"]
+    assert main(argv + ["--no-plot", "--out", str(tmp_path)]) == 0
+    assert plot.main([str(tmp_path / "cpu.json"), str(tmp_path / "again.png")]) == 0
+    assert (tmp_path / "again.png").stat().st_size > 1000
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--workloads", "nope"], "unknown workload"),
+        (["--dtypes", "int8"], "unknown dtype"),
+        (["--contenders", "nope"], "no contender"),
+        (["--workloads", "llama-7b"], "cuda only"),
+    ],
+)
+def test_bad_arguments(argv, message, tmp_path, capsys):
+    assert main(["bench", "--quick", "--out", str(tmp_path), *argv]) == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message without CUDA")
+def test_cuda_without_a_gpu(capsys):
+    assert main(["bench", "--device", "cuda"]) == 2
+    assert "no CUDA device" in capsys.readouterr().err
+
+
+def test_list(capsys):
+    assert main(["bench", "--list"]) == 0
+    out = capsys.readouterr().out
+    assert "gpt2-small" in out and "fastnorm.clip_/clips" in out and "apex" in out
+
+
+# ----------------------------------------------------------------------------
+# The CPU targets, on made-up numbers
+# ----------------------------------------------------------------------------
+
+
+def _record(workload, dtype, ms, read_ms=10.0, rw_ms=20.0, nbytes=500e6, extra=0):
+    results = [
+        {"contender": name, "ms": value, "group": name.split(".")[0], "extra_bytes": extra}
+        for name, value in ms.items()
+    ]
+    return {
+        "workload": workload, "dtype": dtype, "quick": False, "bytes": nbytes, "results": results,
+        "roofline": {"read": {"ms": read_ms}, "read_write": {"ms": rw_ms}},
+    }
+
+
+def test_goals():
+    fast = {"fastnorm.total_norm": 11.0, "torch.get_total_norm": 30.0, "fastnorm.clip_/noop": 11.5,
+            "fastnorm.clip_/clips": 33.0}
+    run = {
+        "environment": {"device": "cpu"},
+        "workloads": [
+            _record("gpt2-small", "fp32", fast),
+            _record("gpt2-small", "bf16", {**fast, "fastnorm.total_norm": 12.0}, extra=100e6),
+        ],
+    }
+    by_goal = {(g["dtype"], g["goal"]): g for g in goals.evaluate(run)}
+    assert by_goal[("fp32", "total_norm / read roofline")]["pass"]  # 10/11 = 0.91
+    assert by_goal[("fp32", "speedup over torch.get_total_norm")]["pass"]  # 2.7x
+    assert by_goal[("fp32", "clip_ (no clip) / total_norm")]["pass"]
+    assert by_goal[("fp32", "clip_ (clips) / (total_norm + read-write roofline)")]["pass"]  # 33/31
+    assert not by_goal[("bf16", "bf16 / fp32 elements per second")]["pass"]  # 11/12
+    assert not by_goal[("bf16", "extra memory of fastnorm.total_norm / gradient bytes")]["pass"]
+    assert "MISS" in goals.summary(list(by_goal.values()))
+    assert goals.evaluate({**run, "environment": {"device": "cuda"}}) == []
+
+
+def test_time_format():
+    assert report.fmt_time(123.4) == "123 ms"
+    assert report.fmt_time(21.23) == "21.2 ms"
+    assert report.fmt_time(0.0482) == "48.2 us"
+
+
+def test_a_workload_that_does_not_fit_is_skipped(monkeypatch, tmp_path, capsys):
+    monkeypatch.setattr(harness, "memory_available", lambda device: 1000)
+    assert harness.too_big(WORKLOADS["tiny"], torch.float32, CPU, quick=True)
+    argv = ["bench", "--quick", "--workloads", "tiny", "--dtypes", "fp32", "--no-plot", "--out", str(tmp_path)]
+    assert main(argv) == 0
+    assert "skipped tiny fp32: needs" in capsys.readouterr().out
+    run = json.loads((tmp_path / "cpu.json").read_text())
+    assert run["workloads"] == [] and run["skipped_workloads"][0]["workload"] == "tiny"
