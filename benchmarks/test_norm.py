@@ -24,12 +24,15 @@ def test_norm(benchmark, case, prepared_workloads) -> None:
 
     timed = call
     if w.device.type == "cuda":
+
         def timed():  # the device's work, not just the launch
             call()
             torch.cuda.synchronize(w.device)
 
     benchmark.group = f"{workload} {dtype}"
-    benchmark.extra_info.update(kind=contender.kind, bytes_moved=contender.bytes_moved(w), tensors=len(w.grads))
+    benchmark.extra_info.update(
+        kind=contender.kind, bytes_moved=contender.bytes_moved(w), tensors=len(w.grads)
+    )
     if contender.kind == "clip":
         # Each round clips the original values: restore them first, untimed.
         benchmark.pedantic(timed, setup=w.restore, rounds=20, warmup_rounds=2)

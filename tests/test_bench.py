@@ -65,7 +65,9 @@ def test_clipping_rounds_clip_the_same_values():
     w = prepare(WORKLOADS["tiny"], torch.float32, CPU, quick=True)
     clip = C.CONTENDERS["fastnorm.clip_/clips"]
     call = clip.make(w, clip.max_norm(w))
-    harness.time_rounds([clip], w, {clip.name: call}, harness.Clock(CPU), repeats=3, warmup=1, min_time_s=0.05)
+    harness.time_rounds(
+        [clip], w, {clip.name: call}, harness.Clock(CPU), repeats=3, warmup=1, min_time_s=0.05
+    )
     assert w.compare(1.0, 0.0) is None
     assert float(call()) == pytest.approx(w.ref_norm, rel=1e-5)
     assert w.compare(clip.max_norm(w) / (w.ref_norm + 1e-6), 1e-5) is None
@@ -104,7 +106,9 @@ def test_a_busy_machine_still_gives_numbers(monkeypatch):
 def test_quick_rounds_are_repeated_to_fill_the_minimum_time():
     w = prepare(WORKLOADS["tiny"], torch.float32, CPU, quick=True)
     c = C.CONTENDERS["roofline.read/sum"]  # microseconds a round
-    t = harness.time_rounds([c], w, {c.name: c.make(w, None)}, harness.Clock(CPU), repeats=2, warmup=0, min_time_s=1.0)
+    t = harness.time_rounds(
+        [c], w, {c.name: c.make(w, None)}, harness.Clock(CPU), repeats=2, warmup=0, min_time_s=1.0
+    )
     assert t.rounds >= 2 * harness.MAX_ROUNDS_FACTOR  # capped at 10x the rounds asked for
 
 
@@ -203,9 +207,14 @@ def test_bench_quick_writes_json_csv_markdown_png(tmp_path, capsys):
     assert run["environment"]["device"] == "cpu"
     assert run["environment"]["backend"] in ("cpp", "torch")
     assert run["environment"]["torch"] == torch.__version__
-    assert run["command"].startswith("fastnorm bench --device cpu --workloads tiny,resnet50 --dtypes fp32,bf16 --quick")
+    assert run["command"].startswith(
+        "fastnorm bench --device cpu --workloads tiny,resnet50 --dtypes fp32,bf16 --quick"
+    )
     assert [(r["workload"], r["dtype"]) for r in run["workloads"]] == [
-        ("tiny", "fp32"), ("tiny", "bf16"), ("resnet50", "fp32"), ("resnet50", "bf16"),
+        ("tiny", "fp32"),
+        ("tiny", "bf16"),
+        ("resnet50", "fp32"),
+        ("resnet50", "bf16"),
     ]
     for record in run["workloads"]:
         assert {r["contender"] for r in record["results"]} == names
@@ -227,7 +236,10 @@ def test_bench_quick_writes_json_csv_markdown_png(tmp_path, capsys):
     assert "| tiny | fp32 |" in (tmp_path / "cpu.md").read_text()
 
     # a second run appends to the data file, with one header
-    assert main(argv[:3] + ["tiny", "--dtypes", "fp32", "--repeats", "1", "--no-plot", "--out", str(tmp_path)]) == 0
+    assert (
+        main(argv[:3] + ["tiny", "--dtypes", "fp32", "--repeats", "1", "--no-plot", "--out", str(tmp_path)])
+        == 0
+    )
     with (tmp_path / "results.csv").open() as f:
         assert len(list(csv.DictReader(f))) == 5 * len(names)
 
@@ -276,14 +288,22 @@ def _record(workload, dtype, ms, read_ms=10.0, rw_ms=20.0, nbytes=500e6, extra=0
         for name, value in ms.items()
     ]
     return {
-        "workload": workload, "dtype": dtype, "quick": False, "bytes": nbytes, "results": results,
+        "workload": workload,
+        "dtype": dtype,
+        "quick": False,
+        "bytes": nbytes,
+        "results": results,
         "roofline": {"read": {"ms": read_ms}, "read_write": {"ms": rw_ms}},
     }
 
 
 def test_goals():
-    fast = {"fastnorm.total_norm": 11.0, "torch.get_total_norm": 30.0, "fastnorm.clip_/noop": 11.5,
-            "fastnorm.clip_/clips": 33.0}
+    fast = {
+        "fastnorm.total_norm": 11.0,
+        "torch.get_total_norm": 30.0,
+        "fastnorm.clip_/noop": 11.5,
+        "fastnorm.clip_/clips": 33.0,
+    }
     run = {
         "environment": {"device": "cpu"},
         "workloads": [
@@ -311,7 +331,17 @@ def test_time_format():
 def test_a_workload_that_does_not_fit_is_skipped(monkeypatch, tmp_path, capsys):
     monkeypatch.setattr(harness, "memory_available", lambda device: 1000)
     assert harness.too_big(WORKLOADS["tiny"], torch.float32, CPU, quick=True)
-    argv = ["bench", "--quick", "--workloads", "tiny", "--dtypes", "fp32", "--no-plot", "--out", str(tmp_path)]
+    argv = [
+        "bench",
+        "--quick",
+        "--workloads",
+        "tiny",
+        "--dtypes",
+        "fp32",
+        "--no-plot",
+        "--out",
+        str(tmp_path),
+    ]
     assert main(argv) == 0
     assert "skipped tiny fp32: needs" in capsys.readouterr().out
     run = json.loads((tmp_path / "cpu.json").read_text())

@@ -27,14 +27,40 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         ),
     )
     parser.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda when present, else cpu")
-    parser.add_argument("--workloads", type=_csv, help="comma list (default: the device's defaults; see --list)")
-    parser.add_argument("--dtypes", type=_csv, default=["fp32", "bf16"], help="comma list of fp32, bf16, fp16, fp64 (default: fp32,bf16)")
-    parser.add_argument("--contenders", type=_csv, help="comma list of name prefixes, e.g. fastnorm,torch.get (the roofline always runs)")
-    parser.add_argument("--quick", action="store_true", help="small shapes and few repeats: a smoke run of seconds")
-    parser.add_argument("--repeats", type=int, help=f"timed rounds, at least (default {DEFAULT_REPEATS}; {QUICK_REPEATS} with --quick); quick workloads get more, to fill a second")
-    parser.add_argument("--warmup", type=int, help=f"untimed rounds first (default {DEFAULT_WARMUP}; {QUICK_WARMUP} with --quick)")
-    parser.add_argument("--threads", type=int, help="torch.set_num_threads (fastnorm's CPU kernels use as many)")
-    parser.add_argument("--out", type=Path, default=Path("bench-results"), help="results folder (default: bench-results)")
+    parser.add_argument(
+        "--workloads", type=_csv, help="comma list (default: the device's defaults; see --list)"
+    )
+    parser.add_argument(
+        "--dtypes",
+        type=_csv,
+        default=["fp32", "bf16"],
+        help="comma list of fp32, bf16, fp16, fp64 (default: fp32,bf16)",
+    )
+    parser.add_argument(
+        "--contenders",
+        type=_csv,
+        help="comma list of name prefixes, e.g. fastnorm,torch.get (the roofline always runs)",
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="small shapes and few repeats: a smoke run of seconds"
+    )
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        help=f"timed rounds, at least (default {DEFAULT_REPEATS}; {QUICK_REPEATS} with --quick); "
+        "quick workloads get more, to fill a second",
+    )
+    parser.add_argument(
+        "--warmup",
+        type=int,
+        help=f"untimed rounds first (default {DEFAULT_WARMUP}; {QUICK_WARMUP} with --quick)",
+    )
+    parser.add_argument(
+        "--threads", type=int, help="torch.set_num_threads (fastnorm's CPU kernels use as many)"
+    )
+    parser.add_argument(
+        "--out", type=Path, default=Path("bench-results"), help="results folder (default: bench-results)"
+    )
     parser.add_argument("--no-plot", action="store_true", help="do not draw the PNG")
     parser.add_argument("--list", action="store_true", help="list the workloads and contenders, and exit")
     parser.set_defaults(func=main)
@@ -52,7 +78,9 @@ def _list(device: Any) -> int:
     for c in CONTENDERS.values():
         mark = "*" if device.type in c.default_on else " "
         reasons = c.reasons(device)
-        print(f" {mark} {c.name:32s} {c.kind:10s}" + (f" unavailable: {'; '.join(reasons)}" if reasons else ""))
+        print(
+            f" {mark} {c.name:32s} {c.kind:10s}" + (f" unavailable: {'; '.join(reasons)}" if reasons else "")
+        )
     return 0
 
 
@@ -100,12 +128,21 @@ def main(args: argparse.Namespace) -> int:
         return fail(f"no contender matches {args.contenders} on {device.type}")
 
     settings = {
-        "device": str(device), "workloads": names, "dtypes": args.dtypes, "quick": args.quick,
-        "repeats": repeats, "warmup": warmup, "contenders": [c.name for c in contenders],
+        "device": str(device),
+        "workloads": names,
+        "dtypes": args.dtypes,
+        "quick": args.quick,
+        "repeats": repeats,
+        "warmup": warmup,
+        "contenders": [c.name for c in contenders],
     }
     command = " ".join(
-        ["fastnorm bench", f"--device {device.type}", f"--workloads {','.join(names)}",
-         f"--dtypes {','.join(args.dtypes)}"]
+        [
+            "fastnorm bench",
+            f"--device {device.type}",
+            f"--workloads {','.join(names)}",
+            f"--dtypes {','.join(args.dtypes)}",
+        ]
         + ([f"--contenders {','.join(args.contenders)}"] if args.contenders else [])
         + (["--quick"] if args.quick else [])
         + [f"--repeats {repeats}", f"--warmup {warmup}", f"--threads {torch.get_num_threads()}"]
@@ -113,7 +150,8 @@ def main(args: argparse.Namespace) -> int:
     run = report.new_run(device, settings, command)
     env = run["environment"]
     print(
-        f"fastnorm {env['fastnorm']} ({env['backend']} backend), torch {env['torch']}, on {env['device_name']}, "
+        f"fastnorm {env['fastnorm']} ({env['backend']} backend), torch {env['torch']}, "
+        f"on {env['device_name']}, "
         f"{env['threads']} threads; {repeats} interleaved rounds after {warmup} warm-up, medians\n"
     )
     try:
@@ -126,9 +164,16 @@ def main(args: argparse.Namespace) -> int:
                     continue
                 print(f"... {name} {dtype}", file=sys.stderr, flush=True)
                 record = run_workload(
-                    WORKLOADS[name], DTYPES[dtype], device, contenders, repeats=repeats, warmup=warmup,
-                    quick=args.quick, min_time_s=0.0 if args.quick else MIN_TIMING_S,
-                    skipped=skipped, dtype_name=dtype,
+                    WORKLOADS[name],
+                    DTYPES[dtype],
+                    device,
+                    contenders,
+                    repeats=repeats,
+                    warmup=warmup,
+                    quick=args.quick,
+                    min_time_s=0.0 if args.quick else MIN_TIMING_S,
+                    skipped=skipped,
+                    dtype_name=dtype,
                 )
                 run["workloads"].append(record)
                 print(report.table(record) + "\n", flush=True)

@@ -225,16 +225,34 @@ for _contender in (
     Contender("torch.clip_grad_norm_/clips", "clip", _torch_clip, None, "torch"),
     Contender("loop.pow(2).sum()", "norm", _loop, "torch.get_total_norm", "other"),
     Contender(
-        "compile.clip_grad_norm_/noop", "clip-noop", _compiled_clip, "torch.clip_grad_norm_/noop", "torch",
-        default_on=("cuda",), reasons=_compile_reasons, optional=True,
+        "compile.clip_grad_norm_/noop",
+        "clip-noop",
+        _compiled_clip,
+        "torch.clip_grad_norm_/noop",
+        "torch",
+        default_on=("cuda",),
+        reasons=_compile_reasons,
+        optional=True,
     ),
     Contender(
-        "compile.clip_grad_norm_/clips", "clip", _compiled_clip, "torch.clip_grad_norm_/clips", "torch",
-        default_on=("cuda",), reasons=_compile_reasons, optional=True,
+        "compile.clip_grad_norm_/clips",
+        "clip",
+        _compiled_clip,
+        "torch.clip_grad_norm_/clips",
+        "torch",
+        default_on=("cuda",),
+        reasons=_compile_reasons,
+        optional=True,
     ),
     Contender(
-        "apex.multi_tensor_l2norm", "norm", _apex_l2norm, "torch.get_total_norm", "other",
-        default_on=("cuda",), reasons=_apex_reasons, optional=True,
+        "apex.multi_tensor_l2norm",
+        "norm",
+        _apex_l2norm,
+        "torch.get_total_norm",
+        "other",
+        default_on=("cuda",),
+        reasons=_apex_reasons,
+        optional=True,
     ),
     # References: the roofline, and fastnorm on one flat tensor (the multi-tensor
     # overhead is the gap between this row and fastnorm.total_norm).
@@ -257,7 +275,9 @@ for _contender in (
     register_contender(_contender)
 
 
-def select(device: torch.device, prefixes: list[str] | None = None) -> tuple[list[Contender], dict[str, list[str]]]:
+def select(
+    device: torch.device, prefixes: list[str] | None = None
+) -> tuple[list[Contender], dict[str, list[str]]]:
     """The contenders to run on ``device``, and why each other one does not run.
 
     With ``prefixes``, every contender whose name starts with one of them (even

@@ -60,15 +60,21 @@ def _per_record(record: Record) -> Iterator[Record]:
     rw = record["roofline"]["read_write"]
     if clips is not None and rw:
         yield _goal(
-            "clip_ (clips) / (total_norm + read-write roofline)", record, clips / (norm + rw["ms"]),
-            CLIP_OVERHEAD, False,
+            "clip_ (clips) / (total_norm + read-write roofline)",
+            record,
+            clips / (norm + rw["ms"]),
+            CLIP_OVERHEAD,
+            False,
         )
     if record["bytes"] >= EXTRA_MEMORY_MIN_BYTES:
         for r in record["results"]:
             if r["group"] == "fastnorm" and r["extra_bytes"] is not None:
                 yield _goal(
-                    f"extra memory of {r['contender']} / gradient bytes", record,
-                    r["extra_bytes"] / record["bytes"], EXTRA_MEMORY_FRACTION, False,
+                    f"extra memory of {r['contender']} / gradient bytes",
+                    record,
+                    r["extra_bytes"] / record["bytes"],
+                    EXTRA_MEMORY_FRACTION,
+                    False,
                 )
 
 

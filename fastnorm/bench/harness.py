@@ -368,7 +368,8 @@ def too_big(workload: Workload, dtype: torch.dtype, device: torch.device, quick:
     """Why the workload would not fit in memory (with a 20% margin), or None."""
     need, free = memory_needed(workload, dtype, quick), memory_available(device)
     if free is not None and need * 1.2 > free:
-        return f"needs {need / 1e9:.1f} GB for gradients and their copy, {free / 1e9:.1f} GB free on {device.type}"
+        have = f"{free / 1e9:.1f} GB free on {device.type}"
+        return f"needs {need / 1e9:.1f} GB for gradients and their copy, {have}"
     return None
 
 

@@ -16,7 +16,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-COLORS = {"fastnorm": ("#1b5e20", "#43a047", "#a5d6a7"), "torch": ("#b71c1c", "#e53935", "#ef9a9a", "#ffcdd2")}
+COLORS = {
+    "fastnorm": ("#1b5e20", "#43a047", "#a5d6a7"),
+    "torch": ("#b71c1c", "#e53935", "#ef9a9a", "#ffcdd2"),
+}
 OTHER = ("#1565c0", "#64b5f6", "#90a4ae")
 
 
@@ -58,19 +61,36 @@ def draw(run: dict[str, Any], path: Path) -> Path:
             if r is None:
                 continue
             ax.bar(
-                x - 0.4 + (i + 0.5) * width, r["gbps"], width, color=colors[name],
+                x - 0.4 + (i + 0.5) * width,
+                r["gbps"],
+                width,
+                color=colors[name],
                 label=None if name in labeled else name,
             )
             labeled.add(name)
         read, rw = rec["roofline"]["read"], rec["roofline"]["read_write"]
         if read:
-            ax.hlines(read["gbps"], x - 0.45, x + 0.45, colors="black", linestyles="--", linewidth=2,
-                      label=None if "roof" in labeled else "read roofline (fastest plain read)")
+            ax.hlines(
+                read["gbps"],
+                x - 0.45,
+                x + 0.45,
+                colors="black",
+                linestyles="--",
+                linewidth=2,
+                label=None if "roof" in labeled else "read roofline (fastest plain read)",
+            )
             labeled.add("roof")
         if read and rw:
             clip_gbps = 3 * rec["bytes"] / (read["ms"] + rw["ms"]) / 1e6
-            ax.hlines(clip_gbps, x - 0.45, x + 0.45, colors="dimgray", linestyles=":", linewidth=2,
-                      label=None if "cliproof" in labeled else "clip roofline (read + read-write)")
+            ax.hlines(
+                clip_gbps,
+                x - 0.45,
+                x + 0.45,
+                colors="dimgray",
+                linestyles=":",
+                linewidth=2,
+                label=None if "cliproof" in labeled else "clip roofline (read + read-write)",
+            )
             labeled.add("cliproof")
     ax.set_xticks(range(len(records)), [f"{r['workload']}\n{r['dtype']}" for r in records])
     ax.set_yscale("log")
@@ -78,7 +98,8 @@ def draw(run: dict[str, Any], path: Path) -> Path:
     env = run["environment"]
     ax.set_title(
         f"fastnorm {env['fastnorm']} vs torch {env['torch']} on {env['device_name']} "
-        f"({env['device']}, {env['threads']} threads)", fontsize=10,
+        f"({env['device']}, {env['threads']} threads)",
+        fontsize=10,
     )
     ax.grid(axis="y", which="both", alpha=0.3)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))

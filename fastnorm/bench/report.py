@@ -31,10 +31,34 @@ import torch
 SCHEMA = 1
 
 CSV_FIELDS = [
-    "timestamp", "device", "device_name", "cores", "threads", "torch", "triton", "fastnorm", "backend",
-    "workload", "dtype", "quick", "tensors", "numel", "bytes", "contender", "kind",
-    "ms", "ms_min", "spread_pct", "host_us", "gbps", "roofline_pct", "roofline_read_gbps",
-    "roofline_read_kernel", "speedup", "baseline", "extra_bytes",
+    "timestamp",
+    "device",
+    "device_name",
+    "cores",
+    "threads",
+    "torch",
+    "triton",
+    "fastnorm",
+    "backend",
+    "workload",
+    "dtype",
+    "quick",
+    "tensors",
+    "numel",
+    "bytes",
+    "contender",
+    "kind",
+    "ms",
+    "ms_min",
+    "spread_pct",
+    "host_us",
+    "gbps",
+    "roofline_pct",
+    "roofline_read_gbps",
+    "roofline_read_kernel",
+    "speedup",
+    "baseline",
+    "extra_bytes",
 ]
 
 

@@ -46,12 +46,18 @@ def gpt2_shapes(n_layer: int = 12, d: int = 768, vocab: int = 50257, ctx: int = 
     shapes: list[Shape] = [(vocab, d), (ctx, d)]  # wte, wpe
     for _ in range(n_layer):
         shapes += [
-            (d,), (d,),  # ln_1
-            (d, 3 * d), (3 * d,),  # attn.c_attn (Conv1D: in x out)
-            (d, d), (d,),  # attn.c_proj
-            (d,), (d,),  # ln_2
-            (d, 4 * d), (4 * d,),  # mlp.c_fc
-            (4 * d, d), (d,),  # mlp.c_proj
+            (d,),
+            (d,),  # ln_1
+            (d, 3 * d),
+            (3 * d,),  # attn.c_attn (Conv1D: in x out)
+            (d, d),
+            (d,),  # attn.c_proj
+            (d,),
+            (d,),  # ln_2
+            (d, 4 * d),
+            (4 * d,),  # mlp.c_fc
+            (4 * d, d),
+            (d,),  # mlp.c_proj
         ]
     return shapes + [(d,), (d,)]  # ln_f
 
@@ -67,9 +73,15 @@ def resnet_shapes(
         planes = width * 2**stage
         for block in range(count):
             shapes += [
-                (planes, inplanes, 1, 1), (planes,), (planes,),
-                (planes, planes, 3, 3), (planes,), (planes,),
-                (planes * expansion, planes, 1, 1), (planes * expansion,), (planes * expansion,),
+                (planes, inplanes, 1, 1),
+                (planes,),
+                (planes,),
+                (planes, planes, 3, 3),
+                (planes,),
+                (planes,),
+                (planes * expansion, planes, 1, 1),
+                (planes * expansion,),
+                (planes * expansion,),
             ]
             if block == 0:  # the downsample branch: a 1x1 conv and its batch norm
                 shapes += [(planes * expansion, inplanes, 1, 1), (planes * expansion,), (planes * expansion,)]
@@ -86,9 +98,15 @@ def llama_shapes(
     shapes: list[Shape] = [(vocab, d)]
     for _ in range(n_layer):
         shapes += [
-            (d, d), (kv, d), (kv, d), (d, d),  # q, k, v, o
-            (intermediate, d), (intermediate, d), (d, intermediate),  # gate, up, down
-            (d,), (d,),  # input and post-attention RMSNorm
+            (d, d),
+            (kv, d),
+            (kv, d),
+            (d, d),  # q, k, v, o
+            (intermediate, d),
+            (intermediate, d),
+            (d, intermediate),  # gate, up, down
+            (d,),
+            (d,),  # input and post-attention RMSNorm
         ]
     return shapes + [(d,), (vocab, d)]
 
