@@ -51,6 +51,8 @@ if not _flag("FASTNORM_SKIP_CPP_BUILD"):
             depends=["csrc/convert.h", "csrc/fastnorm.h", "csrc/kernels_impl.h", "csrc/thread_pool.h"],
             cxx_std=17,
             extra_compile_args=extra_compile_args,
+            # dlopen/dlsym (in libc itself from glibc 2.34, in libdl before)
+            libraries=["dl"] if sys.platform.startswith("linux") else [],
         )
     )
 

@@ -3,6 +3,7 @@
 #include <pybind11/stl.h>
 
 #include "fastnorm.h"
+#include "thread_pool.h"
 
 namespace py = pybind11;
 using fastnorm::Plan;
@@ -28,4 +29,7 @@ PYBIND11_MODULE(_C, m) {
         py::arg("norm_is_double"), py::arg("max_norm"), py::arg("num_threads"),
         py::call_guard<py::gil_scoped_release>());
   m.def("isa", &fastnorm::isa);
+  m.def("attach_openmp", &fastnorm::ThreadPool::attach_openmp, py::arg("path"),
+        "Run parallel tasks on the threads of the OpenMP runtime loaded from `path`.");
+  m.def("uses_openmp", &fastnorm::ThreadPool::uses_openmp);
 }

@@ -5,11 +5,16 @@ All tensors of a call, whatever their dtypes, are split into tasks of about
 pool of ``torch.get_num_threads()`` threads with the GIL released, each loop
 vectorized (AVX2/FMA/F16C where the CPU has them) and accumulating in float64.
 The task split depends only on the sizes, so the result is bitwise the same for
-any thread count. ``scale_`` reads the norm, and returns without touching the
-gradients when the clip coefficient is 1.
+any thread count. The tasks run on torch's own OpenMP threads where the
+process has loaded an OpenMP runtime (Linux); a second set of threads would
+compete with them, still spinning after the last torch op, for the cores.
+``scale_`` reads the norm, and returns without touching the gradients when
+the clip coefficient is 1.
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 
@@ -33,6 +38,32 @@ TASK_BYTES = 1 << 18
 def isa() -> str | None:
     """The instruction set the kernels use here (``avx2`` or ``generic``), or None."""
     return None if _C is None else _C.isa()
+
+
+def _loaded_openmp_runtime() -> str | None:
+    """The path of the OpenMP runtime loaded in this process (torch's), if any."""
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = {line.split(maxsplit=5)[-1].strip() for line in maps if "omp" in line}
+    except OSError:  # not Linux
+        return None
+    for name in ("libgomp", "libiomp5", "libomp"):
+        for path in sorted(paths):
+            if os.path.basename(path).startswith(name):
+                return path
+    return None
+
+
+def threads_source() -> str:
+    """Whose threads run the parallel tasks: torch's OpenMP runtime, or our own pool."""
+    if _C is not None and _C.uses_openmp():
+        return f"the OpenMP runtime torch loaded ({_OPENMP})"
+    return "fastnorm's own thread pool"
+
+
+_OPENMP = None if _C is None or os.environ.get("FASTNORM_OWN_THREADS") else _loaded_openmp_runtime()
+if _OPENMP is not None and not _C.attach_openmp(_OPENMP):
+    _OPENMP = None
 
 
 class CppBackend:
