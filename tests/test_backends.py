@@ -225,3 +225,20 @@ def test_cached_clip_scales_the_current_gradients(fused):
     model(torch.randn(8, 20)).sum().backward()
     fastnorm.clip_(params, 1e-3)
     assert reference.norm(_grads(model), 2.0) == pytest.approx(1e-3, rel=1e-4)
+
+
+def test_own_pool_and_torch_openmp_threads_agree():
+    code = """
+import torch, fastnorm
+from fastnorm.backends import cpp
+g = torch.Generator().manual_seed(3)
+tensors = [torch.randn(n, generator=g) for n in (3_000_001, 65_537, 17)]
+norms = [fastnorm.total_norm(tensors, p).item() for p in (2.0, 3.0)]
+print(cpp.threads_source().split(" (")[0], *norms)
+"""
+    runs = [
+        run_python(["-c", code], FASTNORM_BACKEND="cpp", **env) for env in ({}, {"FASTNORM_OWN_THREADS": "1"})
+    ]
+    torch_threads, own = (r.stdout.split() for r in runs)
+    assert own[0] == "fastnorm's" and torch_threads[0] == "the"  # "the OpenMP runtime torch loaded"
+    assert torch_threads[-2:] == own[-2:]  # bit for bit: the task split does not depend on the threads
