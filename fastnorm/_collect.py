@@ -121,7 +121,16 @@ def collect(items: list[Any], p: float, fn: str, group: Any = None) -> Gradients
     out = Gradients()
     seen: dict[tuple[Any, ...], int] = {}
     domain_index: dict[tuple[Any, ...], int] = {}
+    # DeviceMesh's own accessors are slow (its .mesh is rebuilt on every
+    # access): one domain per (mesh, placements) per call.
+    mesh_domains: dict[tuple[int, Any], Domain] = {}
     plain = LOCAL if group is None else distributed.group_domain(group)
+
+    def dtensor_domain(t: Any, position: int) -> Domain:
+        key = (id(t.device_mesh), t.placements)
+        if key not in mesh_domains:
+            mesh_domains[key] = distributed.dtensor_domain(t, position, fn)
+        return mesh_domains[key]
 
     def domain_id(domain: Domain) -> int:
         if domain.key not in domain_index:
@@ -153,8 +162,7 @@ def collect(items: list[Any], p: float, fn: str, group: Any = None) -> Gradients
         # joins the same collectives even where a gradient is missing.
         source = grad if grad is not None else item
         if distributed.is_dtensor(source):
-            domain = domain_id(distributed.dtensor_domain(source, position, fn))
-            out.cacheable = False
+            domain = domain_id(dtensor_domain(source, position))
         else:
             domain = domain_id(plain)
         out.item_domains.append(domain)

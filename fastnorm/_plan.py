@@ -25,10 +25,11 @@ from torch.nn import Parameter
 
 from fastnorm._collect import Gradients, collect
 from fastnorm.backends import Backend, choose, requested, warn_if_slow
-from fastnorm.distributed import Domain
+from fastnorm.distributed import Domain, DTensor
 
 _get_grad = attrgetter("grad")
 _get_requires_grad = attrgetter("requires_grad")
+_get_local = attrgetter("_local_tensor")
 _data_ptr = Tensor.data_ptr
 
 
@@ -119,11 +120,14 @@ class _Entry:
     __slots__ = ("kind", "item_ids", "present", "missing", "ptrs", "plan", "alive", "refs", "__weakref__")
 
     def __init__(self, kind: str, item_ids: list[int], grads: list[Tensor | None], plan: Plan) -> None:
-        self.kind = kind  # "params": every item is a Parameter; "tensors": none requires grad
+        # "params": every item is a Parameter; "dtensor_params": every item is a
+        # DTensor parameter; "tensors": no item requires grad.
+        self.kind = kind
         self.item_ids = item_ids
         self.present = [g is not None for g in grads]
         self.missing = [i for i, g in enumerate(grads) if g is None]
-        self.ptrs = list(map(_data_ptr, compress(grads, self.present)))
+        present = compress(grads, self.present)
+        self.ptrs = list(map(_data_ptr, map(_get_local, present) if kind == "dtensor_params" else present))
         self.plan = plan
         self.alive = True
         self.refs: list[weakref.ref] = []
@@ -149,17 +153,20 @@ class _Cache:
         entry = self._entries.get(key)
         if entry is None or not entry.alive or item_ids != entry.item_ids:
             return None
-        if entry.kind == "params":
-            grads = list(map(_get_grad, items))
-            if any(grads[i] is not None for i in entry.missing):
-                return None
-        else:
+        if entry.kind == "tensors":
             if any(map(_get_requires_grad, items)):
                 return None
             grads = items
+        else:
+            grads = list(map(_get_grad, items))
+            if any(grads[i] is not None for i in entry.missing):
+                return None
         try:
-            ptrs = list(map(_data_ptr, compress(grads, entry.present)))
-        except (TypeError, RuntimeError):  # a gradient now missing, or sparse
+            present = compress(grads, entry.present)
+            if entry.kind == "dtensor_params":
+                present = map(_get_local, present)
+            ptrs = list(map(_data_ptr, present))
+        except (TypeError, RuntimeError, AttributeError):  # a gradient now missing, sparse, or not sharded
             return None
         if ptrs != entry.ptrs:
             return None
@@ -201,9 +208,12 @@ _CACHE = _Cache()
 
 
 def _kind(items: list[Any]) -> str | None:
-    """How the items may be cached: all parameters, all plain gradients, or not at all."""
+    """How the items may be cached: all parameters, all DTensor parameters (FSDP2),
+    all plain gradients, or not at all."""
     if all(type(item) is Parameter for item in items):
         return "params"
+    if items and all(type(item) is DTensor and isinstance(item, Parameter) for item in items):
+        return "dtensor_params"
     if all(type(item) is Tensor and not item.requires_grad for item in items):
         return "tensors"
     return None

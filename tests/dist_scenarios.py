@@ -157,7 +157,28 @@ def dtensor_clip_matches_torch(rank: int, world: int) -> dict:
     return {"norm": (got.item(), expected.item()), "max_grad_diff": diff}
 
 
+def cached_plan_follows_dtensor_gradients(rank: int, world: int) -> dict:
+    # The second and third calls reuse the cached plan of the same DTensor
+    # parameters; new values, then new gradient DTensors, must be seen.
+    mesh = init_device_mesh("cpu", (world,))
+    full = full_tensors(7)
+    params = []
+    for t in full:
+        param = torch.nn.Parameter(distribute_tensor(torch.zeros_like(t), mesh, [Shard(0)]))
+        param.grad = distribute_tensor(t, mesh, [Shard(0)])
+        params.append(param)
+    out = {"first": (fastnorm.total_norm(params).item(), reference.norm(full, 2.0))}
+    params[0].grad._local_tensor.mul_(3)
+    full[0] = full[0] * 3
+    out["values"] = (fastnorm.total_norm(params).item(), reference.norm(full, 2.0))
+    full[2] = torch.randn(full[2].shape, generator=torch.Generator().manual_seed(8))
+    params[2].grad = distribute_tensor(full[2], mesh, [Shard(0)])
+    out["new gradient"] = (fastnorm.total_norm(params).item(), reference.norm(full, 2.0))
+    return out
+
+
 SCENARIOS = [
+    cached_plan_follows_dtensor_gradients,
     plain_shards_with_group,
     dtensor_placements,
     two_d_mesh,

@@ -346,3 +346,29 @@ def test_a_workload_that_does_not_fit_is_skipped(monkeypatch, tmp_path, capsys):
     assert "skipped tiny fp32: needs" in capsys.readouterr().out
     run = json.loads((tmp_path / "cpu.json").read_text())
     assert run["workloads"] == [] and run["skipped_workloads"][0]["workload"] == "tiny"
+
+
+def test_distributed_workload_runs_on_two_ranks_in_lockstep(tmp_path, capsys):
+    argv = [
+        "bench",
+        "--workloads",
+        "fsdp2-gpt2",
+        "--dtypes",
+        "fp32",
+        "--quick",
+        "--no-plot",
+        "--out",
+        str(tmp_path),
+    ]
+    assert main(argv) == 0
+    (record,) = json.loads((tmp_path / "cpu.json").read_text())["workloads"]
+    assert record["ranks"] == 2 and record["workload"] == "fsdp2-gpt2"
+    names = {r["contender"] for r in record["results"]}
+    assert {"fastnorm.total_norm", "fastnorm.clip_/clips", "torch.clip_grad_norm_/noop"} <= names
+    assert "fastnorm.total_norm/flat" not in names  # one rank's flat shard is not the model's norm
+    # every rank timed the same rounds: the harness never replaced one
+    assert record["rounds"]["timed"] == record["rounds"]["kept"]
+    for r in record["results"]:
+        if r["norm_error"] is not None:
+            assert r["norm_error"] < (1e-4 if r["group"] == "fastnorm" else 2e-2)
+    capsys.readouterr()

@@ -94,3 +94,7 @@ def test_dtensor_clip_matches_torch(ranks):
         got, expected = record["norm"]
         assert got == pytest.approx(expected, rel=1e-6)
         assert record["max_grad_diff"] <= 1e-6
+
+
+def test_cached_plan_follows_dtensor_gradients(ranks):
+    _check_pairs(_scenario(ranks, "cached_plan_follows_dtensor_gradients"))

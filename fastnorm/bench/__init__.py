@@ -16,6 +16,7 @@ Other modules extend the suite through :func:`register_workload` and
 use the same registries.
 """
 
+from fastnorm.bench import distributed  # noqa: F401  (registers the distributed workloads)
 from fastnorm.bench.cli import add_parser
 from fastnorm.bench.contenders import Contender, register_contender
 from fastnorm.bench.harness import CorrectnessError, run_workload

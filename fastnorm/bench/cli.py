@@ -87,7 +87,7 @@ def _list(device: Any) -> int:
 def main(args: argparse.Namespace) -> int:
     import torch
 
-    from fastnorm.bench import goals, report
+    from fastnorm.bench import distributed, goals, report
     from fastnorm.bench.contenders import select
     from fastnorm.bench.harness import MIN_TIMING_S, CorrectnessError, run_workload, too_big
     from fastnorm.bench.workloads import DTYPES, WORKLOADS, defaults
@@ -163,11 +163,12 @@ def main(args: argparse.Namespace) -> int:
                     run["skipped_workloads"].append({"workload": name, "dtype": dtype, "reason": reason})
                     continue
                 print(f"... {name} {dtype}", file=sys.stderr, flush=True)
-                record = run_workload(
+                runner = distributed.run if WORKLOADS[name].ranks > 1 else run_workload
+                record = runner(
                     WORKLOADS[name],
-                    DTYPES[dtype],
-                    device,
-                    contenders,
+                    dtype=DTYPES[dtype],
+                    device=device,
+                    contenders=contenders,
                     repeats=repeats,
                     warmup=warmup,
                     quick=args.quick,

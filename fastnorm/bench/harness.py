@@ -284,6 +284,7 @@ def time_rounds(
     repeats: int,
     warmup: int,
     min_time_s: float = MIN_TIMING_S,
+    lockstep: bool = False,
 ) -> Timings:
     """Warm-up, then rounds of one call of each contender, until enough quiet rounds.
 
@@ -294,6 +295,9 @@ def time_rounds(
     during which other processes kept more than ``QUIET_CORES`` busy is
     replaced by another, up to ``ROUND_BUDGET`` times the rounds wanted; if too
     few were quiet, the statistics use every round and the record says so.
+
+    ``lockstep`` (ranks of a process group, whose calls include collectives):
+    exactly ``repeats`` rounds, in the same order on every rank, none replaced.
     """
 
     def undo_of(c: Contender) -> Callable[[], None] | None:
@@ -318,10 +322,10 @@ def time_rounds(
             meter = LoadMeter()
             t0 = time.perf_counter()
             samples = {c.name: clock.time(calls[c.name], undo_of(c)) for c in shuffled}
-            if not rounds:  # the first round tells how many rounds fit in min_time_s
+            if not rounds and not lockstep:  # the first round tells how many rounds fit in min_time_s
                 took = time.perf_counter() - t0
                 want = max(repeats, min(MAX_ROUNDS_FACTOR * repeats, math.ceil(min_time_s / took)))
-            load = meter.stop()
+            load = None if lockstep else meter.stop()
             busy = None if load is None else load["other_cores_busy"]
             rounds.append((samples, busy))
             quiet += busy is None or busy <= QUIET_CORES
@@ -393,15 +397,18 @@ def run_workload(
     min_time_s: float = MIN_TIMING_S,
     skipped: dict[str, list[str]] | None = None,
     dtype_name: str | None = None,
+    lockstep: bool = False,
 ) -> dict[str, Any]:
     """Checks, then times every contender on one workload; returns its JSON record."""
     w = prepare(workload, dtype, device, quick=quick)
+    if workload.contenders is not None:
+        contenders = [c for c in contenders if c.name in workload.contenders]
     try:
         calls = {c.name: c.make(w, c.max_norm(w)) for c in contenders}
         checked = check(contenders, w, calls)
         live = [c for c in contenders if c.name not in checked.dropped]
         load = LoadMeter()
-        timings = time_rounds(live, w, calls, Clock(device), repeats, warmup, min_time_s)
+        timings = time_rounds(live, w, calls, Clock(device), repeats, warmup, min_time_s, lockstep)
         record = _record(workload, w, live, timings, checked, quick)
         record["load"] = load.stop()
         record["rounds"] = {

@@ -123,6 +123,9 @@ class Workload:
     ``devices``: device types where it may run; ``default_on``: those where it
     runs when ``--workloads`` is not given. ``build``, when set, replaces
     :func:`prepare` (for gradients that are not plain tensors on one device).
+    ``ranks`` > 1: it runs on that many processes of a process group, each
+    timing the same rounds in lockstep (fastnorm/bench/distributed.py).
+    ``contenders``, when set: the only contenders that apply to it.
     """
 
     name: str
@@ -132,6 +135,8 @@ class Workload:
     devices: tuple[str, ...] = ("cpu", "cuda")
     default_on: tuple[str, ...] = ("cpu", "cuda")
     build: Callable[..., Prepared] | None = None
+    ranks: int = 1
+    contenders: tuple[str, ...] | None = None
 
     def shapes(self, quick: bool = False) -> list[Shape]:
         return self.quick() if quick else self.full()
@@ -223,7 +228,9 @@ class Prepared:
     """Parameters with gradients on one device, and an exact flat copy of them.
 
     ``ref_norm`` is the float64 L2 norm of the gradients as stored (after
-    rounding to ``dtype``), computed without any backend under test.
+    rounding to ``dtype``), computed without any backend under test. For
+    DTensor gradients, ``flat`` and the restore/compare helpers hold this
+    rank's shards, and the builder sets ``ref_norm`` to the whole model's norm.
     """
 
     name: str
@@ -243,6 +250,7 @@ class Prepared:
         self._grads, self._originals = [], []
         offset = 0
         for g in self.grads:
+            g = getattr(g, "_local_tensor", g)  # a DTensor's shard on this rank
             n = g.numel()
             self._grads.append(g)
             self._originals.append(self.flat[offset : offset + n].view(g.shape))
