@@ -208,6 +208,21 @@ for _workload in (
         lambda: [(16,)] * 2000,
         lambda: [(16,)] * 200,
     ),
+    # The host cost per call at other tensor counts (not run by default).
+    Workload(
+        "tiny-150",
+        "150 tensors of 16 elements: host cost per call",
+        lambda: [(16,)] * 150,
+        lambda: [(16,)] * 15,
+        default_on=(),
+    ),
+    Workload(
+        "tiny-10000",
+        "10000 tensors of 16 elements: host cost per call",
+        lambda: [(16,)] * 10000,
+        lambda: [(16,)] * 1000,
+        default_on=(),
+    ),
 ):
     register_workload(_workload)
 

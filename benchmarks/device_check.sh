@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# The GPU check, as one command, for a machine with a CUDA GPU where torch
+# (a CUDA build) and triton are already installed; it installs nothing.
+#
+#   bash benchmarks/device_check.sh OUTDIR
+#
+# 1. builds the C++ extension in place (CPU tensors; optional: on failure the
+#    torch backend serves them);
+# 2. runs the CUDA tests (tests/test_cuda.py and the monitor's: against the
+#    float64 oracle, no host sync under set_sync_debug_mode("error"), launch
+#    counts from torch.profiler, > 2^31 elements, CUDA graph capture and replay,
+#    torch.compile);
+# 3. runs `fastnorm bench --device cuda`: GPT-2 small, ResNet-50, LLaMA-2 7B
+#    shapes, many small and tiny tensors (fp32, bf16), and the host cost per call
+#    at 150, 2000 and 10000 tensors, against torch and apex (when installed);
+#    then torch.compile of torch's clip on GPT-2 small only (compiling is slow).
+# What comes back fits the device tool's 8 files: env.txt (with the build log),
+# cuda_tests.log, bench.log, bench/cuda.{json,md,png}, compile.log,
+# compile/cuda.json. Budget: under 8 minutes on an H200.
+set -uo pipefail
+out="${1:?usage: bash benchmarks/device_check.sh OUTDIR}"
+mkdir -p "$out"
+cd "$(dirname "$0")/.."
+export TRITON_INTERPRET=0 PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+status=0
+
+{
+  date -u
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv
+  python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__); print(torch.cuda.get_device_name())"
+  git rev-parse HEAD 2>/dev/null
+  echo "== build"
+  python3 setup.py build_ext --inplace 2>&1 | tail -5 || echo "C++ extension did not build: CPU tensors use the torch backend"
+} > "$out/env.txt" 2>&1
+head -6 "$out/env.txt"
+
+echo "== CUDA tests"
+timeout 240 python3 -m pytest tests/test_cuda.py tests/test_monitor.py -m cuda -q -p no:cacheprovider -rA \
+  > "$out/cuda_tests.log" 2>&1 || status=1
+tail -5 "$out/cuda_tests.log"
+
+echo "== fastnorm bench --device cuda"
+timeout 270 python3 -m fastnorm bench --device cuda --repeats 10 --warmup 2 --dtypes fp32,bf16 \
+  --workloads gpt2-small,resnet50,llama-7b,many-small,tiny,tiny-150,tiny-10000 \
+  --contenders fastnorm,torch,loop,roofline,apex --out "$out/bench" > "$out/bench.log" 2>&1 || status=1
+rm -f "$out/bench/results.csv"
+tail -30 "$out/bench.log"
+
+echo "== with torch.compile (GPT-2 small)"
+timeout 120 python3 -m fastnorm bench --device cuda --repeats 10 --warmup 2 --dtypes bf16 \
+  --workloads gpt2-small --no-plot --out "$out/compile" > "$out/compile.log" 2>&1 || status=1
+rm -f "$out/compile/results.csv" "$out/compile/cuda.md"
+tail -15 "$out/compile.log"
+exit $status
