@@ -169,7 +169,8 @@ FASTNORM_INLINE void reduce_as(int mode, double p, const void* ptr, int64_t n, A
         double tile_sum = 1.0;  // also the value for an inf tile: the norm is inf
         if (tile_max > 0.0 && tile_max < INFINITY) {
           tile_sum = 0.0;
-          const double inv = 1.0 / tile_max;
+          // Divided, not multiplied by 1 / tile_max: that overflows for the
+          // smallest float64 values.
           double v[kLanes];
           typename E::T padded[kLanes];
           for (int64_t i = 0; i < len; i += kLanes) {
@@ -179,7 +180,7 @@ FASTNORM_INLINE void reduce_as(int mode, double p, const void* ptr, int64_t n, A
               pad_block<E>(x + t + i, len - i, padded);
               load_block<E>(padded, v);
             }
-            for (int j = 0; j < kLanes; ++j) tile_sum += std::pow(std::fabs(v[j]) * inv, p);
+            for (int j = 0; j < kLanes; ++j) tile_sum += std::pow(std::fabs(v[j]) / tile_max, p);
           }
         }
         merge_scaled(acc, tile_max, tile_sum, p);

@@ -138,16 +138,20 @@ def collect(items: list[Any], p: float, fn: str, group: Any = None) -> Gradients
             out.domains.append(domain)
         return domain_index[domain.key]
 
-    def add(norm_t: Tensor, scale_t: Tensor, domain: int) -> int | None:
+    def add(norm_t: Tensor, scale_t: Tensor, domain: int, key: Any = None) -> int | None:
+        """Registers a tensor once; the same memory (or the same sparse tensor,
+        ``key``) given again maps to the first one: counted once, scaled once."""
         if norm_t.numel() == 0:
             return None
         dense = is_dense(norm_t) and is_dense(scale_t)
-        if dense:
-            key = (norm_t.device, norm_t.data_ptr(), norm_t.numel(), norm_t.dtype)
-            if key in seen:  # the same memory twice counts once and is scaled once
-                return seen[key]
-            seen[key] = len(out.norm)
-        else:
+        if key is None:
+            key = (norm_t.device, norm_t.data_ptr(), norm_t.dtype, norm_t.numel())
+            if not dense:  # a view with gaps: the same view, not just the same start
+                key += (tuple(norm_t.shape), norm_t.stride())
+        if key in seen:
+            return seen[key]
+        seen[key] = len(out.norm)
+        if not dense:
             out.cacheable = False
         out.norm.append(norm_t)
         out.scale.append(scale_t)
@@ -186,7 +190,7 @@ def collect(items: list[Any], p: float, fn: str, group: Any = None) -> Gradients
                 # Duplicate indices add up: the norm needs them merged; scaling does not.
                 merged = grad if grad.is_coalesced() else grad.coalesce()
                 out.scale_differs |= merged is not grad
-                slot = add(merged._values(), grad._values(), domain)
+                slot = add(merged._values(), grad._values(), domain, key=("sparse", id(grad)))
                 out.cacheable = False
             elif grad.layout in _SPARSE_COMPRESSED:
                 slot = add(grad.values(), grad.values(), domain)

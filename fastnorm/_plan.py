@@ -25,11 +25,12 @@ from torch.nn import Parameter
 
 from fastnorm._collect import Gradients, collect
 from fastnorm.backends import Backend, choose, requested, warn_if_slow
-from fastnorm.distributed import Domain, DTensor
+from fastnorm.distributed import Domain, DTensor, collective_device
 
 _get_grad = attrgetter("grad")
 _get_requires_grad = attrgetter("requires_grad")
 _get_local = attrgetter("_local_tensor")
+_get_dtype = attrgetter("dtype")
 _data_ptr = Tensor.data_ptr
 
 
@@ -100,9 +101,11 @@ def build(grads: Gradients, request: str) -> Plan:
     cacheable = grads.cacheable and all(g.backend.name != "torch" for g in norm_groups)
     device = grads.first_device
     if device is None:  # no gradient on this rank: the result lives where the collective runs
-        device = next((torch.device(d.device_type) for d in grads.domains if d.groups), torch.device("cpu"))
-        if device.type == "cuda":
-            device = torch.device("cuda", torch.cuda.current_device())
+        device = torch.device("cpu")
+        for domain in grads.domains:
+            if domain.groups:
+                device = collective_device(domain, device)
+                break
     return Plan(
         norm_groups,
         scale_groups,
@@ -116,8 +119,29 @@ def build(grads: Gradients, request: str) -> Plan:
     )
 
 
+def _signature(tensors: list[Tensor]) -> tuple[list[Any], ...]:
+    """What a plan depends on, per tensor: address, size, dtype and layout."""
+    return (
+        list(map(_data_ptr, tensors)),
+        list(map(Tensor.numel, tensors)),
+        list(map(_get_dtype, tensors)),
+        list(map(Tensor.is_contiguous, tensors)),
+    )
+
+
 class _Entry:
-    __slots__ = ("kind", "item_ids", "present", "missing", "ptrs", "plan", "alive", "refs", "__weakref__")
+    __slots__ = (
+        "kind",
+        "item_ids",
+        "present",
+        "missing",
+        "signature",
+        "layouts",
+        "plan",
+        "alive",
+        "refs",
+        "__weakref__",
+    )
 
     def __init__(self, kind: str, item_ids: list[int], grads: list[Tensor | None], plan: Plan) -> None:
         # "params": every item is a Parameter; "dtensor_params": every item is a
@@ -126,11 +150,29 @@ class _Entry:
         self.item_ids = item_ids
         self.present = [g is not None for g in grads]
         self.missing = [i for i, g in enumerate(grads) if g is None]
-        present = compress(grads, self.present)
-        self.ptrs = list(map(_data_ptr, map(_get_local, present) if kind == "dtensor_params" else present))
+        tensors = self.tensors(grads)
+        self.signature = _signature(tensors)
+        # Tensors read as flat without being contiguous (channels_last, permuted):
+        # their strides must stay the same too.
+        self.layouts = {i: (t.shape, t.stride()) for i, t in enumerate(tensors) if not t.is_contiguous()}
         self.plan = plan
         self.alive = True
         self.refs: list[weakref.ref] = []
+
+    def tensors(self, grads: list[Any]) -> list[Tensor]:
+        """The present gradients as the plan reads them (a DTensor's local shard)."""
+        present = compress(grads, self.present)
+        return list(map(_get_local, present) if self.kind == "dtensor_params" else present)
+
+    def matches(self, grads: list[Any]) -> bool:
+        """Whether the plan still describes these gradients exactly."""
+        try:
+            tensors = self.tensors(grads)
+            if _signature(tensors) != self.signature:
+                return False
+        except (TypeError, RuntimeError, AttributeError):  # a gradient now missing, sparse, or not sharded
+            return False
+        return all((tensors[i].shape, tensors[i].stride()) == layout for i, layout in self.layouts.items())
 
 
 class _Cache:
@@ -138,10 +180,10 @@ class _Cache:
     last item's id); a hit also compares every item's id (a list comparison
     costs far less than hashing a tuple of thousands of ids).
 
-    For parameters, a plan stays valid while every gradient sits at the same
-    address, even as a new tensor (``zero_grad(set_to_none=True)`` makes new
-    ones, often at the old addresses): torch ties a parameter's gradient to the
-    parameter's shape, dtype and device, and a sparse gradient has no address.
+    A plan stays valid while every gradient has the same address, size, dtype
+    and layout, also as a new tensor (``zero_grad(set_to_none=True)`` makes new
+    ones, often at the old addresses). Anything else (a resize, a new dtype at
+    the same address, a sparse or missing gradient) rebuilds it.
     """
 
     def __init__(self, size: int = 8) -> None:
@@ -161,14 +203,7 @@ class _Cache:
             grads = list(map(_get_grad, items))
             if any(grads[i] is not None for i in entry.missing):
                 return None
-        try:
-            present = compress(grads, entry.present)
-            if entry.kind == "dtensor_params":
-                present = map(_get_local, present)
-            ptrs = list(map(_data_ptr, present))
-        except (TypeError, RuntimeError, AttributeError):  # a gradient now missing, sparse, or not sharded
-            return None
-        if ptrs != entry.ptrs:
+        if not entry.matches(grads):
             return None
         with self._lock:
             if key in self._entries:

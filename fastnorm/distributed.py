@@ -71,8 +71,13 @@ def group_domain(group: Any) -> Domain:
     """The domain of plain tensors given with ``group=``."""
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError("group= needs an initialized torch.distributed process group")
-    backend = dist.get_backend(group)
-    device_type = "cuda" if str(backend).lower() == "nccl" else "cpu"
+    # "gloo", "nccl", or per device ("cpu:gloo,cuda:nccl", the default when
+    # init_process_group names no backend).
+    # Every rank must pick the same device (the backend follows it), also a
+    # rank without gradients: CUDA wherever the group can reduce there.
+    config = str(dist.get_backend_config(group)).lower()
+    cuda = torch.cuda.is_available() and ("nccl" in config or "cuda:" in config)
+    device_type = "cuda" if cuda else "cpu"
     return Domain(("group", tuple(dist.get_process_group_ranks(group))), (group,), device_type)
 
 
@@ -89,10 +94,14 @@ def local_tensor(t: Any) -> torch.Tensor:
     return t._local_tensor
 
 
-def collective_device(domain: Domain) -> torch.device:
+def collective_device(domain: Domain, gradients: torch.device) -> torch.device:
+    """Where a domain's partial is reduced: the gradients' device for a local
+    domain, else the domain's device type (the gradients' CUDA device if on CUDA)."""
+    if not domain.groups:
+        return gradients
     if domain.device_type == "cuda":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device(domain.device_type or "cpu")
+        return gradients if gradients.type == "cuda" else torch.device("cuda", torch.cuda.current_device())
+    return torch.device(domain.device_type)
 
 
 def all_reduce(partials: torch.Tensor, mode: Mode, p: float, domain: Domain) -> torch.Tensor:
@@ -104,7 +113,7 @@ def all_reduce(partials: torch.Tensor, mode: Mode, p: float, domain: Domain) -> 
     if not domain.groups:
         return partials
     if mode in (Mode.L2, Mode.L1):
-        sums = partials[:, 1].contiguous()
+        sums = partials[:, 1].clone()  # reduced in place: never into the caller's partials
         for group in domain.groups:
             dist.all_reduce(sums, op=dist.ReduceOp.SUM, group=group)
         return torch.stack([torch.zeros_like(sums), sums], 1)

@@ -51,6 +51,11 @@ def _item_gather(plan: Plan) -> list[int]:
     return [total if r is None else offsets[r[0]] + r[1] for r in plan.item_rows]
 
 
+def _in_collective_order(plan: Plan) -> list[int]:
+    """The domains' indices in an order every rank agrees on (their keys')."""
+    return sorted(range(len(plan.domains)), key=lambda i: repr(plan.domains[i].key))
+
+
 def _reduce(plan: Plan, p: float, per_item: bool = False) -> tuple[Tensor, Tensor | None]:
     """The total norm and, with ``per_item``, each item's norm (from the same pass)."""
     mode = Mode.of(p)
@@ -58,17 +63,17 @@ def _reduce(plan: Plan, p: float, per_item: bool = False) -> tuple[Tensor, Tenso
     results = [g.backend.reduce(g.state, mode, p, dtype, per_item) for g in plan.norm_groups]
 
     if len(results) == 1 and not plan.distributed:
-        total = results[0][1]  # the backend's own root: no extra launch
+        total = _to_device(results[0][1], first)  # the backend's own root: no extra launch
     elif not results and not plan.distributed:
-        total = torch.zeros((), dtype=torch.float32, device=first)
+        total = torch.zeros((), dtype=dtype, device=first)
     else:
         per_domain: list[list[Tensor]] = [[] for _ in plan.domains]
         for g, (partial, _, _) in zip(plan.norm_groups, results):
             per_domain[g.domain].append(partial)
         partials = []
-        for d in sorted(range(len(plan.domains)), key=lambda i: repr(plan.domains[i].key)):
+        for d in _in_collective_order(plan):
             domain = plan.domains[d]
-            device = distributed.collective_device(domain) if domain.groups else first
+            device = distributed.collective_device(domain, first)
             local = [_to_device(q, device) for q in per_domain[d]]
             partials.append(_to_device(distributed.global_partial(local, mode, p, domain, device), first))
         total = _partial.root(_partial.combine(partials, mode, p), mode, p, dtype)
@@ -79,11 +84,15 @@ def _reduce(plan: Plan, p: float, per_item: bool = False) -> tuple[Tensor, Tenso
     rows = [_to_device(t, first).to(acc) for _, _, t in results]
     rows.append(torch.zeros((1, 2), dtype=acc, device=first))  # items without a gradient
     items = torch.cat(rows)[_index(plan, "gather", first, lambda: _item_gather(plan))]
-    for d, domain in enumerate(plan.domains):
-        if domain.groups:
+    for d in _in_collective_order(plan):
+        domain = plan.domains[d]
+        # Each rank holds a shard of every DTensor item: their rows are reduced.
+        # Plain tensors given with group= are different tensors on each rank
+        # (stages, experts, flat shards): their norms stay local.
+        if domain.groups and domain.key[0] == "mesh":
             members = [i for i, item_domain in enumerate(plan.item_domains) if item_domain == d]
             index = _index(plan, ("domain", d), first, lambda m=members: m)
-            device = distributed.collective_device(domain)
+            device = distributed.collective_device(domain, first)
             reduced = distributed.all_reduce(_to_device(items[index], device), mode, p, domain)
             items = items.index_copy(0, index, _to_device(reduced, first))
     return total, _partial.root(items, mode, p, dtype)
@@ -252,8 +261,9 @@ def tensor_norms(
     Args:
         tensors (Tensor or iterable of Tensors): as for :func:`total_norm`.
         norm_type (float or str): the p of the p-norm, any p > 0 or ``'inf'``.
-        group (ProcessGroup, optional): see :func:`total_norm`. Sharded items'
-            norms are global too (one more all-reduce, of one row per item).
+        group (ProcessGroup, optional): see :func:`total_norm`; the total is
+            global, each plain item's norm is its own (local) tensor's. DTensor
+            items' norms are global (one more all-reduce, of one row per item).
 
     Returns:
         tuple[Tensor, Tensor]: ``(total, per_item)``. ``total`` equals

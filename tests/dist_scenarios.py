@@ -177,7 +177,24 @@ def cached_plan_follows_dtensor_gradients(rank: int, world: int) -> dict:
     return out
 
 
+def group_tensor_norms_with_uneven_items(rank: int, world: int) -> dict:
+    # Each rank holds a different number of gapped views (served by the torch
+    # backend): the total is global, each item's norm its own.
+    def shards_of(r: int) -> list[torch.Tensor]:
+        g = torch.Generator().manual_seed(10 + r)
+        return [torch.randn(6, 4, generator=g)[:, :2] * 3 for _ in range(r + 1)]
+
+    mine = shards_of(rank)
+    everything = [t for r in range(world) for t in shards_of(r)]
+    total, per_item = fastnorm.tensor_norms(mine, group=dist.group.WORLD)
+    return {
+        "total": (total.item(), reference.norm(everything, 2.0)),
+        "per_item": (per_item.tolist(), [reference.norm([t], 2.0) for t in mine]),
+    }
+
+
 SCENARIOS = [
+    group_tensor_norms_with_uneven_items,
     cached_plan_follows_dtensor_gradients,
     plain_shards_with_group,
     dtensor_placements,

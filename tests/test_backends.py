@@ -242,3 +242,43 @@ print(cpp.threads_source().split(" (")[0], *norms)
     torch_threads, own = (r.stdout.split() for r in runs)
     assert own[0] == "fastnorm's" and torch_threads[0] == "the"  # "the OpenMP runtime torch loaded"
     assert torch_threads[-2:] == own[-2:]  # bit for bit: the task split does not depend on the threads
+
+
+def test_cache_notices_a_gradient_resized_or_restrided_in_place(fused):
+    g = torch.arange(1.0, 11.0)
+    fastnorm.total_norm([g])
+    g.resize_(2)  # same object, same address, fewer elements
+    assert fastnorm.total_norm([g]).item() == pytest.approx(reference.norm([g], 2.0), rel=1e-6)
+    h = torch.arange(1.0, 11.0)
+    fastnorm.total_norm([h])
+    h.as_strided_((5,), (2,))  # same address, every other element
+    assert fastnorm.total_norm([h]).item() == pytest.approx(reference.norm([h], 2.0), rel=1e-6)
+
+
+def test_cache_notices_a_new_dtype_at_the_same_address(fused):
+    g = torch.randn(128, dtype=torch.float16).view(torch.float32)  # 64 floats over 128 halves
+    fastnorm.total_norm([g])
+    g.data = g.data.view(torch.float16)  # the same bytes read as the 128 halves
+    assert fastnorm.total_norm([g]).item() == pytest.approx(reference.norm([g], 2.0), rel=1e-5)
+
+
+def test_cache_notices_a_parameter_reshaped_under_its_gradient(fused):
+    buffer = torch.randn(100)
+    p = torch.nn.Parameter(torch.zeros(10))
+    p.grad = buffer[:10]
+    fastnorm.total_norm([p])
+    p.data = torch.zeros(100)  # pruning, shard swapping: a new shape for the same Parameter
+    p.grad = buffer  # a legal gradient at the old address
+    assert fastnorm.total_norm([p]).item() == pytest.approx(reference.norm([buffer], 2.0), rel=1e-6)
+
+
+def test_clip_after_a_resize_writes_inside_the_tensor_only(fused):
+    base = torch.full((10,), 4.0)
+    g = base[:10].clone()
+    fastnorm.clip_([g], 1.0)
+    g.fill_(4.0)
+    storage_tail = g.untyped_storage()
+    g.resize_(2)
+    fastnorm.clip_([g], 1.0)
+    whole = torch.tensor([], dtype=g.dtype).set_(storage_tail, 0, (10,))
+    assert torch.equal(whole[2:], torch.full((8,), 4.0))  # untouched past the tensor's end

@@ -98,3 +98,11 @@ def test_dtensor_clip_matches_torch(ranks):
 
 def test_cached_plan_follows_dtensor_gradients(ranks):
     _check_pairs(_scenario(ranks, "cached_plan_follows_dtensor_gradients"))
+
+
+def test_group_tensor_norms_with_uneven_items(ranks):
+    for record in _scenario(ranks, "group_tensor_norms_with_uneven_items"):
+        got, expected = record["total"]
+        assert got == pytest.approx(expected, rel=REL)
+        got, expected = record["per_item"]
+        assert got == pytest.approx(expected, rel=REL)

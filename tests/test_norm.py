@@ -109,6 +109,23 @@ def test_same_tensor_twice_counts_once(backend):
     assert torch.equal(fastnorm.total_norm([a, b, a, a.view(10, 10)]), once)
 
 
+def test_the_same_strided_or_sparse_tensor_twice_counts_once(backend):
+    gapped = torch.randn(8, 8)[:, :3]  # a view with gaps: read through torch ops
+    indices = torch.tensor([[0, 0, 2]])
+    sparse = torch.sparse_coo_tensor(indices, torch.tensor([2.0, 2.0, 1.0]), (3,))  # uncoalesced
+    for t in (gapped, sparse):
+        assert torch.equal(fastnorm.total_norm([t, t]), fastnorm.total_norm([t]))
+        once, twice = t.clone(), t
+        fastnorm.clip_([once], 1.0)
+        fastnorm.clip_([twice, twice], 1.0)
+        torch.testing.assert_close(twice.to_dense(), once.to_dense())
+
+
+def test_empty_float64_gradients_give_a_float64_zero(backend):
+    total, per_item = fastnorm.tensor_norms([torch.zeros(0, dtype=torch.float64), torch.zeros(0)])
+    assert total.dtype == per_item.dtype == torch.float64 and total.item() == 0.0
+
+
 def test_bitwise_deterministic(backend):
     tensors = grads([(4097,), *LARGE[backend], (5,)], torch.float32, 6)
     first = fastnorm.total_norm(tensors)
@@ -153,6 +170,12 @@ def test_huge_gradients_are_not_a_nan_collapse(backend, dtype):
 def test_tiny_gradients_do_not_vanish(backend):
     tensors = [torch.full((1000,), 1e-30)]
     assert fastnorm.total_norm(tensors).item() == pytest.approx(reference.norm(tensors, 2.0), rel=1e-6)
+
+
+@pytest.mark.parametrize("p", [3.0, 0.5])
+def test_p_norms_of_the_smallest_float64_values(fused, p):
+    tensors = [torch.tensor([1e-310, 0.0, 3e-311], dtype=torch.float64)]
+    assert reference.rel_err(fastnorm.total_norm(tensors, p).item(), reference.norm(tensors, p)) <= 1e-6
 
 
 @pytest.mark.parametrize("p", [7.0, 12.5])

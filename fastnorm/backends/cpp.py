@@ -41,17 +41,18 @@ def isa() -> str | None:
 
 
 def _loaded_openmp_runtime() -> str | None:
-    """The path of the OpenMP runtime loaded in this process (torch's), if any."""
+    """The path of the OpenMP runtime loaded in this process, torch's first."""
     try:
         with open("/proc/self/maps") as maps:
             paths = {line.split(maxsplit=5)[-1].strip() for line in maps if "omp" in line}
     except OSError:  # not Linux
         return None
-    for name in ("libgomp", "libiomp5", "libomp"):
-        for path in sorted(paths):
-            if os.path.basename(path).startswith(name):
-                return path
-    return None
+    torch_lib = os.path.join(os.path.dirname(torch.__file__), "lib")
+    runtimes = [
+        path for path in sorted(paths) if os.path.basename(path).startswith(("libgomp", "libiomp5", "libomp"))
+    ]
+    runtimes.sort(key=lambda path: not path.startswith(torch_lib))  # torch's, when there are several
+    return runtimes[0] if runtimes else None
 
 
 def threads_source() -> str:

@@ -104,6 +104,22 @@ class Prepared:
     # (None when already in it).
     order: torch.Tensor | None
     host_table: torch.Tensor = field(repr=False)  # kept alive while the copy may run
+    stream: Any = None  # the CUDA stream the tables were copied on
+    synced: set[Any] = field(default_factory=set, repr=False)  # other streams made to wait for it
+
+    def on_current_stream(self) -> None:
+        """Orders a launch on another stream than the tables' copy after that copy,
+        and tells the allocator that stream uses them (a plan outlives streams)."""
+        if self.stream is None:
+            return
+        current = torch.cuda.current_stream(self.device)
+        if current != self.stream and current not in self.synced:
+            current.wait_stream(self.stream)
+            for t in self.tables:
+                t.table.record_stream(current)
+            if self.order is not None:
+                self.order.record_stream(current)
+            self.synced.add(current)
 
 
 def _table(addrs: list[int], numels: list[int], chunk: int) -> tuple[torch.Tensor, int]:
@@ -189,9 +205,11 @@ class TritonBackend:
             order[torch.tensor(grouped)] = torch.arange(len(tensors))
             parts.append(order)
         host = torch.cat(parts)
+        stream = None
         if device.type == "cuda":
             host = host.pin_memory()
             table = host.to(device, non_blocking=True)
+            stream = torch.cuda.current_stream(device)
         else:
             table = host
         tables = [
@@ -200,7 +218,7 @@ class TritonBackend:
         ]
         device_order = table[offset:] if order is not None else None
         return Prepared(
-            device, config, tables, partial_offset, chunk_offset, tensor_offset, device_order, host
+            device, config, tables, partial_offset, chunk_offset, tensor_offset, device_order, host, stream
         )
 
     def reduce(
@@ -213,6 +231,7 @@ class TritonBackend:
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         k = kernels()
         device, config = prepared.device, prepared.config
+        prepared.on_current_stream()
         partials = torch.empty((prepared.num_partials, 2), dtype=torch.float64, device=device)
         out = torch.empty(2, dtype=torch.float64, device=device)
         root = torch.empty((), dtype=result_dtype, device=device)
@@ -264,6 +283,7 @@ class TritonBackend:
     def scale_(self, prepared: Prepared, norm: torch.Tensor, max_norm: float) -> None:
         k = kernels()
         config = prepared.config
+        prepared.on_current_stream()
         bits = struct.unpack("<Q", struct.pack("<d", max_norm))[0]  # max_norm >= 0: sign bit clear
         with _on(prepared.device):
             for t in prepared.tables:

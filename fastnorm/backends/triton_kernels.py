@@ -45,15 +45,17 @@ def _nan_max(v):
 
 @triton.jit
 def _pow_ratio(num, den, p):
-    """(num / den)^p for 0 <= num <= den, in float32 (only MODE 3 uses it); 0 when num is 0.
+    """(num / den)^p for 0 <= num <= den, in float64 (only MODE 3 uses it); 0 when num is 0.
 
-    Zero operands are swapped for 1 and the ratio capped at 1, so no lane ever
-    computes 0/0, log2(0) or an overflowing power, even one the caller masks out
-    (tl.where evaluates both sides).
+    Float64 throughout: a ratio below float32's range still counts for small p
+    ((1e-50)^0.1 is 1e-5). Zero operands are swapped for 1 and the ratio capped
+    at 1, so no lane ever computes 0/0, log2(0) or an overflowing power, even
+    one the caller masks out (tl.where evaluates both sides).
     """
-    ratio = tl.minimum(num / tl.where(den > 0, den, 1.0), 1.0).to(tl.float32)
-    power = tl.exp2(p * tl.log2(tl.where(ratio > 0, ratio, 1.0)))
-    return tl.where(ratio > 0, power, 0.0).to(tl.float64)
+    ratio = tl.minimum(num / tl.where(den > 0, den, 1.0), 1.0)
+    p64 = p * tl.full((), 1.0, tl.float64)  # p arrives as a float32 (a Python float when interpreted)
+    power = tl.exp2(p64 * tl.log2(tl.where(ratio > 0, ratio, 1.0)))
+    return tl.where(ratio > 0, power, 0.0)
 
 
 @triton.jit
@@ -216,7 +218,7 @@ def finalize_kernel(
     elif MODE == 2:
         root = total_m
     else:
-        scaled = tl.exp2(tl.log2(total_s.to(tl.float32)) / p).to(tl.float64)
+        scaled = tl.exp2(tl.log2(total_s) / (p * tl.full((), 1.0, tl.float64)))
         root = tl.where(total_m == 0, 0.0, total_m * scaled)
     tl.store(root_ptr, root.to(root_ptr.dtype.element_ty))
 
