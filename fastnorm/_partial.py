@@ -24,13 +24,14 @@ def combine(partials: list[torch.Tensor], mode: Mode, p: float) -> torch.Tensor:
     top = m.amax()  # propagates NaN
     if mode == Mode.LINF:
         return torch.stack([top, s.new_zeros(())])
-    return torch.stack([top, rescaled_sum(m, s, top, p)])
+    return torch.stack([top, rescaled(m, s, top, p).sum()])
 
 
-def rescaled_sum(m: torch.Tensor, s: torch.Tensor, top: torch.Tensor, p: float) -> torch.Tensor:
-    """``sum_i s_i * (m_i / top)^p``, exact where ``m_i == top`` (so inf and 0 merge)."""
+def rescaled(m: torch.Tensor, s: torch.Tensor, top: torch.Tensor, p: float) -> torch.Tensor:
+    """``s_i * (m_i / top)^p``: scaled sums moved to the scale ``top``, exact
+    where ``m_i == top`` (so inf and 0 merge)."""
     ratio = torch.where(m == top, torch.ones_like(m), m / top)
-    return (s * ratio.pow(p)).sum()
+    return s * ratio.pow(p)
 
 
 def root(partial: torch.Tensor, mode: Mode, p: float, dtype: torch.dtype) -> torch.Tensor:

@@ -15,6 +15,7 @@ import threading
 import weakref
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from functools import cached_property
 from itertools import compress
 from operator import attrgetter
 from typing import Any
@@ -65,6 +66,11 @@ class Plan:
     @property
     def distributed(self) -> bool:
         return any(d.groups for d in self.domains)
+
+    @cached_property
+    def collective_order(self) -> list[int]:
+        """The domains' indices in an order every rank agrees on (their keys')."""
+        return sorted(range(len(self.domains)), key=lambda i: repr(self.domains[i].key))
 
 
 def _groups(

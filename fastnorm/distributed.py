@@ -125,8 +125,7 @@ def all_reduce(partials: torch.Tensor, mode: Mode, p: float, domain: Domain) -> 
     top = torch.where(flagged[k:] > 0, torch.full_like(m, float("nan")), flagged[:k])
     if mode == Mode.LINF:
         return torch.stack([top, torch.zeros_like(top)], 1)
-    ratio = torch.where(m == top, torch.ones_like(m), m / top)
-    scaled = partials[:, 1] * ratio.pow(p)
+    scaled = _partial.rescaled(m, partials[:, 1], top, p)
     for group in domain.groups:
         dist.all_reduce(scaled, op=dist.ReduceOp.SUM, group=group)
     return torch.stack([top, scaled], 1)
@@ -135,9 +134,9 @@ def all_reduce(partials: torch.Tensor, mode: Mode, p: float, domain: Domain) -> 
 def global_partial(
     partials: list[torch.Tensor], mode: Mode, p: float, domain: Domain, device: torch.device
 ) -> torch.Tensor:
-    """The global partial of a domain from this rank's partials (maybe none)."""
+    """The global partial of a domain from this rank's partials (on ``device``; maybe none)."""
     if partials:
-        local = _partial.combine([q.to(device, torch.float64) for q in partials], mode, p)
+        local = _partial.combine([q.to(torch.float64) for q in partials], mode, p)
     else:
         local = torch.zeros(2, dtype=torch.float64, device=device)
     return all_reduce(local.reshape(1, 2), mode, p, domain)[0]

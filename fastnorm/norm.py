@@ -10,6 +10,7 @@ Nothing here reads a device value on the host, so no call synchronizes
 
 from __future__ import annotations
 
+from collections.abc import Callable, Hashable
 from typing import Any
 
 import torch
@@ -34,7 +35,7 @@ def _to_device(t: Tensor, device: torch.device) -> Tensor:
     return t.to(device)  # to the CPU: the value must be ready, which waits for it
 
 
-def _index(plan: Plan, name: str, device: torch.device, build: Any) -> Tensor:
+def _index(plan: Plan, name: Hashable, device: torch.device, build: Callable[[], list[int]]) -> Tensor:
     """An int64 index tensor of the plan on ``device``, built once."""
     key = (name, str(device))
     if key not in plan.indices:
@@ -49,11 +50,6 @@ def _item_gather(plan: Plan) -> list[int]:
         offsets.append(total)
         total += g.size
     return [total if r is None else offsets[r[0]] + r[1] for r in plan.item_rows]
-
-
-def _in_collective_order(plan: Plan) -> list[int]:
-    """The domains' indices in an order every rank agrees on (their keys')."""
-    return sorted(range(len(plan.domains)), key=lambda i: repr(plan.domains[i].key))
 
 
 def _reduce(plan: Plan, p: float, per_item: bool = False) -> tuple[Tensor, Tensor | None]:
@@ -71,7 +67,7 @@ def _reduce(plan: Plan, p: float, per_item: bool = False) -> tuple[Tensor, Tenso
         for g, (partial, _, _) in zip(plan.norm_groups, results):
             per_domain[g.domain].append(partial)
         partials = []
-        for d in _in_collective_order(plan):
+        for d in plan.collective_order:
             domain = plan.domains[d]
             device = distributed.collective_device(domain, first)
             local = [_to_device(q, device) for q in per_domain[d]]
@@ -84,7 +80,7 @@ def _reduce(plan: Plan, p: float, per_item: bool = False) -> tuple[Tensor, Tenso
     rows = [_to_device(t, first).to(acc) for _, _, t in results]
     rows.append(torch.zeros((1, 2), dtype=acc, device=first))  # items without a gradient
     items = torch.cat(rows)[_index(plan, "gather", first, lambda: _item_gather(plan))]
-    for d in _in_collective_order(plan):
+    for d in plan.collective_order:
         domain = plan.domains[d]
         # Each rank holds a shard of every DTensor item: their rows are reduced.
         # Plain tensors given with group= are different tensors on each rank
