@@ -53,45 +53,30 @@ def draw(run: dict[str, Any], path: Path) -> Path:
     fig = Figure(figsize=(max(8.0, 1.3 * len(records) + 3), 5.5), layout="constrained")
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
-    labeled = set()
+    labeled: set[str] = set()
+
+    def once(label: str) -> str | None:
+        """The legend entry the first time, nothing after."""
+        if label in labeled:
+            return None
+        labeled.add(label)
+        return label
+
+    def roof(x: int, gbps: float, color: str, style: str, label: str) -> None:
+        ax.hlines(gbps, x - 0.45, x + 0.45, colors=color, linestyles=style, linewidth=2, label=once(label))
+
     for x, rec in enumerate(records):
         results = {r["contender"]: r for r in rec["results"]}
         for i, name in enumerate(names):
             r = results.get(name)
-            if r is None:
-                continue
-            ax.bar(
-                x - 0.4 + (i + 0.5) * width,
-                r["gbps"],
-                width,
-                color=colors[name],
-                label=None if name in labeled else name,
-            )
-            labeled.add(name)
+            if r is not None:
+                ax.bar(x - 0.4 + (i + 0.5) * width, r["gbps"], width, color=colors[name], label=once(name))
         read, rw = rec["roofline"]["read"], rec["roofline"]["read_write"]
         if read:
-            ax.hlines(
-                read["gbps"],
-                x - 0.45,
-                x + 0.45,
-                colors="black",
-                linestyles="--",
-                linewidth=2,
-                label=None if "roof" in labeled else "read roofline (fastest plain read)",
-            )
-            labeled.add("roof")
+            roof(x, read["gbps"], "black", "--", "read roofline (fastest plain read)")
         if read and rw:
             clip_gbps = 3 * rec["bytes"] / (read["ms"] + rw["ms"]) / 1e6
-            ax.hlines(
-                clip_gbps,
-                x - 0.45,
-                x + 0.45,
-                colors="dimgray",
-                linestyles=":",
-                linewidth=2,
-                label=None if "cliproof" in labeled else "clip roofline (read + read-write)",
-            )
-            labeled.add("cliproof")
+            roof(x, clip_gbps, "dimgray", ":", "clip roofline (read + read-write)")
     ax.set_xticks(range(len(records)), [f"{r['workload']}\n{r['dtype']}" for r in records])
     ax.set_yscale("log")
     ax.set_ylabel("GB/s (least bytes moved / median time)")

@@ -166,6 +166,17 @@ def defaults(device: torch.device) -> list[str]:
     return [w.name for w in WORKLOADS.values() if device.type in w.default_on]
 
 
+def _tiny(count: int, what: str, default_on: tuple[str, ...] = ("cpu", "cuda")) -> Workload:
+    """``count`` tensors of 16 elements (a tenth of them with --quick)."""
+    return Workload(
+        "tiny" if count == 2000 else f"tiny-{count}",
+        f"{count} tensors of 16 elements: {what}",
+        lambda: [(16,)] * count,
+        lambda: [(16,)] * (count // 10),
+        default_on=default_on,
+    )
+
+
 for _workload in (
     Workload(
         "gpt2-small",
@@ -202,27 +213,10 @@ for _workload in (
         lambda: [(4096,)] * 2000,
         lambda: [(4096,)] * 100,
     ),
-    Workload(
-        "tiny",
-        "2000 tensors of 16 elements: nearly all host cost per call",
-        lambda: [(16,)] * 2000,
-        lambda: [(16,)] * 200,
-    ),
+    _tiny(2000, "nearly all host cost per call"),
     # The host cost per call at other tensor counts (not run by default).
-    Workload(
-        "tiny-150",
-        "150 tensors of 16 elements: host cost per call",
-        lambda: [(16,)] * 150,
-        lambda: [(16,)] * 15,
-        default_on=(),
-    ),
-    Workload(
-        "tiny-10000",
-        "10000 tensors of 16 elements: host cost per call",
-        lambda: [(16,)] * 10000,
-        lambda: [(16,)] * 1000,
-        default_on=(),
-    ),
+    _tiny(150, "host cost per call", default_on=()),
+    _tiny(10000, "host cost per call", default_on=()),
 ):
     register_workload(_workload)
 
