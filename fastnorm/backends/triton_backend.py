@@ -53,20 +53,126 @@ def _interpret_requested() -> bool:
 
 @dataclass(frozen=True)
 class Config:
-    """Tile sizes; the interpreter gets small ones so tests cover many chunks quickly."""
+    """Launch geometry; the interpreter gets a small one so tests cover many chunks quickly.
 
-    block: int
-    chunk: int
+    Per step of the main loop, a thread of an ALIGNED kernel reads up to
+    ``vector_run`` vectors of 16 bytes (one 128-bit load each) and at most
+    ``run_elements`` elements; a thread of a general kernel reads
+    ``scalar_run`` single elements, each from the same place in consecutive
+    rows of threads (coalesced). A thread sums one step's values in float32, so
+    ``run_elements`` also bounds those sums. Enough bytes in flight per thread
+    for HBM; few enough registers for ``programs_per_sm`` programs to be
+    resident at once (``fastnorm kernels`` shows both). On NVIDIA GPUs the
+    compiler is held to that register budget (``maxnreg``); the compile tests
+    check that it costs no spills.
+    """
+
     num_warps: int
+    warp_size: int
+    vector_run: int
+    run_elements: int
+    scalar_run: int
+    chunk: int  # a multiple of every step: only a tensor's last chunk has a tail
     programs_per_sm: int
+    register_budget: bool  # pass maxnreg (NVIDIA's compiler takes it; AMD's does not)
+
+    @property
+    def rows(self) -> int:
+        return self.num_warps * self.warp_size
+
+    def geometry(self, dtype: torch.dtype, aligned: bool) -> tuple[int, int, int]:
+        """``(R, ROWS, VEC)``: a step reads a tile of that shape, VEC contiguous elements per row."""
+        if aligned:
+            vec = 16 // dtype.itemsize
+            return min(self.vector_run, self.run_elements // vec), self.rows, vec
+        return self.scalar_run, self.rows, 1
+
+    def options(self) -> dict[str, Any]:
+        """Compiler options of the norm and scale kernels (fused multiply-adds: squares summed
+        with one rounding, and Triton's default, made explicit)."""
+        options: dict[str, Any] = {"num_warps": self.num_warps, "enable_fp_fusion": True}
+        if self.register_budget:
+            options["maxnreg"] = REGISTERS_PER_SM // (self.programs_per_sm * self.rows)
+        return options
 
 
-GPU_CONFIG = Config(block=2048, chunk=65536, num_warps=8, programs_per_sm=4)
-INTERPRETER_CONFIG = Config(block=128, chunk=512, num_warps=1, programs_per_sm=1)
+REGISTERS_PER_SM = 65536  # every NVIDIA GPU from sm_50 to sm_120
+GPU_CONFIG = Config(8, 32, 8, 32, 16, chunk=65536, programs_per_sm=4, register_budget=True)
+ROCM_CONFIG = Config(4, 64, 8, 32, 16, chunk=65536, programs_per_sm=4, register_budget=False)
+INTERPRETER_CONFIG = Config(1, 32, 2, 8, 4, chunk=512, programs_per_sm=1, register_budget=False)
 INTERPRETER_PROGRAMS = 4
 REDUCE_BLOCK = 256  # rows of partials per step of the finalize/per-tensor reductions
+DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One specialization of one kernel as the backend launches it."""
+
+    kernel: str  # the name of a kernel in triton_kernels
+    dtype: torch.dtype | None  # the gradients' dtype (None: the kernel reads partials only)
+    constants: dict[str, Any]  # its constexpr arguments
+    options: dict[str, Any]  # compiler options: num_warps, ...
+    pointers: dict[str, torch.dtype] = field(default_factory=dict)  # float pointer arguments
+
+
+def _geometry(config: Config, dtype: torch.dtype, aligned: bool) -> dict[str, Any]:
+    run, rows, vec = config.geometry(dtype, aligned)
+    return {"ALIGNED": aligned, "CHUNK": config.chunk, "R": run, "ROWS": rows, "VEC": vec}
+
+
+def norm_launch(config: Config, dtype: torch.dtype, mode: Mode, aligned: bool) -> Launch:
+    constants = {"DTYPE": kernels().TL_DTYPES[dtype], "MODE": int(mode), **_geometry(config, dtype, aligned)}
+    return Launch("norm_partials_kernel", dtype, constants, config.options())
+
+
+def scale_launch(config: Config, dtype: torch.dtype, norm_dtype: torch.dtype, aligned: bool) -> Launch:
+    constants = {
+        "DTYPE": kernels().TL_DTYPES[dtype],
+        "NORM_IS_F64": norm_dtype == torch.float64,
+        **_geometry(config, dtype, aligned),
+    }
+    return Launch("scale_kernel", dtype, constants, config.options(), {"norm_ptr": norm_dtype})
+
+
+def finalize_launch(mode: Mode, result_dtype: torch.dtype) -> Launch:
+    constants = {"MODE": int(mode), "BLOCK": REDUCE_BLOCK}
+    return Launch("finalize_kernel", None, constants, {"num_warps": 4}, {"root_ptr": result_dtype})
+
+
+def per_tensor_launch(mode: Mode) -> Launch:
+    return Launch("per_tensor_kernel", None, {"MODE": int(mode), "BLOCK": REDUCE_BLOCK}, {"num_warps": 1})
+
+
+def launches(config: Config = GPU_CONFIG) -> list[Launch]:
+    """Every specialization the backend can launch with ``config``: what ``fastnorm kernels`` compiles."""
+    out = []
+    for dtype in DTYPES:
+        for aligned in (True, False):
+            for mode in Mode:
+                out.append(norm_launch(config, dtype, mode, aligned))
+            for norm_dtype in (torch.float32, torch.float64):
+                if dtype != torch.float64 or norm_dtype == torch.float64:
+                    out.append(scale_launch(config, dtype, norm_dtype, aligned))
+    for mode in Mode:
+        out.append(per_tensor_launch(mode))
+        for result_dtype in (torch.float32, torch.float64):
+            out.append(finalize_launch(mode, result_dtype))
+    return out
+
+
+def is_aligned(addresses: list[int], dtype: torch.dtype, config: Config) -> bool:
+    """Whether every address and chunk start is 16-byte aligned (the ALIGNED kernels' promise)."""
+    return (config.chunk * dtype.itemsize) % 16 == 0 and all(a % 16 == 0 for a in addresses)
+
 
 _SM_COUNT: dict[int, int] = {}
+
+
+def _config(device: torch.device) -> Config:
+    if device.type == "cpu":
+        return INTERPRETER_CONFIG
+    return ROCM_CONFIG if torch.version.hip else GPU_CONFIG
 
 
 def _max_programs(device: torch.device, config: Config) -> int:
@@ -82,7 +188,8 @@ def _max_programs(device: torch.device, config: Config) -> int:
 class DtypeTable:
     """The tensors of one dtype: their device table and launch geometry."""
 
-    dtype: Any  # a triton.language dtype
+    dtype: torch.dtype
+    aligned: bool  # every address 16-byte aligned: the ALIGNED kernels (128-bit loads) serve it
     table: torch.Tensor
     num_tensors: int
     num_chunks: int
@@ -168,8 +275,7 @@ class TritonBackend:
                 "fastnorm: the gradients' tables are built on the first call; make that call "
                 "(a warm-up step) before capturing a CUDA graph, with the gradients the graph will use"
             )
-        config = INTERPRETER_CONFIG if device.type == "cpu" else GPU_CONFIG
-        tl_dtypes = kernels().TL_DTYPES
+        config = _config(device)
         positions: dict[torch.dtype, list[int]] = {}
         for i, t in enumerate(tensors):
             positions.setdefault(t.dtype, []).append(i)
@@ -178,12 +284,14 @@ class TritonBackend:
         offset = partial_offset = chunk_offset = tensor_offset = 0
         for dtype, where in positions.items():
             group = [tensors[i] for i in where]
-            part, num_chunks = _table([t.data_ptr() for t in group], [t.numel() for t in group], config.chunk)
+            addresses = [t.data_ptr() for t in group]
+            part, num_chunks = _table(addresses, [t.numel() for t in group], config.chunk)
             grid = min(num_chunks, max_programs)
             parts.append(part)
             layout.append(
                 (
-                    tl_dtypes[dtype],
+                    dtype,
+                    is_aligned(addresses, dtype, config),
                     offset,
                     part.numel(),
                     len(group),
@@ -213,8 +321,8 @@ class TritonBackend:
         else:
             table = host
         tables = [
-            DtypeTable(dt, table[start : start + size], n, chunks, grid, row, chunk_row, tensor_row)
-            for dt, start, size, n, chunks, grid, row, chunk_row, tensor_row in layout
+            DtypeTable(dt, aligned, table[start : start + size], n, chunks, grid, row, chunk_row, tensor_row)
+            for dt, aligned, start, size, n, chunks, grid, row, chunk_row, tensor_row in layout
         ]
         device_order = table[offset:] if order is not None else None
         return Prepared(
@@ -241,6 +349,7 @@ class TritonBackend:
             tensors = torch.empty((prepared.num_tensors, 2), dtype=torch.float64, device=device)
         with _on(device):
             for t in prepared.tables:
+                launch = norm_launch(config, t.dtype, mode, t.aligned)
                 k.norm_partials_kernel[(t.grid,)](
                     t.table,
                     t.num_tensors,
@@ -248,33 +357,30 @@ class TritonBackend:
                     partials[t.partial_offset :],
                     chunks[t.chunk_offset :] if per_tensor else partials,
                     float(p),
-                    DTYPE=t.dtype,
-                    MODE=int(mode),
-                    CHUNK=config.chunk,
-                    BLOCK=config.block,
-                    PER_CHUNK=per_tensor,
-                    num_warps=config.num_warps,
+                    int(per_tensor),
+                    **launch.constants,
+                    **launch.options,
                 )
                 if per_tensor:
+                    launch = per_tensor_launch(mode)
                     k.per_tensor_kernel[(t.num_tensors,)](
                         t.table,
                         t.num_tensors,
                         chunks[t.chunk_offset :],
                         tensors[t.tensor_offset :],
                         float(p),
-                        MODE=int(mode),
-                        BLOCK=REDUCE_BLOCK,
-                        num_warps=1,
+                        **launch.constants,
+                        **launch.options,
                     )
+            launch = finalize_launch(mode, result_dtype)
             k.finalize_kernel[(1,)](
                 partials,
                 prepared.num_partials,
                 out,
                 root,
                 float(p),
-                MODE=int(mode),
-                BLOCK=REDUCE_BLOCK,
-                num_warps=4,
+                **launch.constants,
+                **launch.options,
             )
         if tensors is not None and prepared.order is not None:
             tensors = tensors[prepared.order]
@@ -287,6 +393,7 @@ class TritonBackend:
         bits = struct.unpack("<Q", struct.pack("<d", max_norm))[0]  # max_norm >= 0: sign bit clear
         with _on(prepared.device):
             for t in prepared.tables:
+                launch = scale_launch(config, t.dtype, norm.dtype, t.aligned)
                 k.scale_kernel[(t.grid,)](
                     t.table,
                     t.num_tensors,
@@ -294,11 +401,8 @@ class TritonBackend:
                     norm,
                     bits >> 32,
                     bits & 0xFFFFFFFF,
-                    DTYPE=t.dtype,
-                    NORM_IS_F64=norm.dtype == torch.float64,
-                    CHUNK=config.chunk,
-                    BLOCK=config.block,
-                    num_warps=config.num_warps,
+                    **launch.constants,
+                    **launch.options,
                 )
 
 
