@@ -12,7 +12,7 @@ import json
 import sys
 from collections.abc import Sequence
 
-from fastnorm import bench, diagnosis
+from fastnorm import bench, diagnosis, kernels
 
 
 def _info(args: argparse.Namespace) -> int:
@@ -48,6 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_info(subparsers)
     bench.add_parser(subparsers)
     diagnosis.add_parser(subparsers)
+    kernels.add_parser(subparsers)
     return parser
 
 
