@@ -55,6 +55,7 @@ _ARGUMENT_TYPES = {
     "table_ptr": "*i64",
     "num_tensors": "i32",
     "num_chunks": "i32",
+    "chunk": "i32",
     "num_partials": "i32",
     "partial_ptr": "*fp64",
     "chunk_partial_ptr": "*fp64",
@@ -65,8 +66,10 @@ _ARGUMENT_TYPES = {
     "max_norm_lo": "i32",
 }
 # Slices of the shared table start anywhere; every other buffer is a fresh torch
-# allocation or a 16-byte row of one, which Triton marks 16-byte divisible.
+# allocation or a 16-byte row of one, which Triton marks 16-byte divisible, as
+# it marks ``chunk`` (whole steps of the main loop).
 _UNALIGNED_POINTERS = ("table_ptr",)
+_DIVISIBLE_INTEGERS = ("chunk",)
 
 
 @dataclass
@@ -146,7 +149,7 @@ def compile_launch(launch: Any, target: Any) -> Any:
             continue
         kind = _pointer_type(launch.pointers[name]) if name in launch.pointers else _ARGUMENT_TYPES[name]
         signature[name] = kind
-        if kind.startswith("*") and name not in _UNALIGNED_POINTERS:
+        if (kind.startswith("*") and name not in _UNALIGNED_POINTERS) or name in _DIVISIBLE_INTEGERS:
             attrs[(i,)] = [["tt.divisibility", 16]]
     source = ASTSource(fn, signature, launch.constants, attrs)
     return triton.compile(source, target=target, options=launch.options)

@@ -41,7 +41,7 @@ def triton_on_cpu(monkeypatch):
 @pytest.fixture
 def small(monkeypatch):
     """Four rows of threads, two 16-byte vectors or eight elements per step, 64-element chunks."""
-    config = Config(1, 4, 2, 8, 4, chunk=64, programs_per_sm=1, register_budget=False)
+    config = Config(1, 4, 2, 8, 4, 64, chunks_per_program=1, programs_per_sm=1, register_budget=False)
     monkeypatch.setattr(triton_backend, "INTERPRETER_CONFIG", config)
     return config
 
@@ -114,6 +114,23 @@ def test_aligned_kernels_only_when_every_address_is_16_byte_aligned(dtype):
     assert chosen_alignment(views + [random(10, other, 3)]) == {dtype: False, other: True}
 
 
+def test_chunks_are_whole_steps_and_many_per_program():
+    config = triton_backend.GPU_CONFIG
+    programs = 132 * config.programs_per_sm  # an H200
+    for dtype in DTYPES:
+        for aligned in (True, False):
+            run, rows, vec = config.geometry(dtype, aligned)
+            step = run * rows * vec
+            for total in (1, 10**5, 25_557_032, 124_439_808, 6_738_415_616):
+                chunk = triton_backend.chunk_size(config, dtype, aligned, total, programs)
+                assert chunk % step == 0 and step <= chunk <= config.max_chunk
+                assert chunk * dtype.itemsize % 16 == 0
+                if step < chunk < config.max_chunk:  # sized for the programs, not clamped
+                    assert -(-total // chunk) >= programs * config.chunks_per_program * 0.5
+    # a ResNet-50's 25.6M float32 values: 3100 chunks of 8192, not 390 of 65536 on 528 programs
+    assert triton_backend.chunk_size(config, torch.float32, True, 25_557_032, programs) == 8192
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("offset", [0, 1, 3, 7])
 def test_every_storage_offset(small, dtype, offset):
@@ -154,12 +171,14 @@ def test_every_tail_length(small, dtype, aligned):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("aligned", [True, False])
 def test_tensors_of_exactly_one_chunk_and_around(small, dtype, aligned):
-    sizes = [small.chunk - 1, small.chunk, small.chunk + 1, 2 * small.chunk, 3 * small.chunk + 5]
+    chunk = small.max_chunk
+    sizes = [chunk - 1, chunk, chunk + 1, 2 * chunk, 3 * chunk + 5]
     if aligned:
         tensors = [random(n, dtype, n) for n in sizes]
     else:
         _, tensors = unaligned_views(sizes, dtype, 3, 5)
     assert chosen_alignment(tensors) == {dtype: aligned}
+    assert [t.chunk for t in BACKEND.prepare(tensors).tables] == [chunk]
     for p in NORM_TYPES:
         check_norms(tensors, p, 5e-7 if p == 3.0 else TOLERANCE[dtype])
     check_clip_like_torch(tensors)
@@ -181,10 +200,10 @@ def sum_of_squares(tensors):
     return float(np.sum(x * x))
 
 
-def emulate_l2(tensors, config, programs, chain=False):
+def emulate_l2(tensors, config, max_programs, chain=False):
     """The float32 L2 norm kernel's sum of squares, in NumPy, in the kernel's own order.
 
-    Chunks of ``config.chunk`` values go to ``programs`` programs in turn; a chunk
+    Chunks (sized as the backend sizes them) go to the programs in turn; a chunk
     is read in steps of shape (R, ROWS, VEC); each of the ROWS threads sums its
     R * VEC squares in float32 (over VEC, then over R, as the interpreter's
     tl.sum does; or, with ``chain``, in one running float32 sum, the order with
@@ -195,6 +214,8 @@ def emulate_l2(tensors, config, programs, chain=False):
     """
     run, rows, vec = config.geometry(torch.float32, True)
     step = run * rows * vec
+    chunk = triton_backend.chunk_size(config, torch.float32, True, sum(t.size for t in tensors), max_programs)
+    programs = min(max_programs, sum(-(-t.size // chunk) for t in tensors))
     per_program = np.zeros(programs)
     chunk_index = 0
 
@@ -209,8 +230,8 @@ def emulate_l2(tensors, config, programs, chain=False):
         return np.sum(np.sum(squares, 2), 0)
 
     for t in tensors:
-        for start in range(0, t.size, config.chunk):
-            x = t[start : start + config.chunk]
+        for start in range(0, t.size, chunk):
+            x = t[start : start + chunk]
             acc = np.zeros(rows)
             whole = x.size // step * step
             for off in range(0, whole, step):
@@ -239,8 +260,8 @@ def test_emulation_reproduces_the_interpreted_kernel_bit_for_bit(monkeypatch):
     tensors = [torch.randn(2**20 - 777, generator=g), torch.randn(70_001, generator=g) * 3]
     partial, _, _ = l2_partial(tensors)
     assert partial[0].item() == 0.0
-    programs = min(triton_backend.INTERPRETER_PROGRAMS, sum(-(-t.numel() // config.chunk) for t in tensors))
-    assert partial[1].item() == emulate_l2([t.numpy() for t in tensors], config, programs)
+    emulated = emulate_l2([t.numpy() for t in tensors], config, triton_backend.INTERPRETER_PROGRAMS)
+    assert partial[1].item() == emulated
     exact = sum_of_squares(tensors)
     ours = reference.rel_err(partial[1].item(), exact)
     theirs = reference.rel_err(torch.nn.utils.get_total_norm(tensors).double().item() ** 2, exact)
@@ -266,9 +287,9 @@ def test_float32_runs_stay_within_1e_6_on_1e8_values():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("where", ["main", "tail"])
 def test_squares_past_float32_range_are_summed_in_float64(small, dtype, where):
-    n = 5 * small.chunk + 9  # the last chunk has a tail
+    n = 5 * small.max_chunk + 9  # the last chunk has a tail
     x = random(n, dtype, 6)
-    at = 2 * small.chunk + 3 if where == "main" else n - 2
+    at = 2 * small.max_chunk + 3 if where == "main" else n - 2
     x[at] = 3e38 if dtype == torch.float32 else 1e38
     x[at - 1] = -1e20
     partial, root, _ = l2_partial([x])
@@ -286,8 +307,8 @@ def test_squares_past_float32_range_are_summed_in_float64(small, dtype, where):
 def test_squares_below_float32_range_are_summed_in_float64(small, dtype, scale):
     # 1e-30 squared is 1e-60: zero in float32. Whole chunks of such values, and
     # chunks where they sit next to ordinary ones.
-    tiny = random(3 * small.chunk + 11, dtype, 7, scale)
-    mixed = random(2 * small.chunk, dtype, 8, scale)
+    tiny = random(3 * small.max_chunk + 11, dtype, 7, scale)
+    mixed = random(2 * small.max_chunk, dtype, 8, scale)
     mixed[5] = 1.0
     for tensors in ([tiny], [mixed], [tiny, mixed]):
         partial, root, rows = l2_partial(tensors, per_tensor=True)
@@ -300,7 +321,7 @@ def test_squares_below_float32_range_are_summed_in_float64(small, dtype, scale):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_zeros_give_an_exact_zero(small, dtype):
-    tensors = [torch.zeros(n, dtype=dtype) for n in (1, small.chunk, 3 * small.chunk + 7)]
+    tensors = [torch.zeros(n, dtype=dtype) for n in (1, small.max_chunk, 3 * small.max_chunk + 7)]
     for p in NORM_TYPES:
         assert fastnorm.total_norm(tensors, p).item() == 0.0
 
@@ -311,8 +332,8 @@ def test_zeros_give_an_exact_zero(small, dtype):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("p", NORM_TYPES)
 def test_nan_and_inf_are_exact_in_main_loop_and_tail(small, dtype, p):
-    n = 2 * small.chunk + 13
-    for at in (small.chunk + 1, n - 1):
+    n = 2 * small.max_chunk + 13
+    for at in (small.max_chunk + 1, n - 1):
         for bad, values in (
             ([float("inf")], float("inf")),
             ([-float("inf")], float("inf")),
@@ -353,8 +374,8 @@ def test_float64_common_range_is_a_plain_sum(small):
 @pytest.mark.filterwarnings("ignore:overflow encountered in multiply:RuntimeWarning")
 @pytest.mark.parametrize("scale", [1e-310, 1e-300, 1e-160, 1e160, 1e300, 1e307])
 def test_float64_extremes_are_scaled_and_accurate(small, scale):
-    big = random(3 * small.chunk + 5, torch.float64, 10, scale)
-    ordinary = random(small.chunk + 3, torch.float64, 11)
+    big = random(3 * small.max_chunk + 5, torch.float64, 10, scale)
+    ordinary = random(small.max_chunk + 3, torch.float64, 11)
     for tensors in ([big], [big, ordinary], [ordinary, big]):
         partial, root, rows = l2_partial(tensors, per_tensor=True)
         ref = reference.norm(tensors, 2.0)
@@ -370,11 +391,11 @@ def test_float64_extremes_are_scaled_and_accurate(small, scale):
 
 @pytest.mark.filterwarnings("ignore:overflow encountered in multiply:RuntimeWarning")
 def test_float64_scaled_partials_keep_inf_and_nan(small):
-    big = random(2 * small.chunk, torch.float64, 12, 1e300)
-    tiny = random(small.chunk, torch.float64, 13, 1e-310)
+    big = random(2 * small.max_chunk, torch.float64, 12, 1e300)
+    tiny = random(small.max_chunk, torch.float64, 13, 1e-310)
     for bad, check in ((float("inf"), math.isinf), (float("nan"), math.isnan)):
-        spoiled = random(small.chunk + 9, torch.float64, 14)
-        spoiled[small.chunk + 4] = bad
+        spoiled = random(small.max_chunk + 9, torch.float64, 14)
+        spoiled[small.max_chunk + 4] = bad
         for tensors in ([big, spoiled], [tiny, spoiled], [spoiled, tiny, big]):
             _, root, _ = l2_partial(tensors)
             assert check(root.item()), (bad, root.item())

@@ -20,7 +20,7 @@ import contextlib
 import importlib.util
 import os
 import struct
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -72,7 +72,8 @@ class Config:
     vector_run: int
     run_elements: int
     scalar_run: int
-    chunk: int  # a multiple of every step: only a tensor's last chunk has a tail
+    max_chunk: int  # elements; a multiple of every step
+    chunks_per_program: int  # aim: so many chunks per program, so that they end together
     programs_per_sm: int
     register_budget: bool  # pass maxnreg (NVIDIA's compiler takes it; AMD's does not)
 
@@ -97,9 +98,29 @@ class Config:
 
 
 REGISTERS_PER_SM = 65536  # every NVIDIA GPU from sm_50 to sm_120
-GPU_CONFIG = Config(8, 32, 8, 32, 16, chunk=65536, programs_per_sm=4, register_budget=True)
-ROCM_CONFIG = Config(4, 64, 8, 32, 16, chunk=65536, programs_per_sm=4, register_budget=False)
-INTERPRETER_CONFIG = Config(1, 32, 2, 8, 4, chunk=512, programs_per_sm=1, register_budget=False)
+GPU_CONFIG = Config(
+    num_warps=8,
+    warp_size=32,
+    vector_run=8,
+    run_elements=32,
+    scalar_run=16,
+    max_chunk=65536,
+    chunks_per_program=16,
+    programs_per_sm=4,
+    register_budget=True,
+)
+ROCM_CONFIG = replace(GPU_CONFIG, num_warps=4, warp_size=64, register_budget=False)
+INTERPRETER_CONFIG = Config(
+    num_warps=1,
+    warp_size=32,
+    vector_run=2,
+    run_elements=8,
+    scalar_run=4,
+    max_chunk=512,
+    chunks_per_program=4,
+    programs_per_sm=1,
+    register_budget=False,
+)
 INTERPRETER_PROGRAMS = 4
 REDUCE_BLOCK = 256  # rows of partials per step of the finalize/per-tensor reductions
 DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
@@ -118,7 +139,7 @@ class Launch:
 
 def _geometry(config: Config, dtype: torch.dtype, aligned: bool) -> dict[str, Any]:
     run, rows, vec = config.geometry(dtype, aligned)
-    return {"ALIGNED": aligned, "CHUNK": config.chunk, "R": run, "ROWS": rows, "VEC": vec}
+    return {"ALIGNED": aligned, "R": run, "ROWS": rows, "VEC": vec}
 
 
 def norm_launch(config: Config, dtype: torch.dtype, mode: Mode, aligned: bool) -> Launch:
@@ -161,9 +182,25 @@ def launches(config: Config = GPU_CONFIG) -> list[Launch]:
     return out
 
 
-def is_aligned(addresses: list[int], dtype: torch.dtype, config: Config) -> bool:
-    """Whether every address and chunk start is 16-byte aligned (the ALIGNED kernels' promise)."""
-    return (config.chunk * dtype.itemsize) % 16 == 0 and all(a % 16 == 0 for a in addresses)
+def is_aligned(addresses: list[int]) -> bool:
+    """Whether every address is 16-byte aligned: with chunks of whole steps (16-byte
+    multiples), so is every chunk start, which the ALIGNED kernels promise the compiler."""
+    return all(a % 16 == 0 for a in addresses)
+
+
+def chunk_size(config: Config, dtype: torch.dtype, aligned: bool, total: int, max_programs: int) -> int:
+    """Elements per chunk for ``total`` elements read by up to ``max_programs`` programs.
+
+    Whole steps of the main loop, at most ``config.max_chunk``, and small enough
+    that each program gets about ``config.chunks_per_program`` chunks: a program
+    with one chunk more than the others is then a small delay, not a second
+    wave (with one chunk each, 530 chunks on 528 programs take twice as long
+    as 528).
+    """
+    run, rows, vec = config.geometry(dtype, aligned)
+    step = run * rows * vec
+    wanted = -(-total // (max_programs * config.chunks_per_program))
+    return max(step, min(config.max_chunk, -(-wanted // step) * step))
 
 
 _SM_COUNT: dict[int, int] = {}
@@ -190,6 +227,7 @@ class DtypeTable:
 
     dtype: torch.dtype
     aligned: bool  # every address 16-byte aligned: the ALIGNED kernels (128-bit loads) serve it
+    chunk: int  # elements per chunk
     table: torch.Tensor
     num_tensors: int
     num_chunks: int
@@ -280,20 +318,21 @@ class TritonBackend:
         for i, t in enumerate(tensors):
             positions.setdefault(t.dtype, []).append(i)
         max_programs = _max_programs(device, config)
-        parts, layout = [], []
+        tables, parts, starts = [], [], []
         offset = partial_offset = chunk_offset = tensor_offset = 0
         for dtype, where in positions.items():
             group = [tensors[i] for i in where]
-            addresses = [t.data_ptr() for t in group]
-            part, num_chunks = _table(addresses, [t.numel() for t in group], config.chunk)
+            addresses, numels = [t.data_ptr() for t in group], [t.numel() for t in group]
+            aligned = is_aligned(addresses)
+            chunk = chunk_size(config, dtype, aligned, sum(numels), max_programs)
+            part, num_chunks = _table(addresses, numels, chunk)
             grid = min(num_chunks, max_programs)
-            parts.append(part)
-            layout.append(
-                (
+            tables.append(
+                DtypeTable(
                     dtype,
-                    is_aligned(addresses, dtype, config),
-                    offset,
-                    part.numel(),
+                    aligned,
+                    chunk,
+                    part,
                     len(group),
                     num_chunks,
                     grid,
@@ -302,6 +341,8 @@ class TritonBackend:
                     tensor_offset,
                 )
             )
+            parts.append(part)
+            starts.append(offset)
             offset += part.numel()
             partial_offset += grid
             chunk_offset += num_chunks
@@ -320,10 +361,8 @@ class TritonBackend:
             stream = torch.cuda.current_stream(device)
         else:
             table = host
-        tables = [
-            DtypeTable(dt, aligned, table[start : start + size], n, chunks, grid, row, chunk_row, tensor_row)
-            for dt, aligned, start, size, n, chunks, grid, row, chunk_row, tensor_row in layout
-        ]
+        for t, start in zip(tables, starts):
+            t.table = table[start : start + t.table.numel()]
         device_order = table[offset:] if order is not None else None
         return Prepared(
             device, config, tables, partial_offset, chunk_offset, tensor_offset, device_order, host, stream
@@ -354,6 +393,7 @@ class TritonBackend:
                     t.table,
                     t.num_tensors,
                     t.num_chunks,
+                    t.chunk,
                     partials[t.partial_offset :],
                     chunks[t.chunk_offset :] if per_tensor else partials,
                     float(p),
@@ -398,6 +438,7 @@ class TritonBackend:
                     t.table,
                     t.num_tensors,
                     t.num_chunks,
+                    t.chunk,
                     norm,
                     bits >> 32,
                     bits & 0xFFFFFFFF,

@@ -6,16 +6,16 @@ Every kernel reads its tensors through one int64 table on the device::
      | tensor of each chunk (C) | start of each chunk (C)]
 
 so one launch covers any number of tensors of one dtype. A chunk is at most
-CHUNK elements of one tensor; program ``i`` of ``G`` takes chunks ``i, i+G,
-i+2G, ...``. Offsets are int64 end to end: tensors beyond 2^31 elements are
-read correctly.
+``chunk`` elements of one tensor (the host sizes it so that every program gets
+many); program ``i`` of ``G`` takes chunks ``i, i+G, i+2G, ...``. Offsets are
+int64 end to end: tensors beyond 2^31 elements are read correctly.
 
 A chunk is read in runs of ``R * ROWS * VEC`` elements: one load per run, a
 tile of shape ``(R, ROWS, VEC)`` where each of the ROWS threads holds ``R``
 vectors of VEC consecutive elements (16 bytes). Whole runs are loaded without a
 mask; only the last run of a tensor is masked. With ALIGNED (every tensor's
 address 16-byte aligned, which the host checks; chunk starts are multiples of
-CHUNK) the compiler is told so, and each vector becomes one 128-bit load.
+``chunk``, itself a multiple of a run) the compiler is told so, and each vector becomes one 128-bit load.
 
 A partial is a pair ``[m, s]``: MODE 0 (p=2) ``norm^2 = scale^2 * s`` with
 ``scale = m`` when ``m > 0``, else 1; MODE 1 (p=1) ``s = sum |x|``; MODE 2
@@ -224,13 +224,11 @@ def _load_run(
 
 
 @triton.jit
-def _chunk_pointer(
-    table_ptr, num_tensors, num_chunks, c, DTYPE: tl.constexpr, ALIGNED: tl.constexpr, CHUNK: tl.constexpr
-):
-    """Chunk c's first element and its number of elements (int32: at most CHUNK)."""
+def _chunk_pointer(table_ptr, num_tensors, num_chunks, chunk, c, DTYPE: tl.constexpr, ALIGNED: tl.constexpr):
+    """Chunk c's first element and its number of elements (int32: at most ``chunk``)."""
     t = tl.load(table_ptr + 3 * num_tensors + 1 + c)
     start = tl.load(table_ptr + 3 * num_tensors + 1 + num_chunks + c)
-    n = tl.minimum(tl.load(table_ptr + num_tensors + t) - start, CHUNK).to(tl.int32)
+    n = tl.minimum(tl.load(table_ptr + num_tensors + t) - start, chunk).to(tl.int32)
     ptr = tl.load(table_ptr + t).to(tl.pointer_type(DTYPE)) + start
     if ALIGNED:
         ptr = tl.multiple_of(ptr, 16)  # bytes: the host checked every address and chunk start
@@ -372,6 +370,7 @@ def norm_partials_kernel(
     table_ptr,
     num_tensors,
     num_chunks,
+    chunk,
     partial_ptr,
     chunk_partial_ptr,
     p,
@@ -379,7 +378,6 @@ def norm_partials_kernel(
     DTYPE: tl.constexpr,
     MODE: tl.constexpr,
     ALIGNED: tl.constexpr,
-    CHUNK: tl.constexpr,
     R: tl.constexpr,
     ROWS: tl.constexpr,
     VEC: tl.constexpr,
@@ -394,7 +392,7 @@ def norm_partials_kernel(
     run_m = tl.zeros((), tl.float64)
     run_s = tl.zeros((), tl.float64)
     for c in range(pid, num_chunks, tl.num_programs(0)):
-        chunk_ptr, n = _chunk_pointer(table_ptr, num_tensors, num_chunks, c, DTYPE, ALIGNED, CHUNK)
+        chunk_ptr, n = _chunk_pointer(table_ptr, num_tensors, num_chunks, chunk, c, DTYPE, ALIGNED)
         m, s = _chunk_partial(chunk_ptr, n, p, DTYPE, MODE, R, ROWS, VEC)
         if per_chunk != 0:
             tl.store(chunk_partial_ptr + 2 * c, m)
@@ -531,13 +529,13 @@ def scale_kernel(
     table_ptr,
     num_tensors,
     num_chunks,
+    chunk,
     norm_ptr,
     max_norm_hi,
     max_norm_lo,
     DTYPE: tl.constexpr,
     NORM_IS_F64: tl.constexpr,
     ALIGNED: tl.constexpr,
-    CHUNK: tl.constexpr,
     R: tl.constexpr,
     ROWS: tl.constexpr,
     VEC: tl.constexpr,
@@ -566,7 +564,7 @@ def scale_kernel(
         c = coef.to(tl.float64 if DTYPE == tl.float64 else tl.float32)
         RUN: tl.constexpr = R * ROWS * VEC
         for ci in range(tl.program_id(0), num_chunks, tl.num_programs(0)):
-            chunk_ptr, n = _chunk_pointer(table_ptr, num_tensors, num_chunks, ci, DTYPE, ALIGNED, CHUNK)
+            chunk_ptr, n = _chunk_pointer(table_ptr, num_tensors, num_chunks, chunk, ci, DTYPE, ALIGNED)
             num_runs = n // RUN
             for i in range(0, num_runs):
                 _scale_run(chunk_ptr, i * RUN, n, c, DTYPE, R, ROWS, VEC, False)
