@@ -204,7 +204,7 @@ def emulate_l2(tensors, config, max_programs, chain=False):
     """The float32 L2 norm kernel's sum of squares, in NumPy, in the kernel's own order.
 
     Chunks (sized as the backend sizes them) go to the programs in turn; a chunk
-    is read in steps of shape (R, ROWS, VEC); each of the ROWS threads sums its
+    is read in steps of shape (R, ROWS, VEC), the last one masked; each of the ROWS threads sums its
     R * VEC squares in float32 (over VEC, then over R, as the interpreter's
     tl.sum does; or, with ``chain``, in one running float32 sum, the order with
     the largest rounding error bound) and adds the result to its float64 total;
@@ -236,11 +236,10 @@ def emulate_l2(tensors, config, max_programs, chain=False):
             whole = x.size // step * step
             for off in range(0, whole, step):
                 acc += thread_sums(x[off : off + step]).astype(np.float64)
-            for off in range(whole, x.size, rows * vec):
-                tile = np.zeros(rows * vec, np.float32)
-                tail = x[off : off + rows * vec]
-                tile[: tail.size] = tail
-                acc += thread_sums(tile).astype(np.float64)
+            if whole < x.size:  # the tail: one masked step
+                tail = np.zeros(step, np.float32)
+                tail[: x.size - whole] = x[whole:]
+                acc += thread_sums(tail).astype(np.float64)
             total = np.sum(acc)
             assert 2.0**-100 <= total < np.inf
             per_program[chunk_index % programs] += total

@@ -267,13 +267,12 @@ def _chunk_sum(
 ):
     """The chunk's sum (MODE 0, 1) or max |x| (MODE 2, exact), and whether any value is nonzero.
 
-    Whole runs of R tiles are read unmasked (R = 0: none, for the rare second
-    reads, whose code stays small), the rest in masked tiles. Each thread
-    carries its runs' sums in float64.
+    Whole runs of R tiles are read unmasked, the rest in one masked run (R = 0:
+    masked tiles only, for the rare second reads, whose code stays small). Each
+    thread carries its runs' sums in float64.
     """
     acc = tl.zeros((ROWS,), tl.float64)
     top = tl.zeros((ROWS,), tl.int64 if CDT == tl.float64 else tl.int32)
-    tail = 0
     if R > 0:
         RUN: tl.constexpr = R * ROWS * VEC
         num_runs = n // RUN
@@ -282,12 +281,17 @@ def _chunk_sum(
             part, run_top = _run_sum(x, MODE, DTYPE, CDT, scale, SCALED)
             acc += part.to(tl.float64)
             top = tl.maximum(top, run_top)
-        tail = num_runs * RUN
-    for off in range(tail, n, ROWS * VEC):
-        x = _load_run(chunk_ptr, off, n, 1, ROWS, VEC, True)
-        part, run_top = _run_sum(x, MODE, DTYPE, CDT, scale, SCALED)
-        acc += part.to(tl.float64)
-        top = tl.maximum(top, run_top)
+        if num_runs * RUN < n:  # the tail, in one masked run: one memory latency
+            x = _load_run(chunk_ptr, num_runs * RUN, n, R, ROWS, VEC, True)
+            part, run_top = _run_sum(x, MODE, DTYPE, CDT, scale, SCALED)
+            acc += part.to(tl.float64)
+            top = tl.maximum(top, run_top)
+    else:
+        for off in range(0, n, ROWS * VEC):
+            x = _load_run(chunk_ptr, off, n, 1, ROWS, VEC, True)
+            part, run_top = _run_sum(x, MODE, DTYPE, CDT, scale, SCALED)
+            acc += part.to(tl.float64)
+            top = tl.maximum(top, run_top)
     top = tl.max(top)
     if MODE == 2:
         total = top.to(CDT, bitcast=True).to(tl.float64)
@@ -568,5 +572,5 @@ def scale_kernel(
             num_runs = n // RUN
             for i in range(0, num_runs):
                 _scale_run(chunk_ptr, i * RUN, n, c, DTYPE, R, ROWS, VEC, False)
-            for off in range(num_runs * RUN, n, ROWS * VEC):
+            for off in range(num_runs * RUN, n, ROWS * VEC):  # the tail: masked tiles (no spills)
                 _scale_run(chunk_ptr, off, n, c, DTYPE, 1, ROWS, VEC, True)
