@@ -51,6 +51,9 @@ def _interpret_requested() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
+DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+
+
 @dataclass(frozen=True)
 class Config:
     """Launch geometry; the interpreter gets a small one so tests cover many chunks quickly.
@@ -76,6 +79,13 @@ class Config:
     chunks_per_program: int  # aim: so many chunks per program, so that they end together
     programs_per_sm: int
     register_budget: bool  # pass maxnreg (NVIDIA's compiler takes it; AMD's does not)
+
+    def __post_init__(self) -> None:
+        for dtype in DTYPES:
+            for aligned in (True, False):
+                run, rows, vec = self.geometry(dtype, aligned)
+                if self.max_chunk % (run * rows * vec):
+                    raise ValueError(f"max_chunk={self.max_chunk} is not a whole number of steps for {dtype}")
 
     @property
     def rows(self) -> int:
@@ -123,7 +133,6 @@ INTERPRETER_CONFIG = Config(
 )
 INTERPRETER_PROGRAMS = 4
 REDUCE_BLOCK = 256  # rows of partials per step of the finalize/per-tensor reductions
-DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 
 
 @dataclass(frozen=True)

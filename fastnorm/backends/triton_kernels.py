@@ -12,10 +12,12 @@ int64 end to end: tensors beyond 2^31 elements are read correctly.
 
 A chunk is read in runs of ``R * ROWS * VEC`` elements: one load per run, a
 tile of shape ``(R, ROWS, VEC)`` where each of the ROWS threads holds ``R``
-vectors of VEC consecutive elements (16 bytes). Whole runs are loaded without a
-mask; only the last run of a tensor is masked. With ALIGNED (every tensor's
-address 16-byte aligned, which the host checks; chunk starts are multiples of
-``chunk``, itself a multiple of a run) the compiler is told so, and each vector becomes one 128-bit load.
+vectors of VEC consecutive elements, and consecutive threads read consecutive
+vectors. Whole runs are loaded without a mask; only the last run of a tensor
+is masked. The ALIGNED kernels read 16-byte vectors and tell the compiler that
+they are aligned (the host checks every tensor's address; chunk starts are
+multiples of ``chunk``, itself a multiple of a run), so each becomes one
+128-bit load; the general ones (VEC = 1) read single elements.
 
 A partial is a pair ``[m, s]``: MODE 0 (p=2) ``norm^2 = scale^2 * s`` with
 ``scale = m`` when ``m > 0``, else 1; MODE 1 (p=1) ``s = sum |x|``; MODE 2
@@ -24,12 +26,12 @@ A partial is a pair ``[m, s]``: MODE 0 (p=2) ``norm^2 = scale^2 * s`` with
 overflows. NaN anywhere makes the partial NaN.
 
 Sums of 16-bit and float32 values (MODE 0 and 1) run in float32 within a run,
-one sum per thread (R * VEC values), and the runs are carried in float64: one
-float64 add per run instead of per element, so the kernel stays memory-bound on
-GPUs whose float64 rate is 1/64 of float32. A chunk whose float32 sums cannot
-be trusted (a square or sum past float32's range, or squares so small that
-they lose their precision) is read again and summed in float64; a chunk of
-ordinary values is read once. float64 gradients are summed in float64, and a
+one sum per thread (its R * VEC values, at most 32), and the runs are carried
+in float64: one float64 add per run instead of per element, so the kernel
+stays memory-bound on GPUs whose float64 rate is 1/64 of float32. A chunk
+whose float32 sums cannot be trusted (a square or sum past float32's range, or
+squares so small that they lose their precision) is read again and summed in
+float64; a chunk of ordinary values is read once. float64 gradients are summed in float64, and a
 chunk whose plain sum of squares would overflow or underflow is summed scaled
 by a power of two (MODE 0's ``m``), so the norm is finite and accurate from
 1e-310 to 1e300.
