@@ -128,6 +128,15 @@ def test_general_kernels_read_one_element_per_load_and_say_so():
     }
 
 
+def test_amd_targets_compile_with_128_bit_loads():
+    command = ["-m", "fastnorm", "kernels", "--json", "--target", "gfx942", "--kernel", "scale"]
+    result = run_python(command, TRITON_INTERPRET="0")
+    assert result.returncode == 0, result.stderr
+    aligned = [r for r in json.loads(result.stdout) if r["variant"].startswith("aligned")]
+    assert len(aligned) == 7 and all(r["load_bits"] == r["store_bits"] == [128] for r in aligned), aligned
+    assert all(r["spills"] == 0 for r in aligned)
+
+
 def test_a_target_that_cannot_compile_is_reported_and_the_others_carry_on():
     result = run_python(
         ["-m", "fastnorm", "kernels", "--target", "sm_90,sm_1,gfx_bad", "--kernel", "finalize"],

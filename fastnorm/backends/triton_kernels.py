@@ -409,6 +409,16 @@ def norm_partials_kernel(
 
 
 @triton.jit
+def _rows(partial_ptr, off, end, BLOCK: tl.constexpr):
+    """Partial rows [off, off + BLOCK) as (m, s) vectors, zeros from row ``end`` on."""
+    idx = off + tl.arange(0, BLOCK)
+    mask = idx < end
+    return tl.load(partial_ptr + 2 * idx, mask=mask, other=0.0), tl.load(
+        partial_ptr + 2 * idx + 1, mask=mask, other=0.0
+    )
+
+
+@triton.jit
 def _reduce_rows(partial_ptr, start, end, p, MODE: tl.constexpr, BLOCK: tl.constexpr):
     """The partial of partial rows [start, end), reduced in a fixed order."""
     total_m = tl.zeros((), tl.float64)
@@ -416,44 +426,34 @@ def _reduce_rows(partial_ptr, start, end, p, MODE: tl.constexpr, BLOCK: tl.const
     if MODE == 1:
         acc = tl.zeros((BLOCK,), tl.float64)
         for off in range(start, end, BLOCK):
-            idx = off + tl.arange(0, BLOCK)
-            acc += tl.load(partial_ptr + 2 * idx + 1, mask=idx < end, other=0.0)
+            _, s = _rows(partial_ptr, off, end, BLOCK)
+            acc += s
         total_s = tl.sum(acc, 0)
     elif MODE == 0:
         # The largest scale among non-empty rows, then every row moved to it;
         # rows that are all plain (m == 0) add up as a plain sum.
         top = tl.zeros((BLOCK,), tl.float64)
         for off in range(start, end, BLOCK):
-            idx = off + tl.arange(0, BLOCK)
-            mask = idx < end
-            m = tl.load(partial_ptr + 2 * idx, mask=mask, other=0.0)
-            s = tl.load(partial_ptr + 2 * idx + 1, mask=mask, other=0.0)
+            m, s = _rows(partial_ptr, off, end, BLOCK)
             top = tl.maximum(top, tl.where(s != 0, _l2_scale(m), 0.0))
         scale = tl.max(top, 0)
         scale = tl.where(scale > 0, scale, 1.0)
         acc = tl.zeros((BLOCK,), tl.float64)
         for off in range(start, end, BLOCK):
-            idx = off + tl.arange(0, BLOCK)
-            mask = idx < end
-            m = tl.load(partial_ptr + 2 * idx, mask=mask, other=0.0)
-            s = tl.load(partial_ptr + 2 * idx + 1, mask=mask, other=0.0)
+            m, s = _rows(partial_ptr, off, end, BLOCK)
             acc += _l2_rescaled(s, _l2_scale(m), scale)
         total_s = tl.sum(acc, 0)
         total_m = tl.where(scale == 1.0, 0.0, scale)
     else:
         top = tl.zeros((BLOCK,), tl.float64)
         for off in range(start, end, BLOCK):
-            idx = off + tl.arange(0, BLOCK)
-            m = tl.load(partial_ptr + 2 * idx, mask=idx < end, other=0.0)
+            m, _ = _rows(partial_ptr, off, end, BLOCK)
             top = _max_nan(m, top)
         total_m = _nan_max(top)
         if MODE == 3:
             acc = tl.zeros((BLOCK,), tl.float64)
             for off in range(start, end, BLOCK):
-                idx = off + tl.arange(0, BLOCK)
-                mask = idx < end
-                m = tl.load(partial_ptr + 2 * idx, mask=mask, other=0.0)
-                s = tl.load(partial_ptr + 2 * idx + 1, mask=mask, other=0.0)
+                m, s = _rows(partial_ptr, off, end, BLOCK)
                 acc += s * tl.where(m == total_m, 1.0, _pow_ratio(m, total_m, p))
             total_s = tl.sum(acc, 0)
     return total_m, total_s
