@@ -80,7 +80,7 @@ def test_plot_png(tmp_path, capsys):
 
 def test_plot_draws_the_events_and_the_threshold(tmp_path):
     pytest.importorskip("matplotlib")
-    from fastnorm.plot import plot
+    from fastnorm.monitoring.plot import plot
 
     values = case("exploding", seed=4)[0]
     values[100] = math.inf

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from fastnorm.diagnosis import Diagnoser, diagnose
+from fastnorm.monitoring.diagnosis import Diagnoser, diagnose
 from synthetic import NAMES, K, N, case, noise, scaled
 
 SEEDS = [0, 1, 2]
@@ -173,7 +173,7 @@ def test_bad_input_raises(steps, values, kwargs, match):
 def test_runs_without_torch():
     # Loaded as a file, with torch (and the package, which imports it) made unimportable:
     # the diagnosis must not need it.
-    path = Path(__file__).resolve().parents[1] / "fastnorm" / "diagnosis.py"
+    path = Path(__file__).resolve().parents[1] / "fastnorm" / "monitoring" / "diagnosis.py"
     code = (
         "import sys, importlib.util\n"
         "sys.modules['torch'] = sys.modules['fastnorm'] = None\n"

@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from fastnorm.diagnosis import diagnose
-from fastnorm.loggers import (
+from fastnorm.monitoring.diagnosis import diagnose
+from fastnorm.monitoring.loggers import (
     ConsoleLogger,
     JsonlLogger,
     MLflowLogger,

@@ -255,7 +255,7 @@ def test_layer_norms_by_depth_and_missing_grads():
 
 
 def test_combine_does_not_overflow_and_keeps_nan():
-    from fastnorm.monitor import combine
+    from fastnorm.monitoring.monitor import combine
 
     norms = torch.tensor([1e30, 1e30, math.nan, 1.0, 3.0], dtype=torch.float32)
     index = torch.tensor([0, 0, 1, 1, 2])

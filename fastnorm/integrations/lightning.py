@@ -16,9 +16,9 @@ except ImportError as exc:
         "fastnorm.integrations.lightning needs Lightning: pip install 'fastnorm[lightning]'"
     ) from exc
 
-from fastnorm.diagnosis import Diagnoser
-from fastnorm.loggers import Logger
-from fastnorm.monitor import GradNormMonitor, LayerNorms
+from fastnorm.monitoring.diagnosis import Diagnoser
+from fastnorm.monitoring.loggers import Logger
+from fastnorm.monitoring.monitor import GradNormMonitor, LayerNorms
 from fastnorm.norm import clip_, total_norm
 
 

@@ -28,8 +28,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from fastnorm.diagnosis import Diagnoser, Diagnosis
-from fastnorm.loggers import Logger, Window, window_stats
+from fastnorm.monitoring.diagnosis import Diagnoser, Diagnosis
+from fastnorm.monitoring.loggers import Logger, Window, window_stats
 from fastnorm.norm import tensor_norms
 
 
@@ -65,7 +65,7 @@ class GradNormMonitor:
             host and one call of each logger per window. The device buffer
             holds this many values and never grows. Default: 50.
         loggers (sequence of Logger): where the windows go (see
-            :mod:`fastnorm.loggers`). Closed by :meth:`close`.
+            :mod:`fastnorm.monitoring.loggers`). Closed by :meth:`close`.
         max_norm (float, optional): the clipping threshold given to
             ``clip_``; with it each window reports the fraction of its steps
             that were clipped.

@@ -25,8 +25,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from fastnorm.loggers import KEY
-
+KEY = "gradient_norm"  # what GradNormMonitor logs each step's norm as
 KEYS = (KEY, "grad_norm", "train/grad_norm", "train/gradient_norm", "grad_2.0_norm_total")
 STEP_KEYS = ("step", "global_step", "_step", "trainer/global_step")
 MAX_NORM_KEY = f"{KEY}_max_norm"

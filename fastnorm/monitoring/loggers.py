@@ -26,9 +26,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from fastnorm.diagnosis import Diagnosis
-
-KEY = "gradient_norm"
+from fastnorm.monitoring.diagnosis import Diagnosis
+from fastnorm.monitoring.series import KEY
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from fastnorm.diagnosis import EXPLODING, NONFINITE, SPIKE, VANISHING, Diagnosis
+from fastnorm.monitoring.diagnosis import EXPLODING, NONFINITE, SPIKE, VANISHING, Diagnosis
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
