@@ -21,13 +21,14 @@ from fastnorm.monitoring.loggers import (
     WandbLogger,
     Window,
 )
-from fastnorm.monitoring.monitor import GradNormMonitor, LayerNorms, UnstableGradientWarning
+from fastnorm.monitoring.monitor import GradNormMonitor, LayerNorms, MonitorWarning, UnstableGradientWarning
 from fastnorm.monitoring.series import Series, read_series
 
 __all__ = [
     "GradNormMonitor",
     "LayerNorms",
     "UnstableGradientWarning",
+    "MonitorWarning",
     "Logger",
     "Window",
     "JsonlLogger",
