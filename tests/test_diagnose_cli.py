@@ -79,9 +79,7 @@ def test_text_report_with_the_loss_and_max_norm(tmp_path, capsys):
     assert out[1] == f"verdict: diverged ({N} steps read with the loss)"
     start = int(out[2].split()[2].split("-")[0])
     assert K <= start <= K + 15  # as the norm alone dates it (synthetic.case)
-    assert out[2].startswith(
-        f"  diverged  steps {start}-{N - 1}: the norm left its band upwards at step {start}"
-    )
+    assert out[2].startswith(f"  diverged  steps {start}-{N - 1}: the norm rose from step {start}")
     assert out[4].startswith("    - Tighten the gradient clipping: max_norm=5 is set")
 
 
@@ -126,20 +124,20 @@ def test_plot_draws_the_events_the_threshold_zeros_and_the_loss(tmp_path):
     values = case("exploding", seed=4)[0]
     values[100] = math.inf  # a skipped step: a one-step event
     values[150] = values[151] = 0.0  # exact zeros: on the axis floor
-    loss = (range(N), [1.0 + i / N for i in range(N)])
+    loss = (range(N), [2.0 - i / N for i in range(N)])
     d = diagnose(range(N), values, loss=loss)
     fig = plot(range(N), values, d, tmp_path / "p.png", max_norm=2.0, title="run 7", loss=loss)
     ax, twin = fig.axes
     assert ax.get_yscale() == "log"
     assert ax.get_title() == f"run 7 (verdict: {d.verdict})"
     spans = [(p.get_x(), p.get_x() + p.get_width()) for p in ax.patches]
-    assert len(spans) == len(d.events) and [e.kind for e in d.events][:2] == ["skipped", "spike"]
+    assert len(spans) == len(d.events) and "skipped" in [e.kind for e in d.events]
     for (left, right), e in zip(spans, d.events):
         assert right - left >= max(e.end_step - e.start_step + 1, MIN_WIDTH * N) - 1e-9
         assert left <= e.start_step and right >= e.end_step
-    labels = ax.get_legend().get_texts()
-    assert [t.get_text() for t in labels][:3] == ["gradient norm", "zero norm", "skipped"]
-    assert [t.get_text() for t in labels][-2:] == ["max_norm=2", "loss"]
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert labels[:2] == ["gradient norm", "zero norm"] and labels[-2:] == ["max_norm=2", "loss"]
+    assert labels[2:-2] == list(dict.fromkeys(e.kind for e in d.events))  # each kind once
     [threshold] = [line for line in ax.get_lines() if line.get_linestyle() == "--"]
     assert list(threshold.get_ydata()) == [2.0, 2.0]
     [marks] = [line for line in ax.get_lines() if line.get_marker() == "|"]

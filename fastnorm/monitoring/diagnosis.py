@@ -61,6 +61,14 @@ DECAY = "decay"
 INVALID = "invalid"
 
 UNSTABLE = (NONFINITE, DIVERGED, EXPLODING, VANISHING, STALLED)  # most severe first
+HEADLINES = {
+    NONFINITE: "non-finite values appeared",
+    DIVERGED: "the run diverged",
+    EXPLODING: "the gradient norm is exploding",
+    VANISHING: "the gradients are vanishing",
+    STALLED: "the loss has stalled",
+    STABLE: "the run is stable",
+}
 KINDS = (*UNSTABLE, SPIKE, SKIPPED, GROWTH, DECAY, INVALID)
 
 _MAD_TO_SIGMA = 1.4826  # MAD of a normal distribution times this is its standard deviation
@@ -68,6 +76,8 @@ _ZERO = 1e-45  # a zero norm is read as this (below float32's least subnormal), 
 _LOG_ZERO = math.log10(_ZERO)
 _F32_EPS = 2.0**-24  # below this fraction of the largest layer norm, float32 cannot even add it
 _LOSS_POINTS = 1024  # the loss is kept at most this finely (pairs averaged beyond)
+_MIN_LOSS_POINTS = 20  # fewer losses say nothing about the run's course
+_NEVER_POINTS = 200  # a loss flat for fewer points may just not have started (a warmup)
 
 Track = Union[Mapping[int, float], tuple[Iterable[int], Iterable[Any]]]
 
@@ -135,6 +145,11 @@ class Diagnosis:
         """The first step of the first unstable event; None when stable."""
         return next((e.start_step for e in self.events if e.kind in UNSTABLE), None)
 
+    def headline(self) -> str:
+        """The verdict in words, with its onset: ``"the run diverged (since step 450)"``."""
+        onset = self.onset
+        return HEADLINES[self.verdict] + (f" (since step {onset})" if onset is not None else "")
+
     def to_dict(self) -> dict:
         """The diagnosis as plain JSON-ready data."""
         return {
@@ -167,7 +182,8 @@ class Diagnosis:
                 if e is not same[0]:
                     continue
                 spans = ", ".join(_span(s) for s in same[:12]) + (", ..." if len(same) > 12 else "")
-                where = f"{sum(s.count for s in same)} steps ({spans})"
+                count = sum(s.count for s in same)
+                where = f"{count} step{'s' if count != 1 else ''} ({spans})"
                 detail = e.detail.split(": ", 1)[-1]
             else:
                 where = f"step {e.start_step}" if e.start_step == e.end_step else f"steps {_span(e)}"
@@ -555,6 +571,7 @@ class Diagnoser:
         self._finite = 0
         self._first_step: int | None = None
         self._last_step: int | None = None
+        self._levels = _Thinned(_LOSS_POINTS)  # log10 of the finite norms, for levels around a loss jump
         self._loss = _Thinned(_LOSS_POINTS)
         self._loss_nonfinite: list[_Run] = []
         self._loss_read = False
@@ -600,6 +617,7 @@ class Diagnoser:
         _close_run(self._nonfinite)
         x = math.log10(max(value, _ZERO))
         self._finite += 1
+        self._levels.add(step, x)
         base = self._base
         if len(base) < self.warmup:
             base.add(x)
@@ -823,7 +841,10 @@ class Diagnoser:
             drift = self._drift_found(self._drift)
             found.append(replace(drift, event=replace(drift.event, end_step=last)))
         found = _merge(sorted(found, key=lambda f: (f.event.start_step, f.event.end_step)))
-        loss = _LossView(self._loss.all(), self.stall_fraction) if len(self._loss) >= 20 else None
+        loss = None
+        if len(self._loss) >= _MIN_LOSS_POINTS:
+            warming = self._lr_warming and self._lr_rising_until is not None  # the lr still rising
+            loss = _LossView(self._loss.all(), self.stall_fraction, judge_start=not warming)
         events: list[Event] = []
         events += self._nonfinite_events(last, loss is not None or self._loss_read)
         events += [
@@ -913,21 +934,28 @@ class Diagnoser:
             spans = ups + [
                 (f.event.start_step, f.event.end_step, f.extreme - f.base) for f in found if f.side > 0
             ]
-            linked = sorted(
-                a
-                for a, b, peak in spans
-                if a <= start + near and b >= start - near and peak >= self.spike_orders
-            )
-            if not never and linked:
-                # A norm departure then a loss that jumped and stayed up: a divergence from the departure.
-                onset = linked[0]
+            # Norm rises around the loss's jump, or a sustained explosion while the loss stayed up.
+            linked = [(a, peak) for a, b, peak in spans if a <= start + near and b >= start - near]
+            linked += [
+                (f.event.start_step, f.extreme - f.base)
+                for f in found
+                if f.event.kind == EXPLODING and f.event.end_step >= start - near
+            ]
+            levels = self._levels.all()
+            before = _median(sorted(x for s, x in levels if start - 4 * near <= s < start) or [math.nan])
+            after = [x for s, x in levels if s >= start]
+            rise = _median(sorted(after[: 4 * near])) - before if after and before == before else 0.0
+            strong = max((peak for _, peak in linked), default=0.0) >= self.spike_orders or rise >= 0.5
+            if not never and strong:
+                # The norm went up with a loss that jumped and stayed up: a divergence, from the norm's rise.
+                onset = min([a for a, _ in linked] + [start])
                 consumed = {
                     i
                     for i, f in enumerate(found)
                     if f.side > 0 and onset - near <= f.event.start_step <= start + near
                 }
-                peak = max((found[i].extreme for i in consumed), default=None)
-                base = min((found[i].base for i in consumed), default=None)
+                peak = max([found[i].extreme for i in consumed] + after, default=None)
+                base = before if before == before else min((found[i].base for i in consumed), default=None)
                 lower, clip, precision, *data = self._explode_actions(peak, base, onset, found)
                 resume = f"Resume from a checkpoint saved before step {onset}, with the changes above."
                 loss_events.append(
@@ -935,7 +963,8 @@ class Diagnoser:
                         DIVERGED,
                         onset,
                         last,
-                        f"the norm left its band upwards at step {onset}; {detail}",
+                        f"the norm rose from step {onset} (from {_from_log(base)} to {_from_log(peak)}); "
+                        + detail,
                         (lower, clip, precision, *data, resume),
                     )
                 )
@@ -1116,7 +1145,8 @@ def _merge(found: list[_Found]) -> list[_Found]:
 class _LossView:
     """The shape of a (thinned) loss series: its initial level, best, final level and noise."""
 
-    def __init__(self, points: list[tuple[int, float]], stall_fraction: float) -> None:
+    def __init__(self, points: list[tuple[int, float]], stall_fraction: float, judge_start: bool) -> None:
+        self.judge_start = judge_start and len(points) >= _NEVER_POINTS
         self.steps = [s for s, _ in points]
         ys = [v for _, v in points]
         n = len(ys)
@@ -1144,10 +1174,14 @@ class _LossView:
         regained = self.final - self.best
         above = self.final > self.first + max(self.tol, 0.1 * abs(self.first))
         if not above and (progress < self.tol or regained < max(0.5 * progress, self.tol)):
-            return (True, self.steps[0], f"the loss never improved: {s}") if progress < self.tol else None
-        bound = self.best + 0.5 * regained  # dated where the smoothed loss first got half-way back up
-        i = next(j for j in range(self._best_index, len(self.smooth)) if self.smooth[j] >= bound)
-        start = self.steps[i]
+            if progress < self.tol and self.judge_start:
+                return True, self.steps[0], f"the loss never improved: {s}"
+            return None
+        # Dated where the smoothed loss left the neighbourhood of its best for good.
+        i = len(self.smooth) - 1
+        while i > self._best_index and self.smooth[i] > self.best + self.tol:
+            i -= 1
+        start = self.steps[min(i + 1, len(self.steps) - 1)]
         if above:
             what = "rose above its initial level"
         elif self.final >= self.first - 0.1 * progress:

@@ -330,7 +330,7 @@ class _Recorder:
         d = self.diagnosis
         if self.warn and d.unstable and d.verdict not in self.warned:
             self.warned.add(d.verdict)
-            _warn(f"fastnorm: the gradient norm is {d.verdict}.\n{d.report()}", UnstableGradientWarning)
+            _warn(f"fastnorm: {d.headline()}.\n{d.report()}", UnstableGradientWarning)
 
     def failed(self, i: int, exc: Exception, doing: str) -> None:
         self.logger_failures[i] += 1

@@ -149,7 +149,7 @@ def plot(
         if points:
             twin = ax.twinx()
             xs, ls = zip(*points)
-            (line,) = twin.plot(xs, ls, lw=0.8, color="tab:cyan", alpha=0.9, label="loss")
+            (line,) = twin.plot(xs, ls, lw=0.8, color="tab:cyan", alpha=0.7, label="loss")
             if min(ls) > 0 and max(ls) / min(ls) > 100:
                 twin.set_yscale("log")
             twin.set_ylabel("loss")
