@@ -563,21 +563,24 @@ def test_real_run_with_sane_learning_rate_is_stable(one_thread):
 @pytest.mark.cuda
 def test_cuda_updates_never_synchronize():
     expected = norms(2 * 16 + 5, seed=2)
+    losses = norms(2 * 16 + 5, seed=3)
     given = [torch.tensor(v, device="cuda") for v in expected]
+    given_losses = [torch.tensor(v, device="cuda") for v in losses]
     rec = Recorder()
     monitor = GradNormMonitor(16, [rec], diagnose=False)
-    monitor.update(given[0])  # allocates the buffers
+    monitor.update(given[0], loss=given_losses[0])  # allocates the buffers
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        for norm in given[1:]:
-            monitor.update(norm)
+        for norm, loss in zip(given[1:], given_losses[1:]):
+            monitor.update(norm, loss=loss)
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert monitor.transfers == 2
     monitor.close()
     assert monitor.transfers == 3
     assert rec.values == pytest.approx(expected, rel=1e-6)
+    assert [v for w in rec.windows for v in w.losses] == pytest.approx(losses, rel=1e-6)
     assert rec.steps == list(range(len(expected)))
 
 

@@ -204,6 +204,11 @@ def _num(value: float) -> str:
     return "0" if value == 0 else f"{value:.3g}"
 
 
+def _level(x: float | None) -> str:
+    """A norm read in log10, or "?" where none was read."""
+    return "?" if x is None else _from_log(x)
+
+
 def _from_log(x: float) -> str:
     """A norm read in log10: the zeros (read as _ZERO) printed as 0, never as the stand-in."""
     return "0" if x <= _LOG_ZERO else _num(10.0**x)
@@ -439,7 +444,6 @@ class _Layers:
 
     first_step: int | None = None
     seen: set = field(default_factory=set)  # layers that had a non-zero gradient at some snapshot
-    names: tuple = ()
     streak_start: int | None = None  # the first snapshot of the current vanishing streak
     streak_first: bool = False  # that streak began at the very first snapshot
     streak_detail: str = ""
@@ -746,7 +750,6 @@ class Diagnoser:
         if lay.first_step is None:
             lay.first_step = step
         lay.snapshots += 1
-        lay.names = tuple(values)
         zeros = [n for n, v in values.items() if v == 0 and n in lay.seen]
         lay.seen.update(n for n, v in values.items() if v > 0)
         positive = {n: v for n, v in values.items() if v > 0}
@@ -931,31 +934,31 @@ class Diagnoser:
         if shape is not None:
             never, start, detail = shape
             near = max(10, loss.w)
-            spans = ups + [
-                (f.event.start_step, f.event.end_step, f.extreme - f.base) for f in found if f.side > 0
-            ]
-            # Norm rises around the loss's jump, or a sustained explosion while the loss stayed up.
-            linked = [(a, peak) for a, b, peak in spans if a <= start + near and b >= start - near]
-            linked += [
-                (f.event.start_step, f.extreme - f.base)
-                for f in found
-                if f.event.kind == EXPLODING and f.event.end_step >= start - near
-            ]
+            # The norm's rises that go with the loss's: around its jump, or sustained while it stayed up.
+            ours = {
+                i
+                for i, f in enumerate(found)
+                if f.side > 0
+                and (
+                    (f.event.start_step <= start + near and f.event.end_step >= start - near)
+                    or (f.event.kind == EXPLODING and f.event.end_step >= start - near)
+                )
+            }
+            linked = [(found[i].event.start_step, found[i].extreme - found[i].base) for i in ours]
+            linked += [(a, peak) for a, b, peak in ups if a <= start + near and b >= start - near]
             levels = self._levels.all()
-            before = _median(sorted(x for s, x in levels if start - 4 * near <= s < start) or [math.nan])
+            before = sorted(x for s, x in levels if start - 4 * near <= s < start) or sorted(
+                x for _, x in levels[: 4 * near]
+            )
             after = [x for s, x in levels if s >= start]
-            rise = _median(sorted(after[: 4 * near])) - before if after and before == before else 0.0
+            rise = _median(sorted(after[: 4 * near])) - _median(before) if after and before else 0.0
             strong = max((peak for _, peak in linked), default=0.0) >= self.spike_orders or rise >= 0.5
             if not never and strong:
                 # The norm went up with a loss that jumped and stayed up: a divergence, from the norm's rise.
                 onset = min([a for a, _ in linked] + [start])
-                consumed = {
-                    i
-                    for i, f in enumerate(found)
-                    if f.side > 0 and onset - near <= f.event.start_step <= start + near
-                }
-                peak = max([found[i].extreme for i in consumed] + after, default=None)
-                base = before if before == before else min((found[i].base for i in consumed), default=None)
+                consumed = ours
+                peak = max([found[i].extreme for i in ours] + after, default=None)
+                base = _median(before) if before else None
                 lower, clip, precision, *data = self._explode_actions(peak, base, onset, found)
                 resume = f"Resume from a checkpoint saved before step {onset}, with the changes above."
                 loss_events.append(
@@ -963,8 +966,7 @@ class Diagnoser:
                         DIVERGED,
                         onset,
                         last,
-                        f"the norm rose from step {onset} (from {_from_log(base)} to {_from_log(peak)}); "
-                        + detail,
+                        f"the norm rose from step {onset} (from {_level(base)} to {_level(peak)}); {detail}",
                         (lower, clip, precision, *data, resume),
                     )
                 )
@@ -1006,9 +1008,7 @@ class Diagnoser:
         return events, loss_events
 
     def _explode_actions(self, peak: float | None, base: float | None, start: int, found: list[_Found]):
-        peak_s = _from_log(peak) if peak is not None else "?"
-        base_s = _from_log(base) if base is not None else "?"
-        actions = [LOWER_LR, _clipping(self.max_norm, peak_s, base_s), PRECISION]
+        actions = [LOWER_LR, _clipping(self.max_norm, _level(peak), _level(base)), PRECISION]
         isolated = [
             f.event.start_step
             for f in found
@@ -1035,7 +1035,9 @@ class Diagnoser:
             )
         elif layers.streak_start is not None or layers.closed:
             vanishing = (
-                "The per-layer norms show vanishing gradients (see the vanishing event): " + NORMALISATION
+                "The per-layer norms show vanishing gradients (see the vanishing event): "
+                + NORMALISATION[0].lower()
+                + NORMALISATION[1:]
             )
         else:
             vanishing = (
