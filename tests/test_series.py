@@ -235,6 +235,8 @@ def test_values_that_are_not_numbers_are_kept_for_the_diagnosis(tmp_path):
     path = tmp_path / "metrics.csv"
     path.write_text("step,gradient_norm\n0,1.0\n1,n/a\n2,-1\n3,inf\n")
     assert read_series(path).values == (1.0, "n/a", -1.0, math.inf)
+    write_jsonl(path.with_suffix(".jsonl"), [{"step": 0, "grad_norm": True}, {"step": 1, "grad_norm": [1]}])
+    assert read_series(path.with_suffix(".jsonl")).values == (True, [1])
 
 
 def test_hugging_face_summary_record_is_not_a_step(tmp_path):

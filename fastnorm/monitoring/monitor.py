@@ -23,6 +23,7 @@ collected or at interpreter exit.
 
 from __future__ import annotations
 
+import collections
 import math
 import numbers
 import sys
@@ -131,7 +132,7 @@ def _check_layer_names(value: Any) -> list[str]:
     bad = [n for n in names if not isinstance(n, str)]
     if bad:
         raise TypeError(f"GradNormMonitor: layer_names must be strings, got {bad[0]!r}")
-    repeated = sorted({n for n in names if names.count(n) > 1})
+    repeated = sorted(n for n, k in collections.Counter(names).items() if k > 1)
     if repeated:
         raise ValueError(f"GradNormMonitor: layer_names must be distinct, repeated: {', '.join(repeated)}")
     return names

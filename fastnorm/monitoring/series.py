@@ -196,8 +196,8 @@ def _first(candidates: Iterable[str], present: dict[str, None], prefix: str | No
 
 def _value(raw: Any) -> Any:
     """A float where the text is a number (``"nan"`` and ``"inf"`` too); anything else as written."""
-    if isinstance(raw, (int, float)) and not isinstance(raw, bool):
-        return float(raw)
+    if isinstance(raw, bool):
+        return raw  # JSON true/false: not a number
     try:
         return float(raw)
     except (TypeError, ValueError):
