@@ -7,19 +7,26 @@ a cadence and diagnoses the trend (``diagnose``, also ``fastnorm diagnose PATH``
 """
 
 from fastnorm.backends import report as backend_report
-from fastnorm.diagnosis import Diagnoser, Diagnosis, Event, diagnose
-from fastnorm.loggers import (
+from fastnorm.monitoring import (
     ConsoleLogger,
+    Diagnoser,
+    Diagnosis,
+    Event,
+    GradNormMonitor,
     JsonlLogger,
+    LayerNorms,
     Logger,
     MLflowLogger,
+    MonitorWarning,
+    Series,
     TensorBoardLogger,
+    UnstableGradientWarning,
     WandbLogger,
     Window,
+    diagnose,
+    read_series,
 )
-from fastnorm.monitor import GradNormMonitor, LayerNorms, UnstableGradientWarning
 from fastnorm.norm import clear_cache, clip_, tensor_norms, total_norm
-from fastnorm.series import Series, read_series
 
 __version__ = "0.1.0"
 
@@ -32,6 +39,7 @@ __all__ = [
     "GradNormMonitor",
     "LayerNorms",
     "UnstableGradientWarning",
+    "MonitorWarning",
     "Logger",
     "Window",
     "JsonlLogger",
