@@ -16,8 +16,8 @@ import weakref
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from functools import cached_property
-from itertools import compress
-from operator import attrgetter
+from itertools import compress, repeat
+from operator import attrgetter, is_not
 from typing import Any
 
 import torch
@@ -151,7 +151,7 @@ class _Entry:
 
     def __init__(self, kind: str, item_ids: list[int], grads: list[Tensor | None], plan: Plan) -> None:
         # "params": every item is a Parameter; "dtensor_params": every item is a
-        # DTensor parameter; "tensors": no item requires grad.
+        # DTensor parameter; "tensors": no item requires grad or has a .grad.
         self.kind = kind
         self.item_ids = item_ids
         self.present = [g is not None for g in grads]
@@ -202,7 +202,8 @@ class _Cache:
         if entry is None or not entry.alive or item_ids != entry.item_ids:
             return None
         if entry.kind == "tensors":
-            if any(map(_get_requires_grad, items)):
+            # An item that starts requiring grad, or gets a .grad, is a parameter now.
+            if any(map(_get_requires_grad, items)) or any(map(is_not, map(_get_grad, items), repeat(None))):
                 return None
             grads = items
         else:
@@ -255,7 +256,7 @@ def _kind(items: list[Any]) -> str | None:
         return "params"
     if items and all(type(item) is DTensor and isinstance(item, Parameter) for item in items):
         return "dtensor_params"
-    if all(type(item) is Tensor and not item.requires_grad for item in items):
+    if all(type(item) is Tensor and not item.requires_grad and item.grad is None for item in items):
         return "tensors"
     return None
 

@@ -117,7 +117,7 @@ def test_scaling_rounds_every_16bit_value_like_torch(monkeypatch, dtype, name):
     param = torch.nn.Parameter(torch.zeros_like(values))
     param.grad = values.clone()
     norm = torch.tensor(2.7182817)
-    fastnorm.clip_([ours], 1.0, total_norm=norm)
+    fastnorm.clip_([ours], 1.0, total_norm=norm, gradients=True)
     torch.nn.utils.clip_grads_with_norm_([param], 1.0, norm)
     theirs = param.grad
     same = (ours.view(torch.int16) == theirs.view(torch.int16)) | (ours.isnan() & theirs.isnan())
@@ -139,7 +139,7 @@ for p in (2.0, 1.0, float("inf"), 3.0):
 bits = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16)
 for dt in (torch.float16, torch.bfloat16):
     x = bits.view(dt).clone()
-    fastnorm.clip_([x], 1.0, total_norm=torch.tensor(3.3))
+    fastnorm.clip_([x], 1.0, total_norm=torch.tensor(3.3), gradients=True)
     # NaN payloads may differ (F16C keeps them, the portable path makes them canonical, as c10 does)
     out[str(dt)] = torch.where(x.isnan(), -1, x.view(torch.int16).int()).tolist()
 import json; print(json.dumps(out))
@@ -275,10 +275,11 @@ def test_cache_notices_a_parameter_reshaped_under_its_gradient(fused):
 def test_clip_after_a_resize_writes_inside_the_tensor_only(fused):
     base = torch.full((10,), 4.0)
     g = base[:10].clone()
-    fastnorm.clip_([g], 1.0)
+    fastnorm.clip_([g], 1.0, gradients=True)
     g.fill_(4.0)
     storage_tail = g.untyped_storage()
     g.resize_(2)
-    fastnorm.clip_([g], 1.0)
+    fastnorm.clip_([g], 1.0, gradients=True)
     whole = torch.tensor([], dtype=g.dtype).set_(storage_tail, 0, (10,))
     assert torch.equal(whole[2:], torch.full((8,), 4.0))  # untouched past the tensor's end
+    torch.testing.assert_close(g, torch.full((2,), 4.0 / (32**0.5 + 1e-6)))  # clipped inside

@@ -116,9 +116,10 @@ def test_the_same_strided_or_sparse_tensor_twice_counts_once(backend):
     for t in (gapped, sparse):
         assert torch.equal(fastnorm.total_norm([t, t]), fastnorm.total_norm([t]))
         once, twice = t.clone(), t
-        fastnorm.clip_([once], 1.0)
-        fastnorm.clip_([twice, twice], 1.0)
+        fastnorm.clip_([once], 1.0, gradients=True)
+        fastnorm.clip_([twice, twice], 1.0, gradients=True)
         torch.testing.assert_close(twice.to_dense(), once.to_dense())
+        assert fastnorm.total_norm([once]).item() == pytest.approx(1.0, rel=1e-5)  # clipped, once
 
 
 def test_empty_float64_gradients_give_a_float64_zero(backend):
