@@ -421,3 +421,61 @@ def test_meta_gradients_get_a_message_naming_the_devices(backend):
     ):
         with pytest.raises(ValueError, match=r"items \[\d\] are on the meta device.*cpu, meta"):
             fastnorm.total_norm(tensors)
+
+
+# ----------------------------------------------------------------------------
+# One answer per input: backend x layout x dtype x p x magnitude
+# ----------------------------------------------------------------------------
+
+LAYOUTS = ["contiguous", "strided", "channels_last", "expanded"]
+MATRIX_NORM_TYPES = [2.0, 1.0, float("inf"), 3.0, 0.5, 100.0, 0.0, -2.0, float("-inf")]
+MAGNITUDES = {  # the magnitudes each dtype can hold
+    torch.float16: [1.0],
+    torch.bfloat16: [1e-30, 1.0, 1e20],
+    torch.float32: [1e-30, 1.0, 1e20],
+    torch.float64: [1e-310, 1e-30, 1.0, 1e20, 1e200],
+}
+MATRIX = [(dtype, magnitude) for dtype, magnitudes in MAGNITUDES.items() for magnitude in magnitudes]
+
+
+def laid_out(shape, layout, dtype, magnitude, g):
+    """A tensor of ``shape`` in ``layout`` whose |x| lie in [magnitude / 2, 3 * magnitude / 2]."""
+
+    def values(size):
+        signs = torch.randint(0, 2, size, generator=g).double() * 2 - 1
+        return ((torch.rand(size, generator=g, dtype=torch.float64) + 0.5) * signs * magnitude).to(dtype)
+
+    n, c, h, w = shape
+    if layout == "contiguous":
+        return values(shape)
+    if layout == "strided":
+        return values((n, c, h, 2 * w))[..., ::2]
+    if layout == "channels_last":
+        return values(shape).to(memory_format=torch.channels_last)
+    return values((n, 1, h, w)).expand(shape)
+
+
+def matrix_tolerance(dtype, p):
+    if dtype != torch.float64:
+        return 5e-6  # a float32 result
+    return 1e-12 if p in (2.0, 1.0, float("inf"), 0.0, float("-inf")) else 1e-9
+
+
+@pytest.mark.parametrize("p", MATRIX_NORM_TYPES, ids=lambda p: f"p{p}")
+@pytest.mark.parametrize("dtype, magnitude", MATRIX, ids=[f"{str(d).split('.')[1]}-{m:g}" for d, m in MATRIX])
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_one_answer_per_input(backend, layout, dtype, magnitude, p):
+    g = torch.Generator().manual_seed(hash((layout, str(dtype), magnitude, p)) % 2**31)
+    tensors = [laid_out(shape, layout, dtype, magnitude, g) for shape in ((2, 3, 4, 5), (3, 2, 2, 3))]
+    assert all(bool((t != 0).all()) and bool(t.isfinite().all()) for t in tensors)  # the dtype holds them
+    total, per_item = fastnorm.tensor_norms(tensors, p)
+    tolerance = matrix_tolerance(dtype, p)
+    expected = reference.total_norm(tensors, p)
+    assert math.isfinite(total.item()) and reference.rel_err(total.item(), expected) <= tolerance, (
+        total.item(),
+        expected,
+    )
+    for t, value in zip(tensors, per_item.tolist()):
+        own = float(t.count_nonzero()) if p == 0 else reference.total_norm([t], p)  # one tensor's count
+        assert reference.rel_err(value, own) <= tolerance
+    assert torch.equal(fastnorm.total_norm(tensors, p), total)
