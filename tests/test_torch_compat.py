@@ -11,9 +11,11 @@ shows that torch differs there.
 from __future__ import annotations
 
 import math
+import re
 import warnings
 from dataclasses import dataclass
 from itertools import product
+from pathlib import Path
 from typing import Any, Callable
 
 import pytest
@@ -351,3 +353,11 @@ def test_difference_a_repeated_tensor_counts_once(fastnorm_backend):
     assert fastnorm.total_norm(ours[0].grad).item() == pytest.approx(1.0, rel=1e-5)  # scaled once
     # torch scales the same gradient twice: 13 / (13 * sqrt(2))^2
     assert torch.nn.utils.get_total_norm([theirs[0].grad]).item() == pytest.approx(1 / 26, rel=1e-4)
+
+
+def test_the_readme_lists_each_deliberate_difference_tested_here():
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme[readme.index("### Deliberate differences from torch") :]
+    listed = re.findall(r"^\d\. \*\*(.+?)\*\*", section[: section.index("\n## ")], flags=re.M)
+    tested = [name for name in globals() if name.startswith("test_difference_")]
+    assert len(listed) == len(tested) == 4, (listed, tested)
