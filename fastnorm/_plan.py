@@ -197,7 +197,9 @@ class _Cache:
         self._size = size
         self._lock = threading.Lock()
 
-    def lookup(self, key: tuple[Any, ...], items: list[Any], item_ids: list[int]) -> Plan | None:
+    def lookup(
+        self, key: tuple[Any, ...], items: list[Any], item_ids: list[int], grads: list[Any] | None = None
+    ) -> Plan | None:
         entry = self._entries.get(key)
         if entry is None or not entry.alive or item_ids != entry.item_ids:
             return None
@@ -207,7 +209,7 @@ class _Cache:
                 return None
             grads = items
         else:
-            grads = list(map(_get_grad, items))
+            grads = list(map(_get_grad, items)) if grads is None else grads
             if any(grads[i] is not None for i in entry.missing):
                 return None
         if not entry.matches(grads):
@@ -261,12 +263,13 @@ def _kind(items: list[Any]) -> str | None:
     return None
 
 
-def plan_for(items: list[Any], p: float, fn: str, group: Any = None) -> Plan:
-    """The plan for ``items``, from the cache when still valid."""
+def plan_for(items: list[Any], p: float, fn: str, group: Any = None, grads: list[Any] | None = None) -> Plan:
+    """The plan for ``items``, from the cache when still valid. ``grads``: the
+    items' ``.grad``, when the caller has read them already (read once per call)."""
     request = requested()
     item_ids = list(map(id, items))
     key = (request, id(group), len(items), item_ids[0] if items else 0, item_ids[-1] if items else 0)
-    plan = _CACHE.lookup(key, items, item_ids)
+    plan = _CACHE.lookup(key, items, item_ids, grads)
     if plan is not None:
         return plan
     grads = collect(items, p, fn, group)

@@ -88,11 +88,12 @@ def _item_gather(plan: Plan) -> list[int]:
     return [total if r is None else offsets[r[0]] + r[1] for r in plan.item_rows]
 
 
-def _plan_for(items: list[Any], p: float, fn: str, group: Any) -> Plan:
+def _plan_for(items: list[Any], p: float, fn: str, group: Any, grads: list[Any] | None = None) -> Plan:
     """The plan for ``items``: cached, fused where it can be, for the norm types
-    the fused backends compute; on the torch backend everywhere for the others."""
+    the fused backends compute; on the torch backend everywhere for the others.
+    ``grads``: the parameters' ``.grad``, already read by the caller."""
     if Mode.of(p).fused:
-        return plan_for(items, p, fn, group)
+        return plan_for(items, p, fn, group, grads)
     return build_plan(collect(items, p, fn, group), "torch")
 
 
@@ -181,15 +182,18 @@ def _clip_targets(items: list[Any], gradients: bool) -> list[Any]:
     return items if len(kept) == len(items) else Items(kept, positions)
 
 
-def _written(targets: list[Any], plan: Plan) -> list[Tensor]:
+def _gradients(targets: list[Any]) -> list[Any]:
+    """Each target's gradient (None where it has none), as ``clip_`` writes them."""
+    return targets if isinstance(targets, Items) and targets.gradients else list(map(_get_grad, targets))
+
+
+def _written(targets: list[Any], grads: list[Any], plan: Plan) -> list[Tensor]:
     """The tensors ``clip_`` may write, after checking that torch would write them.
 
     Refuses, before anything is written, what torch's in-place ops refuse: an
     inference tensor outside inference mode, and a tensor whose elements share
     memory (an expanded one), which only the torch backend's tensors can be.
     """
-    as_gradients = isinstance(targets, Items) and targets.gradients
-    grads = targets if as_gradients else list(map(_get_grad, targets))
     present = [g for g in grads if g is not None]
 
     def position_of(tensor: Tensor) -> int:
@@ -366,8 +370,9 @@ def clip_(
             return torch.ops.fastnorm.clip_(grads, bound, p)
         torch.ops.fastnorm.scale_(grads, total_norm, bound)
         return total_norm
-    plan = _plan_for(targets, p, "clip_", group)
-    written = _written(targets, plan)
+    grads = _gradients(targets)  # read once: the plan's check and the writes share them
+    plan = _plan_for(targets, p, "clip_", group, None if grads is targets else grads)
+    written = _written(targets, grads, plan)
     norm = _reduce(plan, p, "clip_")[0] if total_norm is None else total_norm
     if error_if_nonfinite:
         _check_finite(norm, p)
