@@ -365,7 +365,7 @@ def clip_(
     targets = _clip_targets(items, gradients)
     if torch.compiler.is_compiling():
         ops.check_compilable("clip_", group, error_if_nonfinite)
-        grads = ops.traced_gradients(targets, "clip_", writes=True)
+        grads = ops.traced_gradients(targets, "clip_")
         if total_norm is None:
             return torch.ops.fastnorm.clip_(grads, bound, p)
         torch.ops.fastnorm.scale_(grads, total_norm, bound)

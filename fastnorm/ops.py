@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from fastnorm import distributed
-from fastnorm._collect import Items, gradient_of, is_parameter
+from fastnorm._collect import Items, gradient_of
 
 
 def _result(grads: list[Tensor]) -> Tensor:
@@ -81,22 +81,18 @@ def _(grads: list[Tensor], norm_type: float) -> tuple[Tensor, Tensor]:
     return total, total.new_empty((len(grads),))
 
 
-def traced_gradients(
-    items: list[Any], fn: str, *, keep_missing: bool = False, writes: bool = False
-) -> list[Tensor]:
+def traced_gradients(items: list[Any], fn: str, *, keep_missing: bool = False) -> list[Tensor]:
     """The gradients of ``items`` with traceable Python only (for torch.compile).
 
-    The item rule as in eager calls; with ``writes`` (``clip_``), only the
-    gradients of parameters, or every item of a ``clip_(gradients=True)`` list.
-    Drops missing gradients (or, with ``keep_missing``, stands a 0-element
-    tensor in for them, so that per-item results keep their positions) and
-    repeats of the same tensor.
+    The item rule as in eager calls (``clip_`` passes its parameters only, or
+    its ``gradients=True`` list, see ``fastnorm._collect.Items``). Drops missing
+    gradients (or, with ``keep_missing``, stands a 0-element tensor in for them,
+    so that per-item results keep their positions) and repeats of the same
+    tensor.
     """
     as_gradients = isinstance(items, Items) and items.gradients
     grads: list[Tensor] = []
     for position, item in enumerate(items):
-        if writes and not as_gradients and not is_parameter(item):
-            continue
         grad = gradient_of(item, position, fn, as_gradients)
         if grad is None:
             if keep_missing:
