@@ -20,8 +20,8 @@ import torch
 from fastnorm import _partial
 from fastnorm.backends import Mode
 
-# A float64 sum of squares at least this large is exact enough as is (no
-# product of two float64 values is lost below it, relative to the sum).
+# Moving a scaled sum back by a power of two is exact while the result is a
+# normal float64: such rows are stored unscaled (m = 0), as a plain sum.
 _SMALLEST_NORMAL = torch.finfo(torch.float64).tiny
 
 
