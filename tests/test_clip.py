@@ -422,6 +422,12 @@ def test_conjugated_gradient_is_clipped(backend):
     norm = fastnorm.clip_([p], 1.0)
     assert norm.item() == pytest.approx(torch.linalg.vector_norm(z).item(), rel=1e-6)
     torch.testing.assert_close(p.grad.resolve_conj(), z.conj() * (1.0 / (norm + 1e-6)))
+    neg = z.clone().conj().imag  # a real view with the negative bit
+    q = torch.nn.Parameter(torch.zeros(50))
+    q.grad = neg
+    expected = z.conj().imag * (1.0 / (torch.linalg.vector_norm(z.imag) + 1e-6))
+    fastnorm.clip_([q], 1.0)
+    torch.testing.assert_close(q.grad.resolve_neg(), expected)
 
 
 def test_meta_gradient_is_refused_with_the_devices_named(backend):
