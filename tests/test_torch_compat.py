@@ -90,30 +90,30 @@ def test_clip_grad_norm(impl, norm_type, foreach):
         assert_equal(scale.std(), 0)
         return scale[0]
 
-    grads = torch.arange(1.0, 101).view(10, 10), torch.ones(10).div(1000)
-    for p, g in zip(layer.parameters(), grads):
-        p._grad = g.clone().view_as(p.data)
+    def set_large_grads():
+        grads = torch.arange(1.0, 101).view(10, 10), torch.ones(10).div(1000)
+        for p, g in zip(layer.parameters(), grads):
+            p._grad = g.clone().view_as(p)
+        return grads
+
+    def check_clipped(norm, norm_before, norm_after, grads):
+        assert_equal(norm, norm_before)
+        assert_equal(norm_after, max_norm)
+        assert norm_after <= norm_before
+        compare_scaling(grads)
+
+    grads = set_large_grads()
     norm_before = compute_norm(norm_type)
     norm = impl.clip_grad_norm_(layer.parameters(), max_norm, norm_type=norm_type, foreach=foreach)
-    norm_after = compute_norm(norm_type)
-    assert_equal(norm, norm_before)
-    assert_equal(norm_after, max_norm)
-    assert norm_after <= norm_before
-    compare_scaling(grads)
+    check_clipped(norm, norm_before, compute_norm(norm_type), grads)
 
     # The decomposed functions
-    grads = torch.arange(1.0, 101).view(10, 10), torch.ones(10).div(1000)
-    for p, g in zip(layer.parameters(), grads):
-        p._grad = g.clone().view_as(p)
+    set_large_grads()
     norm_before = compute_norm(norm_type)
     grads = [p.grad for p in layer.parameters()]
     total_norm = impl.get_total_norm(grads, norm_type=norm_type, foreach=foreach)
     impl.clip_grads_with_norm_(layer.parameters(), max_norm, total_norm, foreach=foreach)
-    norm_after = compute_norm(norm_type)
-    assert_equal(total_norm, norm_before)
-    assert_equal(norm_after, max_norm)
-    assert norm_after <= norm_before
-    compare_scaling(grads)
+    check_clipped(total_norm, norm_before, compute_norm(norm_type), grads)
 
     # Small gradients are left unchanged
     grads = torch.rand(10, 10).div(10000), torch.ones(10).div(500)
