@@ -124,10 +124,11 @@ class StepClipper:
         group (ProcessGroup, optional): see :func:`fastnorm.total_norm`.
 
     Attributes:
-        skipped (Tensor or None): a float32 device scalar, 1 when the step
+        skipped (Tensor or None): a float32 device scalar, 1 when the steps
             armed by the last :meth:`clip_` skipped (non-finite norm, or a
-            ``GradScaler`` that found an inf), else 0. Complete once every
-            folding optimizer has stepped; None before the first :meth:`clip_`.
+            ``GradScaler`` that found an inf), else 0; read it after the steps
+            (a ``GradScaler``'s flag joins it in ``step()``). None before the
+            first :meth:`clip_`.
 
     Example::
 
@@ -249,8 +250,8 @@ class StepClipper:
         )
         norm = norm.reshape(())
         if self.skip_nonfinite:
-            self._nonfinite = torch.isfinite(norm).logical_not().to(torch.float32)
-            self.skipped = self._nonfinite.clone()
+            self._nonfinite = torch.isfinite(norm).logical_not_().to(torch.float32)
+            self.skipped = self._nonfinite
         else:
             self.skipped = torch.zeros((), dtype=torch.float32, device=norm.device)
         for opt in self._folding:
@@ -300,23 +301,21 @@ class StepClipper:
         previous = (vars(opt).get("grad_scale", _ABSENT), vars(opt).get("found_inf", _ABSENT))
         outer_scale, outer_inf = (None if v is _ABSENT else v for v in previous)
         with torch.no_grad():
+            # 1 / min(1, max_norm / (norm + 1e-6)) in one division; NaN stays NaN.
             if outer_scale is None:
-                coef = torch.clamp(self.max_norm / (norm + 1e-6), max=1.0)
-                grad_scale = torch.reciprocal(coef)
+                grad_scale = torch.clamp_min((norm + 1e-6) / self.max_norm, 1.0)
             else:
                 # The gradients (and so the norm) are still multiplied by the
                 # scale the step divides by (GradScaler without unscale_).
                 scale = torch.as_tensor(outer_scale, device=norm.device).to(norm.dtype)
-                coef = torch.clamp(self.max_norm / (norm / scale + 1e-6), max=1.0)
-                grad_scale = scale / coef
+                grad_scale = torch.clamp_min((norm / scale + 1e-6) / self.max_norm, 1.0) * scale
             grad_scale = grad_scale.to(torch.float32)  # what the fused kernels read
             found_inf = self._nonfinite
             if outer_inf is not None:
                 outer = torch.as_tensor(outer_inf, device=norm.device).to(torch.float32)
                 # The kernels skip only when found_inf == 1 exactly: a sum could make 2.
                 found_inf = outer if found_inf is None else torch.maximum(found_inf, outer)
-                if self.skipped is not None:
-                    torch.maximum(self.skipped, found_inf, out=self.skipped)
+                self.skipped = torch.maximum(self.skipped, found_inf)
         opt.grad_scale = grad_scale
         if found_inf is None:
             vars(opt).pop("found_inf", None)
