@@ -6,8 +6,10 @@ gradients and fused AdamW (``fused=True``) state, clipping active at every call:
 - ``clip_+step``: ``fastnorm.clip_`` then ``optimizer.step()``, today's recipe;
 - ``folded``: :class:`fastnorm.StepClipper` (``clip_()`` reads the gradients
   once for the norm; the step divides them by the coefficient as it reads them);
-- ``folded-step``: the same step alone, the norm computed before the clock
-  starts: what the fold itself costs when the norm is needed anyway (a monitor);
+- ``scale+step`` and ``folded-step``: the same two with the norm computed
+  before the clock starts (``clip_(..., total_norm=norm)`` then the step, and
+  the armed step alone): what clipping itself costs when the norm is computed
+  anyway, for a monitor;
 - ``step``: the bare ``optimizer.step()``, the floor.
 
 Before every timed call the gradients get their original values back (untimed),
@@ -36,7 +38,7 @@ from torch.nn import Parameter
 import fastnorm
 from fastnorm.bench.workloads import DTYPES, WORKLOADS
 
-CONTENDERS = ("clip_+step", "folded", "folded-step", "step")
+CONTENDERS = ("clip_+step", "folded", "scale+step", "folded-step", "step")
 BASELINE = "step"
 
 
@@ -135,9 +137,24 @@ def measure(
         clipper.clip_()
         opt.step()
 
-    calls = {"clip_+step": clip_then_step, "folded": folded, "folded-step": opt.step, "step": opt.step}
+    given: dict[str, Tensor] = {}
+
+    def norm_only() -> None:
+        given["norm"] = fastnorm.total_norm(params)
+
+    def scale_then_step() -> None:
+        fastnorm.clip_(params, bound, total_norm=given["norm"])
+        opt.step()
+
+    calls = {
+        "clip_+step": clip_then_step,
+        "folded": folded,
+        "scale+step": scale_then_step,
+        "folded-step": opt.step,
+        "step": opt.step,
+    }
     # Untimed, before the clock starts.
-    prepare = {"folded-step": clipper.clip_}
+    prepare = {"scale+step": norm_only, "folded-step": clipper.clip_}
     try:
         restore()
         folded()
@@ -241,7 +258,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--quick", action="store_true", help="the workloads' small variants")
+    parser.add_argument("--threads", type=int, help="torch's intra-op threads (default: torch's own)")
     args = parser.parse_args(argv)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     results = []
     for w in args.workloads:
         results.append(
