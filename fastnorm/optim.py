@@ -78,6 +78,7 @@ class _Installed:
     """What the pre-hook set on one optimizer, and what it replaced."""
 
     previous: tuple[Any, Any]
+    mine: tuple[Tensor, Tensor | None]  # the grad_scale and found_inf it set
     # Fused SGD with momentum at its first step: the parameters whose momentum
     # buffers torch creates uninitialized, and the groups' dampening.
     first_sgd: list[tuple[list[Tensor], float]]
@@ -322,7 +323,7 @@ class StepClipper:
         else:
             opt.found_inf = found_inf
         first_sgd = _sgd_first_step(opt) if found_inf is not None and isinstance(opt, torch.optim.SGD) else []
-        self._installed[id(opt)] = _Installed(previous, first_sgd)
+        self._installed[id(opt)] = _Installed(previous, (grad_scale, found_inf), first_sgd)
 
     @torch.compiler.disable
     def _post_step(self, opt: Optimizer, args: Any, kwargs: Any) -> None:
@@ -335,15 +336,28 @@ class StepClipper:
             _forget_skipped_first_step(opt, params, dampening, found_inf)
 
     def _uninstall(self, opt: Optimizer) -> None:
-        """Puts back what the pre-hook replaced (also after a step that raised)."""
+        """Puts back what the pre-hook replaced, where it is still there.
+
+        After ``step()``, and also after a step that raised (then from the next
+        ``clip_`` or step pre-hook). An attribute someone replaced since (a
+        ``GradScaler`` stepping after a step that raised) is theirs: kept.
+        """
         installed = self._installed.pop(id(opt), None)
         if installed is None:
             return
-        for attr, value in zip(_ATTRS, installed.previous):
-            if value is _ABSENT:
-                vars(opt).pop(attr, None)
+        current = tuple(vars(opt).get(a, _ABSENT) for a in _ATTRS)
+        scaler_now = current[1] is not installed.mine[1] and current[1] is not _ABSENT
+        for attr, now, mine, before in zip(_ATTRS, current, installed.mine, installed.previous):
+            if now is not mine:
+                continue
+            if before is not _ABSENT:
+                setattr(opt, attr, before)
+            elif scaler_now:
+                # GradScaler (after unscale_) copied our stale grad_scale and will
+                # delete the attribute after the step: leave what it meant, None.
+                setattr(opt, attr, None)
             else:
-                setattr(opt, attr, value)
+                vars(opt).pop(attr, None)
 
 
 def _sgd_first_step(opt: Optimizer) -> list[tuple[list[Tensor], float]]:

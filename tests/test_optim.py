@@ -190,21 +190,49 @@ def test_attributes_live_only_inside_one_step(monkeypatch):
     assert seen[-1] == (None, None)
 
 
-def test_a_step_that_raises_leaks_nothing(monkeypatch):
-    seen = _spy_fused(monkeypatch)
-    params = _params()
-    opt = torch.optim.Adam(params, fused=True)
-    clipper = StepClipper(opt, 0.5)
-    _fill_grads(params, torch.Generator().manual_seed(5), 0, {})
-    clipper.clip_()
-
+def _raising_step(opt) -> None:
     def closure():
         raise ZeroDivisionError("in the closure")
 
     with pytest.raises(ZeroDivisionError):
-        opt.step(closure)  # after the pre-hook, before the post-hook
+        opt.step(closure)  # after the pre-hooks, before the post-hooks
+
+
+@pytest.mark.parametrize("skip_nonfinite", [True, False])
+def test_a_step_that_raises_leaks_nothing(monkeypatch, skip_nonfinite):
+    seen = _spy_fused(monkeypatch)
+    params = _params()
+    opt = torch.optim.Adam(params, fused=True)
+    clipper = StepClipper(opt, 0.5, skip_nonfinite=skip_nonfinite)
+    g = torch.Generator().manual_seed(5)
+    _fill_grads(params, g, 0, {})
+    clipper.clip_()
+    _raising_step(opt)
     opt.step()
     assert seen[-1] == (None, None)
+    assert not hasattr(opt, "grad_scale") and not hasattr(opt, "found_inf")
+
+    # The same with a GradScaler stepping next (after unscale_, without clip_):
+    # the scaler copies the stale grad_scale and later deletes the attribute.
+    scaler = torch.amp.GradScaler("cpu")
+    _fill_grads(params, g, 1, {})
+    clipper.clip_()
+    _raising_step(opt)
+    scaler.scale(torch.ones(()))
+    scaler.unscale_(opt)
+    scaler.step(opt)
+    scaler.update()
+    grad_scale, found_inf = seen[-1]
+    assert grad_scale is None and found_inf.item() == 0.0
+    assert not hasattr(opt, "grad_scale") and not hasattr(opt, "found_inf")
+
+    # And with clip_ before the next step, as in a loop: a normal step.
+    _fill_grads(params, g, 2, {})
+    norm = clipper.clip_()
+    _raising_step(opt)
+    norm = clipper.clip_()
+    opt.step()
+    assert seen[-1][0].item() == pytest.approx((norm.item() + 1e-6) / 0.5, rel=1e-6)
     assert not hasattr(opt, "grad_scale") and not hasattr(opt, "found_inf")
 
 
