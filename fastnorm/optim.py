@@ -185,6 +185,7 @@ class StepClipper:
         self._pending: dict[int, Tensor] = {}  # id(optimizer) -> the norm its next step clips by
         self._installed: dict[int, _Installed] = {}
         self._handles: list[Any] = []
+        self._removed = False
         for opt in self._folding:
             self._handles.append(opt.register_step_pre_hook(self._pre_step))
             self._handles.append(opt.register_step_post_hook(self._post_step))
@@ -229,7 +230,7 @@ class StepClipper:
         Returns:
             Tensor: the total norm before clipping (see :func:`fastnorm.total_norm`).
         """
-        if not self._handles and self._folding:
+        if self._removed:
             raise RuntimeError("StepClipper.clip_: this clipper was removed")
         for opt in self._folding:
             reasons = not_supported_reasons(opt)
@@ -264,6 +265,7 @@ class StepClipper:
 
     def remove(self) -> None:
         """Detaches the clipper from its optimizers (their steps no longer clip)."""
+        self._removed = True
         for handle in self._handles:
             handle.remove()
         self._handles.clear()

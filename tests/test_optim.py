@@ -10,7 +10,9 @@ from __future__ import annotations
 import copy
 import io
 import math
+import re
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -403,7 +405,10 @@ def test_changes_after_construction_and_removal():
     with pytest.raises(RuntimeError, match="removed"):
         clipper.clip_()
     with pytest.warns(UserWarning):
-        StepClipper(opt, 1.0).remove()  # a removed clipper frees its optimizer
+        again = StepClipper(opt, 1.0)  # a removed clipper frees its optimizer
+    again.remove()
+    with pytest.raises(RuntimeError, match="removed"):
+        again.clip_()  # nothing folds there, but a removed clipper clips nothing either
 
 
 @pytest.mark.parametrize(
@@ -628,3 +633,14 @@ def test_cuda_no_host_sync():
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert clipper.skipped.item() == 0.0
+
+
+def test_readme_loop_runs(capsys):
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    start = text.index("\n## Clipping for free\n")
+    section = text[start : text.index("\n## ", start + 1)]
+    code = re.findall(r"```python\n(.*?)```", section, flags=re.S)[0]
+    exec(compile(code, "README.md", "exec"), {})
+    printed = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0] for line in printed] == ["step 0", "step 1", "step 2"]
+    assert all(line.endswith("skipped=0") for line in printed)
