@@ -644,3 +644,31 @@ def test_readme_loop_runs(capsys):
     printed = capsys.readouterr().out.splitlines()
     assert [line.split(":")[0] for line in printed] == ["step 0", "step 1", "step 2"]
     assert all(line.endswith("skipped=0") for line in printed)
+
+
+def test_monitor_logs_the_pre_clip_norm_and_counts_the_skipped_steps():
+    class Collect(fastnorm.Logger):
+        def __init__(self):
+            self.windows = []
+
+        def log_window(self, window):
+            self.windows.append(window)
+
+    params = _params()
+    opt = torch.optim.AdamW(params, fused=True)
+    clipper = StepClipper(opt, 1.0)
+    logger = Collect()
+    norms, skipped = [], []
+    g = torch.Generator().manual_seed(14)
+    with fastnorm.GradNormMonitor(5, loggers=[logger], max_norm=1.0, diagnose=False) as monitor:
+        for step in range(10):
+            _fill_grads(params, g, step, {2: math.nan, 7: math.inf})
+            norm = clipper.clip_()
+            opt.step()
+            monitor.update(norm)
+            norms.append(norm.item())
+            skipped.append(clipper.skipped.item())
+    values = [v for w in logger.windows for v in w.values]
+    assert values == pytest.approx(norms, nan_ok=True) and min(n for n in norms if math.isfinite(n)) > 1.0
+    for i, window in enumerate(logger.windows):
+        assert window.stats["nonfinite_steps"] == sum(skipped[5 * i : 5 * i + 5]) == 1
