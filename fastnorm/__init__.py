@@ -4,6 +4,7 @@
 ``clip_grad_norm_``; both return a device scalar and never synchronize.
 ``GradNormMonitor`` keeps that scalar for every step on the device, logs it at
 a cadence and diagnoses the trend (``diagnose``, also ``fastnorm diagnose PATH``).
+``StepClipper`` folds the clip into torch's fused optimizer step.
 """
 
 from fastnorm.backends import report as backend_report
@@ -27,12 +28,14 @@ from fastnorm.monitoring import (
     read_series,
 )
 from fastnorm.norm import clear_cache, clip_, tensor_norms, total_norm
+from fastnorm.optim import StepClipper
 
 __version__ = "0.1.0"
 
 __all__ = [
     "total_norm",
     "clip_",
+    "StepClipper",
     "tensor_norms",
     "backend_report",
     "clear_cache",
