@@ -114,7 +114,7 @@ class StepClipper:
             steps apply the clip; the norm is taken over all their gradients
             together (each parameter once), as one ``clip_`` over all of them.
         max_norm (float): the largest norm allowed, >= 0.
-        norm_type (float or str): the p of the p-norm, any p > 0 or ``'inf'``.
+        norm_type (float or str): the p of the p-norm (see :func:`fastnorm.total_norm`).
             Default: 2.0.
         skip_nonfinite (bool): skip the step when the norm is NaN or inf
             (default). False keeps torch's behaviour: every gradient is scaled

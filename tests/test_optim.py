@@ -145,7 +145,7 @@ def test_no_gradient_byte_is_written():
         assert p.grad is t and t.data_ptr() == ptr and t._version == version
         assert torch.equal(t.view(torch.uint8), saved.view(torch.uint8))
     # The control: the same gradients through fastnorm.clip_ do change.
-    fastnorm.clip_([c for _, _, c in before], 0.1)
+    fastnorm.clip_([c for _, _, c in before], 0.1, gradients=True)
     assert not torch.equal(before[0][2], grads[0])
 
 
@@ -418,7 +418,7 @@ def test_changes_after_construction_and_removal():
         ((lambda ps: [ps], 1.0), TypeError, "must be torch Optimizers"),
         ((lambda ps: torch.optim.AdamW(ps, fused=True), -1.0), ValueError, "max_norm must be >= 0"),
         ((lambda ps: torch.optim.AdamW(ps, fused=True), math.nan), ValueError, "max_norm"),
-        ((lambda ps: torch.optim.AdamW(ps, fused=True), 1.0, 0.0), ValueError, "norm_type"),
+        ((lambda ps: torch.optim.AdamW(ps, fused=True), 1.0, math.nan), ValueError, "norm_type"),
     ],
 )
 def test_bad_arguments(args, error, match):
