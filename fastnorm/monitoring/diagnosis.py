@@ -186,7 +186,7 @@ class Diagnosis:
                 where = f"{count} step{'s' if count != 1 else ''} ({spans})"
                 detail = e.detail.split(": ", 1)[-1]
             else:
-                where = f"step {e.start_step}" if e.start_step == e.end_step else f"steps {_span(e)}"
+                where = _where(e)
                 detail = e.detail
             lines.append(f"  {e.kind:9s} {where}: {detail}")
             lines.extend(f"    - {a}" for a in e.actions)
@@ -197,6 +197,10 @@ class Diagnosis:
 
 def _span(e: Event) -> str:
     return str(e.start_step) if e.start_step == e.end_step else f"{e.start_step}-{e.end_step}"
+
+
+def _where(e: Event) -> str:
+    return f"step {e.start_step}" if e.start_step == e.end_step else f"steps {_span(e)}"
 
 
 def _num(value: float) -> str:
@@ -442,7 +446,6 @@ class _Thinned:
 class _Layers:
     """What the per-layer snapshots showed: the current vanishing streak and the latest snapshot."""
 
-    first_step: int | None = None
     seen: set = field(default_factory=set)  # layers that had a non-zero gradient at some snapshot
     streak_start: int | None = None  # the first snapshot of the current vanishing streak
     streak_first: bool = False  # that streak began at the very first snapshot
@@ -597,11 +600,8 @@ class Diagnoser:
                 negative or non-numeric value is counted and reported as
                 invalid, never raised on and never dropped silently.
         """
-        steps, values = list(steps), list(values)
-        if len(steps) != len(values):
-            raise ValueError(f"diagnose: {len(steps)} steps but {len(values)} values")
-        for step, value in zip(steps, values):
-            self._point(int(step), value)
+        for step, value in _pairs(steps, values):
+            self._point(step, value)
 
     def _point(self, step: int, raw: Any) -> None:
         self._count += 1
@@ -640,7 +640,7 @@ class Diagnoser:
                 dep.pending.append((step, x))
                 return
             else:
-                self._close(dep, returned=True)
+                self._close(dep, True, self._found, self._ups)
                 self._dep = None
                 for s, px in dep.pending:
                     base.add(px)
@@ -747,8 +747,6 @@ class Diagnoser:
         lay = self._layers
         values = {name: _number(v) for name, v in norms.items()}
         values = {n: v for n, v in values.items() if v is not None and math.isfinite(v) and v >= 0}
-        if lay.first_step is None:
-            lay.first_step = step
         lay.snapshots += 1
         zeros = [n for n, v in values.items() if v == 0 and n in lay.seen]
         lay.seen.update(n for n, v in values.items() if v > 0)
@@ -811,12 +809,13 @@ class Diagnoser:
             return _Found(event, dep.side, dep.origin, extreme)
         return None
 
-    def _close(self, dep: _Departure, returned: bool) -> None:
+    def _close(self, dep: _Departure, returned: bool, found: list, ups: Any) -> None:
+        """Adds a departure to the norm's events (``found``) and, when upwards, to its rises (``ups``)."""
         if dep.side > 0:
-            self._ups.append((dep.start, dep.end, dep.peak))
-        found = self._classify(dep, returned)
-        if found is not None:
-            self._found.append(found)
+            ups.append((dep.start, dep.end, dep.peak))
+        event = self._classify(dep, returned)
+        if event is not None:
+            found.append(event)
 
     def _drift_found(self, drift: _Drift) -> _Found:
         how = "grew" if drift.kind == EXPLODING else "shrank"
@@ -835,11 +834,7 @@ class Diagnoser:
         found = list(self._found)
         ups = list(self._ups)
         if self._dep is not None:
-            if self._dep.side > 0:
-                ups.append((self._dep.start, self._dep.end, self._dep.peak))
-            extra = self._classify(self._dep, returned=bool(self._dep.pending))
-            if extra is not None:
-                found.append(extra)
+            self._close(self._dep, bool(self._dep.pending), found, ups)
         if self._drift is not None:
             drift = self._drift_found(self._drift)
             found.append(replace(drift, event=replace(drift.event, end_step=last)))
@@ -888,7 +883,7 @@ class Diagnoser:
         events = []
         loss_runs = self._loss_nonfinite
         for r in loss_runs:
-            norm_too = [n for n in self._nonfinite if n.start <= r.end and r.start <= n.end]
+            norm_too = [n for n in self._nonfinite if _overlap(n, r)]
             until = "to the last step" if r.open else f"until step {r.end}"
             detail = f"the loss is non-finite ({r.first}) from step {r.start} {until}"
             if norm_too:
@@ -897,7 +892,7 @@ class Diagnoser:
                 Event(NONFINITE, r.start, r.end if not r.open else last, detail, (CHECKPOINT, CHECK_DATA_NAN))
             )
         for r in self._nonfinite:
-            if any(lr.start <= r.end and r.start <= lr.end for lr in loss_runs):
+            if any(_overlap(lr, r) for lr in loss_runs):
                 continue  # part of the collapse the loss shows
             persists = r.open and (not loss_logged or r.count > self.max_skip_run)
             if persists:
@@ -1073,7 +1068,7 @@ class Diagnoser:
     def _spike(self, f: _Found) -> Event:
         e = f.event
         context = self._lr_context(e.start_step)
-        where = f"step {e.start_step}" if e.start_step == e.end_step else f"steps {_span(e)}"
+        where = _where(e)
         if context is not None:
             return replace(e, detail=f"{e.detail}; {context}: normal if it settles")
         if f.side > 0:
@@ -1110,15 +1105,19 @@ def _extend(runs: list[_Run], step: int, value: Any) -> None:
         runs.append(_Run(step, step, 1, value))
 
 
+def _overlap(a: _Run, b: _Run) -> bool:
+    return a.start <= b.end and b.start <= a.end
+
+
 def _close_run(runs: list[_Run]) -> None:
     if runs and runs[-1].open:
         runs[-1].open = False
 
 
-def _pairs(steps: Iterable[int], values: Iterable[Any], what: str) -> list[tuple[int, Any]]:
+def _pairs(steps: Iterable[int], values: Iterable[Any], what: str = "") -> list[tuple[int, Any]]:
     steps, values = list(steps), list(values)
     if len(steps) != len(values):
-        raise ValueError(f"diagnose: {len(steps)} steps but {len(values)} {what} values")
+        raise ValueError(f"diagnose: {len(steps)} steps but {len(values)} {what + ' ' if what else ''}values")
     return [(int(s), v) for s, v in zip(steps, values)]
 
 
@@ -1279,8 +1278,12 @@ def diagnose(
     """
     d = Diagnoser(max_norm=max_norm, **thresholds)
     d.update(steps, values)
-    for what, method in (("loss", d.update_loss), ("lr", d.update_lr), ("scale", d.update_scale)):
-        pairs = _track({"loss": loss, "lr": lr, "scale": scale}[what], what)
+    for track, what, method in (
+        (loss, "loss", d.update_loss),
+        (lr, "lr", d.update_lr),
+        (scale, "scale", d.update_scale),
+    ):
+        pairs = _track(track, what)
         if pairs:
             method([s for s, _ in pairs], [v for _, v in pairs])
     for step in sorted(layers or {}):
