@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import io
 import json
 import math
@@ -47,7 +48,7 @@ class Variation:
     run: str  # the make_corpus run
     label: str  # what differs from the corpus's run
     args: dict = field(default_factory=dict)
-    fmt: str = "csv"  # csv, jsonl (train/ keys), hf (trainer_state.json), or csv thinned to every k-th step
+    fmt: str = "csv"  # csv, jsonl (train/ keys), hf (trainer_state.json), noloss (csv without the loss)
     every: int = 1  # the log cadence, in steps
     expect: dict = field(default_factory=dict)  # truth.json entries this variation changes
 
@@ -188,6 +189,25 @@ VARIATIONS = [
         ("x100", {"seed": 101, "factor": 100.0}),
         ("onset300-500", {"seed": 101, "onset": 300, "steps": 500}),
     ),
+    # The same runs logged without their loss (a plain monitor.update(norm)): the norm alone.
+    *[
+        Variation(run, f"noloss-{label}", args, "noloss")
+        for run, label, args in (
+            ("charlm_healthy", "seed101", {"seed": 101}),
+            ("charlm_lr_x30", "seed202", {"seed": 202}),
+            ("charlm_lr_x30", "x10", {"seed": 101, "factor": 10.0}),
+            ("mlp_healthy", "seed101", {"seed": 101}),
+            ("mlp_spikes", "seed101", {"seed": 101}),
+            ("explode_to_nan", "seed101", {"seed": 101}),
+            ("vanishing_depth", "seed101", {"seed": 101}),
+            ("deep_relu_small_init", "seed101", {"seed": 101}),
+            ("fp16_scaler", "seed101", {"seed": 101}),
+            ("mlp_clipped_lr_x300", "seed101", {"seed": 101}),
+            ("lightning_healthy", "seed101", {"seed": 101}),
+            ("lightning_lr_x300", "seed101", {"seed": 101}),
+            ("lightning_lr_x300", "x100", {"seed": 101, "factor": 100.0}),
+        )
+    ],
 ]
 
 
@@ -230,11 +250,36 @@ def write_trainer_state(folder: Path, records: dict[int, dict], every: int) -> N
     (folder / "trainer_state.json").write_text(json.dumps(state, indent=1))
 
 
+def trained(v: Variation, out: Path, force: bool) -> tuple[dict[int, dict], dict]:
+    """The run's records and truth, trained once for every format that writes them."""
+    key = hashlib.sha1(json.dumps([v.run, v.args], sort_keys=True, default=list).encode()).hexdigest()[:12]
+    cache = out / ".trained" / f"{v.run}-{key}.json"
+    if cache.is_file() and not force:
+        saved = json.loads(cache.read_text())
+        return {int(s): r for s, r in saved["records"].items()}, saved["truth"]
+    records, truth = make_corpus.RUNS[v.run](**v.args)
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    cache.write_text(json.dumps({"records": records, "truth": truth}))
+    return records, truth
+
+
+def without_loss(records: dict[int, dict], truth: dict) -> tuple[dict[int, dict], dict]:
+    """The run as logged without its loss: a divergence then shows only as the norm's explosion."""
+    records = {s: {k: v for k, v in r.items() if "loss" not in k or "scale" in k} for s, r in records.items()}
+    if truth["verdict"] == "diverged":
+        truth = {**truth, "verdict": "exploding"}
+    if truth.get("onset_kind") == "diverged":
+        truth = {**truth, "onset_kind": "exploding"}
+    return records, truth
+
+
 def make(v: Variation, out: Path, force: bool) -> Path:
     folder = out / v.name
     if (folder / "truth.json").is_file() and not force:
         return folder
-    records, truth = make_corpus.RUNS[v.run](**v.args)
+    records, truth = trained(v, out, force)
+    if v.fmt == "noloss":
+        records, truth = without_loss(records, truth)
     truth = {**truth, **v.expect}
     losses = {s: r[LOSS] for s, r in records.items() if LOSS in r}
     onset = truth.get("onset")
@@ -246,7 +291,7 @@ def make(v: Variation, out: Path, force: bool) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     for old in folder.iterdir():
         old.unlink()
-    if v.fmt == "csv":
+    if v.fmt in ("csv", "noloss"):
         make_corpus.write(folder, thin(records, v.every), truth)
     else:
         (folder / "truth.json").write_text(json.dumps({"name": v.name, **truth}, indent=2) + "\n")
@@ -310,7 +355,7 @@ def score(v: Variation, folder: Path) -> Score:
             if not any(also in a for a in out["actions"]):
                 action = False
                 notes.append(f"missing {also!r}")
-    if v.fmt == "csv" and v.every == 1 and truth.get("spikes"):
+    if v.fmt in ("csv", "noloss") and v.every == 1 and truth.get("spikes"):
         spikes = [e for e in events if e["kind"] == "spike"]
         missed = [
             s

@@ -80,6 +80,34 @@ def short(value: float) -> str:
     return f"{value:.0e}".replace("e-0", "e-") if value < 0.1 else f"{value:g}"
 
 
+def undone(records: dict[int, dict], onset: int) -> bool:
+    """Whether the run lost all it had learned after ``onset``: its loss stayed above its initial level
+    (the median of its first 5 values), or was not finite, for 10 consecutive steps. A learning-rate
+    change that does less was survived, whether or not the run later learned it all again."""
+    losses = [
+        (s, records[s]["gradient_norm_loss"]) for s in sorted(records) if "gradient_norm_loss" in records[s]
+    ]
+    initial = sorted(v for _, v in losses[:5])[2]
+    streak = 0
+    for step, value in losses:
+        streak = streak + 1 if step >= onset and not value <= initial else 0
+        if streak == 10:
+            return True
+    return False
+
+
+def lr_change(
+    records: dict[int, dict], onset: int, cause: str, diverged: str = "", **more
+) -> tuple[dict[int, dict], dict]:
+    """The truth of a learning-rate change at ``onset``: a divergence (``diverged`` added to the cause,
+    ``more`` to the truth) where it undid the run."""
+    if undone(records, onset):
+        truth = {"cause": cause + diverged, "verdict": "diverged", "onset": onset}
+        return records, {**truth, "action": "Lower the learning rate", **more}
+    cause += "; the loss never went back above its initial level: survived"
+    return records, {"cause": cause, "verdict": "stable", "onset": None, "action": None}
+
+
 def write(folder: Path, records: dict[int, dict], truth: dict) -> None:
     """``records``: step -> metrics. Writes metrics.csv (columns in first-seen order) and truth.json."""
     name = folder.name
@@ -249,12 +277,10 @@ def charlm_healthy(seed=0, steps=400, width=64, depth=2, layers=False, log_lr=Fa
 
 @run
 def charlm_lr_x30(seed=0, steps=400, onset=200, factor=30.0, width=64, depth=2, layers=False, log_lr=False):
-    return lm_run(seed, steps, onset, factor, width, depth, layers, log_lr), {
-        "cause": f"the char-level LM's AdamW learning rate multiplied by {factor:g} at step {onset}",
-        "verdict": "diverged",
-        "onset": onset,
-        "action": "Lower the learning rate",
-    }
+    records = lm_run(seed, steps, onset, factor, width, depth, layers, log_lr)
+    return lr_change(
+        records, onset, f"the char-level LM's AdamW learning rate multiplied by {factor:g} at step {onset}"
+    )
 
 
 def classify_run(
@@ -372,17 +398,17 @@ def explode_to_nan(seed=4, steps=300, onset=200, lr=1.0, width=64, log_lr=False)
         extra = {"lr": optimizer.param_groups[0]["lr"]} if log_lr else {}
         log.update(step, fastnorm.total_norm(model.parameters()), loss, **extra)
         optimizer.step()
-    truth = {
-        "cause": f"an MLP regression whose SGD learning rate goes from 0.01 to {lr!r} at step {onset}: "
-        "the norm explodes" + (", then overflows to inf/NaN" if overflowed else ""),
-        "verdict": "nonfinite" if overflowed else "diverged",
+    cause = f"an MLP regression whose SGD learning rate goes from 0.01 to {lr!r} at step {onset}"
+    if not overflowed:
+        return lr_change(log.records(), onset, cause, ": the norm explodes")
+    return log.records(), {
+        "cause": cause + ": the norm explodes, then overflows to inf/NaN",
+        "verdict": "nonfinite",
         "onset": onset,
         "onset_kind": "diverged",
         "action": "Lower the learning rate",
+        "also": ["Re-run from the latest checkpoint"],
     }
-    if overflowed:
-        truth["also"] = ["Re-run from the latest checkpoint"]
-    return log.records(), truth
 
 
 @run
@@ -557,14 +583,13 @@ def mlp_clipped_lr_x300(seed=13, steps=300, onset=150, lr=3.0, max_norm=1.0, log
         extra = {"lr": optimizer.param_groups[0]["lr"]} if log_lr else {}
         log.update(step, fastnorm.clip_(model.parameters(), max_norm), loss, **extra)
         optimizer.step()
-    return log.records(), {
-        "cause": f"an MLP regression clipped at max_norm={max_norm:g} whose SGD learning rate goes from 0.01 "
-        f"to {lr:g} at step {onset}: clipping bounds each update, yet the run diverges",
-        "verdict": "diverged",
-        "onset": onset,
-        "action": "Lower the learning rate",
-        "also": [f"Tighten the gradient clipping: max_norm={max_norm:g} is set"],
-    }
+    cause = (
+        f"an MLP regression clipped at max_norm={max_norm:g} whose SGD learning rate goes from 0.01 "
+        f"to {lr!r} at step {onset}"
+    )
+    also = [f"Tighten the gradient clipping: max_norm={max_norm:g} is set"]
+    diverged = ": clipping bounds each update, yet the run diverges"
+    return lr_change(log.records(), onset, cause, diverged, also=also)
 
 
 def lightning_run(module, steps: int) -> dict[int, dict]:
@@ -651,13 +676,11 @@ def lightning_lr_x300(seed=12, steps=400, onset=200, factor=300.0, width=64):
         return factor if step >= onset else 1.0
 
     module = lightning_module(CharLM(vocab, width), lm_loss, batches, 3e-4, schedule)
-    return lightning_run(module, steps), {
-        "cause": "a Lightning char-level transformer LM whose AdamW learning rate is multiplied by "
-        f"{factor:g} (3e-4 to {short(3e-4 * factor)}) at step {onset} by its schedule",
-        "verdict": "diverged",
-        "onset": onset,
-        "action": "Lower the learning rate",
-    }
+    cause = (
+        "a Lightning char-level transformer LM whose AdamW learning rate is multiplied by "
+        f"{factor:g} (3e-4 to {short(3e-4 * factor)}) at step {onset} by its schedule"
+    )
+    return lr_change(lightning_run(module, steps), onset, cause)
 
 
 def main(argv=None) -> int:
