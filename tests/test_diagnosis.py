@@ -274,6 +274,18 @@ def test_a_loss_that_returns_to_its_start_without_a_spike_is_stalled():
     assert K - 3 <= e.start_step <= K + 3 and "returned to its initial level" in e.detail
 
 
+@pytest.mark.parametrize("every", [1, 10])
+def test_a_flat_loss_is_stalled_whatever_the_log_cadence(every):
+    # A trainer logging every 10th step (Hugging Face's logging_steps=10) logs 30 points over 300 steps.
+    steps = list(range(0, 300, every))
+    loss = losses(6, lambda i: 1.386, n=len(steps))[1]
+    d = diagnose(steps, noise(6, n=len(steps)), loss=(steps, loss))
+    assert d.verdict == "stalled", d.report()
+    # Over fewer than 200 steps a flat loss may just not have started (a warmup): not judged.
+    short = list(range(0, 100, 5))
+    assert diagnose(short, noise(6, n=20), loss=(short, loss[:20])).verdict == "stable"
+
+
 def test_a_learning_run_is_stable():
     d = diagnose(range(N), noise(4), loss=losses(4, learning))
     assert d.verdict == "stable" and d.events == ()

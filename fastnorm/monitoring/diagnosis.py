@@ -22,8 +22,8 @@ non-finite loss, or non-finite norms that persist to the end of the log (with a
 finite loss: for more than ``max_skip_run`` points), are a collapse.
 
 **The loss**, when logged, is a second signal: a norm departure followed by a
-loss that jumps and stays up is a divergence; a loss that never improves, or
-returns to its initial level, is a stall; a norm that rises (or falls) by
+loss that jumps and stays up is a divergence; a loss that never improves (over
+at least 200 steps), or returns to its initial level, is a stall; a norm that rises (or falls) by
 orders of magnitude while the loss falls is healthy (a model leaving a small
 initialisation; a loss approaching its minimum).
 
@@ -77,7 +77,9 @@ _LOG_ZERO = math.log10(_ZERO)
 _F32_EPS = 2.0**-24  # below this fraction of the largest layer norm, float32 cannot even add it
 _LOSS_POINTS = 1024  # the loss is kept at most this finely (pairs averaged beyond)
 _MIN_LOSS_POINTS = 20  # fewer losses say nothing about the run's course
-_NEVER_POINTS = 200  # a loss flat for fewer points may just not have started (a warmup)
+# A loss flat for fewer steps may just not have started (a warmup). Counted in steps, not logged points,
+# so that logging every 10th step (a trainer's logging_steps) reads the same run the same way.
+_NEVER_STEPS = 200
 
 Track = Union[Mapping[int, float], tuple[Iterable[int], Iterable[Any]]]
 
@@ -1147,7 +1149,7 @@ class _LossView:
     """The shape of a (thinned) loss series: its initial level, best, final level and noise."""
 
     def __init__(self, points: list[tuple[int, float]], stall_fraction: float, judge_start: bool) -> None:
-        self.judge_start = judge_start and len(points) >= _NEVER_POINTS
+        self.judge_start = judge_start and points[-1][0] - points[0][0] + 1 >= _NEVER_STEPS
         self.steps = [s for s, _ in points]
         ys = [v for _, v in points]
         n = len(ys)
