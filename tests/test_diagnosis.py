@@ -257,6 +257,22 @@ def test_a_spike_whose_loss_recovers_is_a_spike():
     assert d.verdict == "stable" and kinds(d) == ["spike"]
 
 
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_loss_that_climbs_above_its_start_and_learns_again_is_diverged(seed):
+    # A 10x learning-rate jump: the norm bursts 30x, the loss climbs above where the run began and
+    # then has to learn it all again. The run lost what it had learned: diverged, though it recovers.
+    values = scaled(seed, lambda i: 30.0 if K <= i < K + 40 else 1.0)
+    loss = losses(seed, lambda i: learning(i) if i < K else 8.0 if i < K + 40 else learning(i - K - 40))
+    d = diagnose(range(N), values, loss=loss)
+    assert d.verdict == "diverged", d.report()
+    e = only(d, "diverged")
+    assert K - 2 <= e.start_step <= K and K + 35 <= e.end_step <= K + 45
+    assert "rose above its initial level" in e.detail and "then came down again" in e.detail
+    assert e.actions[0] == LOWER_LR
+    # Without the norm's burst the climb is no stall: the loss came down again.
+    assert "stalled" not in kinds(diagnose(range(N), noise(seed), loss=loss))
+
+
 def test_a_loss_that_never_improves_is_stalled():
     d = diagnose(range(N), noise(2), loss=losses(2, lambda i: 1.386))
     assert d.verdict == "stalled"

@@ -22,8 +22,9 @@ non-finite loss, or non-finite norms that persist to the end of the log (with a
 finite loss: for more than ``max_skip_run`` points), are a collapse.
 
 **The loss**, when logged, is a second signal: a norm departure followed by a
-loss that jumps and stays up is a divergence; a loss that never improves (over
-at least 200 steps), or returns to its initial level, is a stall; a norm that rises (or falls) by
+loss that jumps and stays up, or that climbs above its initial level and has to
+learn again, is a divergence; a loss that never improves (over at least 200
+steps), or returns to its initial level, is a stall; a norm that rises (or falls) by
 orders of magnitude while the loss falls is healthy (a model leaving a small
 initialisation; a loss approaching its minimum).
 
@@ -46,7 +47,7 @@ import math
 from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Union
+from typing import Any, NamedTuple, Union
 
 STABLE = "stable"
 NONFINITE = "nonfinite"
@@ -929,7 +930,7 @@ class Diagnoser:
         consumed: set[int] = set()
         shape = loss.shape() if loss is not None else None
         if shape is not None:
-            never, start, detail = shape
+            never, start, detail, end = shape
             near = max(10, loss.w)
             # The norm's rises that go with the loss's: around its jump, or sustained while it stayed up.
             ours = {
@@ -962,12 +963,12 @@ class Diagnoser:
                     Event(
                         DIVERGED,
                         onset,
-                        last,
+                        last if end is None else end,
                         f"the norm rose from step {onset} (from {_level(base)} to {_level(peak)}); {detail}",
                         (lower, clip, precision, *data, resume),
                     )
                 )
-            else:
+            elif end is None:  # a relapse without the norm is no stall: the loss came down again
                 loss_events.append(Event(STALLED, start, last, detail, self._stall_actions(never)))
         events = []
         for i, f in enumerate(found):
@@ -1145,6 +1146,15 @@ def _merge(found: list[_Found]) -> list[_Found]:
     return merged
 
 
+class _Shape(NamedTuple):
+    """How a loss failed, as :meth:`_LossView.shape` reads it."""
+
+    never: bool  # it never improved
+    start: int  # the step it started
+    detail: str
+    end: int | None = None  # where a relapse ended; None for a loss that stayed there
+
+
 class _LossView:
     """The shape of a (thinned) loss series: its initial level, best, final level and noise."""
 
@@ -1165,21 +1175,23 @@ class _LossView:
         diffs = sorted(abs(b - a) for a, b in zip(ys, ys[1:]))
         sigma = _MAD_TO_SIGMA * _median(diffs) / math.sqrt(2.0) if diffs else 0.0
         self.tol = max(3.0 * sigma / math.sqrt(w), stall_fraction * abs(self.first))
+        # Above this, the loss is above its initial level: a margin beyond the noise of a smoothed point.
+        self.ceiling = self.first + max(self.tol, 0.1 * abs(self.first))
 
-    def shape(self) -> tuple[bool, int, str] | None:
-        """``(never improved, start step, detail)`` for a loss that never improved or went back up and
-        stayed there; None for a loss that learned and held."""
+    def shape(self) -> _Shape | None:
+        """How the loss failed: it never improved, went back up and stayed there, or climbed above its
+        initial level and had to learn again (a relapse); None for a loss that learned and held."""
         progress = self.first - self.best
         s = (
             f"{_num(self.first)} at the start, {_num(self.best)} at best (step {self.best_step}), "
             f"{_num(self.final)} at the end"
         )
         regained = self.final - self.best
-        above = self.final > self.first + max(self.tol, 0.1 * abs(self.first))
+        above = self.final > self.ceiling
         if not above and (progress < self.tol or regained < max(0.5 * progress, self.tol)):
             if progress < self.tol and self.judge_start:
-                return True, self.steps[0], f"the loss never improved: {s}"
-            return None
+                return _Shape(True, self.steps[0], f"the loss never improved: {s}")
+            return self._relapse(s)
         # Dated where the smoothed loss left the neighbourhood of its best for good.
         i = len(self.smooth) - 1
         while i > self._best_index and self.smooth[i] > self.best + self.tol:
@@ -1191,7 +1203,42 @@ class _LossView:
             what = "returned to its initial level"
         else:
             what = f"went back up by {regained / progress:.0%} of what it had gained"
-        return False, start, f"the loss {what} from step {start} and stayed there: {s}"
+        return _Shape(False, start, f"the loss {what} from step {start} and stayed there: {s}")
+
+    def _relapse(self, s: str) -> _Shape | None:
+        """A loss that, after real progress, rose above its initial level and came down again slowly.
+
+        A model whose loss climbed above where it started has lost all it had learned: a divergence
+        the run recovered from, whatever the loss did later. Such a model has to learn again, so its
+        loss comes down gradually; a loss that drops straight back to its low was high because of the
+        batches, not the model (a spike). The smoothed loss is read, so one bad batch never counts,
+        and it must clear the initial level by the margin that tells "above" from noise.
+        """
+        low, low_index = self.smooth[0], 0
+        n = len(self.smooth)
+        k = 0
+        while k < n:
+            y = self.smooth[k]
+            if y < low:
+                low, low_index = y, k
+            elif self.first - low >= self.tol and y > self.ceiling:
+                end = k
+                while end + 1 < n and self.smooth[end + 1] > self.ceiling:
+                    end += 1
+                if end + 1 < n and self.smooth[end + 1] > low + 0.5 * (self.first - low):  # learning again
+                    i = k  # dated where it left the neighbourhood of its low
+                    while i > low_index and self.smooth[i - 1] > low + self.tol:
+                        i -= 1
+                    top = max(range(k, end + 1), key=self.smooth.__getitem__)
+                    detail = (
+                        f"the loss rose above its initial level from step {self.steps[i]} (to "
+                        f"{_num(self.smooth[top])} at step {self.steps[top]}, from {_num(low)}), then came "
+                        f"down again: {s}"
+                    )
+                    return _Shape(False, self.steps[i], detail, self.steps[end])
+                k = end
+            k += 1
+        return None
 
     def at(self, step: int) -> float:
         i = max(0, bisect.bisect_right(self.steps, step) - 1)

@@ -283,6 +283,13 @@ def charlm_lr_x30(seed=0, steps=400, onset=200, factor=30.0, width=64, depth=2, 
     )
 
 
+@run
+def charlm_lr_x10(seed=101, steps=400, onset=200, width=64, depth=2, layers=False, log_lr=False):
+    """A jump the LM recovers from only by learning again: its loss climbs above where the run began,
+    then falls back over a hundred steps."""
+    return charlm_lr_x30(seed, steps, onset, 10.0, width, depth, layers, log_lr)
+
+
 def classify_run(
     model,
     optimizer,
