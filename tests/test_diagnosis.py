@@ -116,6 +116,15 @@ def test_level_shift_is_a_new_normal(factor):
     assert d.events == ()
 
 
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_burst_of_30x_for_tens_of_steps_is_exploding(seed):
+    # The norm of a 10x learning-rate jump: 30x for 60 steps, then settling 2x above where it was.
+    # Neither a spike (too long) nor a new normal (10x and more, held for `sustain` points).
+    d = diagnose(range(N), scaled(seed, lambda i: 1.0 if i < K else 30.0 if i < K + 60 else 2.0))
+    assert d.verdict == "exploding", d.report()
+    assert K - 2 <= only(d, "exploding").start_step <= K
+
+
 def test_healthy_early_decline_is_stable():
     # Norms commonly fall 10-100x over the first few hundred steps.
     d = diagnose(range(N), scaled(5, lambda i: 10 * 10 ** (-1.5 * min(i, 200) / 200), sigma=0.15))

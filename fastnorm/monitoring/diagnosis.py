@@ -483,7 +483,12 @@ class Diagnoser:
         spike_orders (float): how far a short departure must reach to be a
             spike, in orders of magnitude. Default: 1 (10x).
         explode_orders (float): the sustained rise that is an explosion.
-            Default: 2 (100x).
+            Default: 1 (10x): held for ``sustain`` points over a robust
+            baseline, that is far outside the noise and no single batch; the
+            healthy rises this large (a model leaving a small initialisation)
+            are told apart by the loss. A learning-rate jump of 10x commonly
+            lifts the norm 30x for tens of steps, then lets it settle 2x
+            higher: at a higher threshold it passed for a new normal.
         vanish_orders (float): the sustained fall that is vanishing.
             Default: 3 (1000x); healthy runs often fall 10-100x early on.
         sustain (int): points over which a level counts as sustained: a
@@ -520,7 +525,7 @@ class Diagnoser:
         band_mads: float = 5.0,
         min_band: float = 0.3,
         spike_orders: float = 1.0,
-        explode_orders: float = 2.0,
+        explode_orders: float = 1.0,
         vanish_orders: float = 3.0,
         sustain: int = 10,
         recover: int = 3,
