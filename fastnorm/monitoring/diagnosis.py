@@ -631,13 +631,12 @@ class Diagnoser:
         self._finite += 1
         self._levels.add(step, x)
         base = self._base
+        self._recent.append((step, x))
         if len(base) < self.warmup:
             base.add(x)
-            self._recent.append((step, x))
             return
         dev = x - base.median
         side = 0 if abs(dev) <= base.band else (1 if dev > 0 else -1)
-        self._recent.append((step, x))
         dep = self._dep
         if dep is not None:
             if side == dep.side:
@@ -865,8 +864,9 @@ class Diagnoser:
             )
             for r in self._invalid
         ]
-        norm_events, loss_events = self._with_loss(found, ups, loss, last)
-        events += norm_events + loss_events
+        loss_event, consumed = self._loss_event(found, ups, loss, last) if loss is not None else (None, set())
+        events += [self._norm_event(f, loss, found) for i, f in enumerate(found) if i not in consumed]
+        events += [loss_event] if loss_event is not None else []
         events += self._layer_events(last)
         events.sort(key=lambda e: (e.start_step, KINDS.index(e.kind), e.end_step))
         kinds = {e.kind for e in events}
@@ -927,88 +927,73 @@ class Diagnoser:
             return f"; loss scale {_num(before)}"
         return f"; the loss scale fell from {_num(before)} to {_num(after)}"
 
-    def _with_loss(
-        self, found: list[_Found], ups: list[tuple[int, int, float]], loss: _LossView | None, last: int | None
-    ) -> tuple[list[Event], list[Event]]:
-        """The norm events with their context and actions, and the events the loss shows."""
-        loss_events: list[Event] = []
-        consumed: set[int] = set()
-        shape = loss.shape() if loss is not None else None
-        if shape is not None:
-            never, start, detail, end = shape
-            near = max(10, loss.w)
-            # The norm's rises that go with the loss's: around its jump, or sustained while it stayed up.
-            ours = {
-                i
-                for i, f in enumerate(found)
-                if f.side > 0
-                and (
-                    (f.event.start_step <= start + near and f.event.end_step >= start - near)
-                    or (f.event.kind == EXPLODING and f.event.end_step >= start - near)
-                )
-            }
-            linked = [(found[i].event.start_step, found[i].extreme - found[i].base) for i in ours]
-            linked += [(a, peak) for a, b, peak in ups if a <= start + near and b >= start - near]
-            levels = self._levels.all()
-            before = sorted(x for s, x in levels if start - 4 * near <= s < start) or sorted(
-                x for _, x in levels[: 4 * near]
+    def _loss_event(
+        self, found: list[_Found], ups: list[tuple[int, int, float]], loss: _LossView, last: int | None
+    ) -> tuple[Event | None, set[int]]:
+        """The event the loss shows (diverged or stalled), and which of the norm's events it takes in."""
+        shape = loss.shape()
+        if shape is None:
+            return None, set()
+        never, start, detail, end = shape
+        near = max(10, loss.w)
+        # The norm's rises that go with the loss's: around its jump, or sustained while it stayed up.
+        ours = {
+            i
+            for i, f in enumerate(found)
+            if f.side > 0
+            and (
+                (f.event.start_step <= start + near and f.event.end_step >= start - near)
+                or (f.event.kind == EXPLODING and f.event.end_step >= start - near)
             )
-            after = [x for s, x in levels if s >= start]
-            rise = _median(sorted(after[: 4 * near])) - _median(before) if after and before else 0.0
-            strong = max((peak for _, peak in linked), default=0.0) >= self.spike_orders or rise >= 0.5
-            if not never and strong:
-                # The norm went up with a loss that jumped and stayed up: a divergence, from the norm's rise.
-                onset = min([a for a, _ in linked] + [start])
-                consumed = ours
-                peak = max([found[i].extreme for i in ours] + after, default=None)
-                base = _median(before) if before else None
-                lower, clip, precision, *data = self._explode_actions(peak, base, onset, found)
-                resume = f"Resume from a checkpoint saved before step {onset}, with the changes above."
-                loss_events.append(
-                    Event(
-                        DIVERGED,
-                        onset,
-                        last if end is None else end,
-                        f"the norm rose from step {onset} (from {_level(base)} to {_level(peak)}); {detail}",
-                        (lower, clip, precision, *data, resume),
-                    )
+        }
+        linked = [(found[i].event.start_step, found[i].extreme - found[i].base) for i in ours]
+        linked += [(a, peak) for a, b, peak in ups if a <= start + near and b >= start - near]
+        levels = self._levels.all()
+        before = sorted(x for s, x in levels if start - 4 * near <= s < start) or sorted(
+            x for _, x in levels[: 4 * near]
+        )
+        after = [x for s, x in levels if s >= start]
+        rise = _median(sorted(after[: 4 * near])) - _median(before) if after and before else 0.0
+        strong = max((peak for _, peak in linked), default=0.0) >= self.spike_orders or rise >= 0.5
+        if never or not strong:
+            if end is not None:  # a relapse without the norm is no stall: the loss came down again
+                return None, set()
+            return Event(STALLED, start, last, detail, self._stall_actions(never)), set()
+        # The norm went up with a loss that jumped and stayed up (or relapsed): a divergence, from the rise.
+        onset = min([a for a, _ in linked] + [start])
+        peak = max([found[i].extreme for i in ours] + after, default=None)
+        base = _median(before) if before else None
+        resume = f"Resume from a checkpoint saved before step {onset}, with the changes above."
+        event = Event(
+            DIVERGED,
+            onset,
+            last if end is None else end,
+            f"the norm rose from step {onset} (from {_level(base)} to {_level(peak)}); {detail}",
+            (*self._explode_actions(peak, base, onset, found), resume),
+        )
+        return event, ours
+
+    def _norm_event(self, f: _Found, loss: _LossView | None, found: list[_Found]) -> Event:
+        """A norm event with its context and actions: a rise or fall the falling loss calls healthy."""
+        e = f.event
+        if loss is not None and e.kind in (EXPLODING, VANISHING) and not f.nonfinite:
+            fell = loss.fell(e.start_step, e.end_step)
+            if fell is not None:
+                kind, how, why = (
+                    (GROWTH, "rose", "a model leaving a small initialisation")
+                    if f.side > 0
+                    else (DECAY, "fell", "the gradient shrinks as the loss approaches its minimum")
                 )
-            elif end is None:  # a relapse without the norm is no stall: the loss came down again
-                loss_events.append(Event(STALLED, start, last, detail, self._stall_actions(never)))
-        events = []
-        for i, f in enumerate(found):
-            if i in consumed:
-                continue
-            e = f.event
-            if loss is not None and e.kind in (EXPLODING, VANISHING) and not f.nonfinite:
-                fell = loss.fell(e.start_step, e.end_step)
-                if fell is not None:
-                    how = "rose" if f.side > 0 else "fell"
-                    why = (
-                        "healthy: a model leaving a small initialisation"
-                        if f.side > 0
-                        else "healthy: the gradient shrinks as the loss approaches its minimum"
-                    )
-                    kind = GROWTH if f.side > 0 else DECAY
-                    events.append(
-                        Event(
-                            kind,
-                            e.start_step,
-                            e.end_step,
-                            f"the norm {how} from {_from_log(f.base)} to {_from_log(f.extreme)} "
-                            f"while the loss fell from {fell}: {why}",
-                        )
-                    )
-                    continue
-            if e.kind == EXPLODING:
-                events.append(
-                    replace(e, actions=self._explode_actions(f.extreme, f.base, e.start_step, found))
+                detail = (
+                    f"the norm {how} from {_from_log(f.base)} to {_from_log(f.extreme)} "
+                    f"while the loss fell from {fell}: healthy: {why}"
                 )
-            elif e.kind == VANISHING:
-                events.append(replace(e, actions=(RAISE_LR, NORMALISATION)))
-            else:
-                events.append(self._spike(f))
-        return events, loss_events
+                return Event(kind, e.start_step, e.end_step, detail)
+        if e.kind == EXPLODING:
+            return replace(e, actions=self._explode_actions(f.extreme, f.base, e.start_step, found))
+        if e.kind == VANISHING:
+            return replace(e, actions=(RAISE_LR, NORMALISATION))
+        return self._spike(f)
 
     def _explode_actions(self, peak: float | None, base: float | None, start: int, found: list[_Found]):
         actions = [LOWER_LR, _clipping(self.max_norm, _level(peak), _level(base)), PRECISION]
