@@ -327,7 +327,7 @@ def _median(ordered: list[float]) -> float:
 
 def _number(value: Any) -> float | None:
     """The value as a float, or None when it is not a number (a string, None, a bool)."""
-    if isinstance(value, bool) or value is None:
+    if isinstance(value, bool):
         return None
     try:
         return float(value)
