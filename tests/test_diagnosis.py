@@ -324,8 +324,12 @@ def test_a_rising_norm_with_a_falling_loss_is_healthy_growth(seed):
     assert d.verdict == "stable", d.report()
     assert kinds(d) == ["growth"] and "while the loss fell" in d.events[0].detail
     assert d.actions == ()
-    assert diagnose(range(N), values).verdict == "exploding"  # without the loss
+    alone = diagnose(range(N), values)  # without the loss: exploding, and the loss would tell
+    assert alone.verdict == "exploding" and alone.events[0].actions[-1].startswith(
+        "Log the loss beside the norm"
+    )
     rising = diagnose(range(N), values, loss=losses(seed, lambda i: 1.0 + i / 100))
+    assert not any(a.startswith("Log the loss") for a in rising.actions)
     assert rising.verdict in ("exploding", "diverged")
 
 

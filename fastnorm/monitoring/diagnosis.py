@@ -242,6 +242,10 @@ CHECK_DATA_NAN = (
     "one such as torch.amp.GradScaler)."
 )
 INVALID_ACTION = "Check what is logged as the gradient norm: a norm is a number >= 0."
+LOG_LOSS = (
+    "Log the loss beside the norm (GradNormMonitor.update(norm, loss=loss)): a norm that rises by orders "
+    "of magnitude while the loss falls steadily is a model leaving a small initialisation, not an explosion."
+)
 
 
 def _clipping(max_norm: float | None, peak: str, base: str) -> str:
@@ -990,7 +994,8 @@ class Diagnoser:
                 )
                 return Event(kind, e.start_step, e.end_step, detail)
         if e.kind == EXPLODING:
-            return replace(e, actions=self._explode_actions(f.extreme, f.base, e.start_step, found))
+            actions = self._explode_actions(f.extreme, f.base, e.start_step, found)
+            return replace(e, actions=actions + (() if self._loss_read else (LOG_LOSS,)))
         if e.kind == VANISHING:
             return replace(e, actions=(RAISE_LR, NORMALISATION))
         return self._spike(f)
