@@ -259,6 +259,18 @@ def test_a_norm_spike_then_a_loss_that_stays_up_is_diverged(seed):
     assert diagnose(range(N), values).verdict == "stable"  # without the loss: a spike, as before
 
 
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_divergence_dates_from_the_norms_rise_not_from_a_noisy_loss(seed):
+    # The loss wanders up from its best for 60 steps, then the run blows up at K: the loss's own start is
+    # blurred by its noise and smoothing; the norm, read every step, dates the blow-up.
+    def level(i):
+        return learning(i) if i < K - 60 else 0.5 + 0.3 * (i - K + 60) / 60 if i < K else 5.0
+
+    values = scaled(seed, lambda i: 1.0 if i < K else 1000.0)
+    d = diagnose(range(N), values, loss=losses(seed, level, sigma=0.1))
+    assert K - 2 <= only(d, "diverged").start_step <= K, d.report()
+
+
 def test_a_spike_whose_loss_recovers_is_a_spike():
     values = scaled(1, lambda i: 300.0 if K <= i < K + 5 else 1.0)
     loss = losses(1, lambda i: learning(i) + (3.0 if K <= i < K + 20 else 0.0))

@@ -964,7 +964,9 @@ class Diagnoser:
                 return None, set()
             return Event(STALLED, start, last, detail, self._stall_actions(never)), set()
         # The norm went up with a loss that jumped and stayed up (or relapsed): a divergence, from the rise.
-        onset = min([a for a, _ in linked] + [start])
+        # Dated by the norm, read every step, not by the loss, whose start blurs with its noise and smoothing
+        # (a noisy loss wandering up from its best dated a blow-up 35 steps early).
+        onset = min(a for a, _ in linked) if linked else start
         peak = max([found[i].extreme for i in ours] + after, default=None)
         base = _median(before) if before else None
         resume = f"Resume from a checkpoint saved before step {onset}, with the changes above."
