@@ -3,6 +3,7 @@
     python tests/corpus/heldout.py                        # make what is missing, diagnose, print the table
     python tests/corpus/heldout.py --only charlm_lr_x30   # the variations of some runs
     python tests/corpus/heldout.py --list
+    python tests/corpus/heldout.py --reseed 1000 --out /tmp/heldout-2   # a fresh set on other seeds
 
 Each variation reruns a run of make_corpus.py with other keyword arguments (a
 seed, the step the trouble starts, the learning-rate factor, the model's size,
@@ -31,7 +32,7 @@ import json
 import math
 import sys
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -395,10 +396,15 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, default=Path("/tmp/fastnorm-heldout"), help="where the runs go")
     parser.add_argument("--only", nargs="*", default=[], help="only these runs (make_corpus names)")
     parser.add_argument("--force", action="store_true", help="remake runs already there")
+    parser.add_argument("--reseed", type=int, default=0, help="add this to every seed (a fresh set)")
     parser.add_argument("--list", action="store_true", help="list the variations")
     parser.add_argument("--json", type=Path, help="also write the scores here")
     args = parser.parse_args(argv)
-    chosen = [v for v in VARIATIONS if not args.only or v.run in args.only]
+    chosen = [
+        replace(v, args={**v.args, "seed": v.args["seed"] + args.reseed})
+        for v in VARIATIONS
+        if not args.only or v.run in args.only
+    ]
     if args.list:
         print("\n".join(v.name for v in chosen))
         return 0

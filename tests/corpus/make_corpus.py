@@ -460,10 +460,17 @@ def vanishing_weight_decay(seed=6, steps=300, onset=50, decay=1.0, width=64, win
         elif spread < 6:
             vanished = None  # the onset is where the spread exceeds a million for good
         optimizer.step()
+    cause = f"an MLP with biases whose weight decay goes from 0 to {decay:g} at step {onset}: the weights "
+    if vanished is None:  # shrinking, they undid the learning before any layer's gradient vanished
+        return log.records(), {
+            "cause": cause + "shrink and the loss goes back up; the per-layer spread never stays above 10^6",
+            "verdict": "stalled",
+            "onset": None,
+            "action": "weight decay",
+        }
     return log.records(), {
-        "cause": f"an MLP with biases whose weight decay goes from 0 to {decay:g} at step {onset}: the "
-        "weights collapse, the first layers' gradients vanish while the last bias keeps the total flat; the "
-        "onset is the step from which the per-layer spread stays above 10^6 (every step measured)",
+        "cause": cause + "collapse, the first layers' gradients vanish while the last bias keeps the total "
+        "flat; the onset is the step from which the per-layer spread stays above 10^6 (every step measured)",
         "verdict": "vanishing",
         "onset": vanished,
         "action": "Raise the learning rate",
