@@ -116,6 +116,15 @@ def test_level_shift_is_a_new_normal(factor):
     assert d.events == ()
 
 
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_burst_of_30x_for_tens_of_steps_is_exploding(seed):
+    # The norm of a 10x learning-rate jump: 30x for 60 steps, then settling 2x above where it was.
+    # Neither a spike (too long) nor a new normal (10x and more, held for `sustain` points).
+    d = diagnose(range(N), scaled(seed, lambda i: 1.0 if i < K else 30.0 if i < K + 60 else 2.0))
+    assert d.verdict == "exploding", d.report()
+    assert K - 2 <= only(d, "exploding").start_step <= K
+
+
 def test_healthy_early_decline_is_stable():
     # Norms commonly fall 10-100x over the first few hundred steps.
     d = diagnose(range(N), scaled(5, lambda i: 10 * 10 ** (-1.5 * min(i, 200) / 200), sigma=0.15))
@@ -250,11 +259,39 @@ def test_a_norm_spike_then_a_loss_that_stays_up_is_diverged(seed):
     assert diagnose(range(N), values).verdict == "stable"  # without the loss: a spike, as before
 
 
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_divergence_dates_from_the_norms_rise_not_from_a_noisy_loss(seed):
+    # The loss wanders up from its best for 60 steps, then the run blows up at K: the loss's own start is
+    # blurred by its noise and smoothing; the norm, read every step, dates the blow-up.
+    def level(i):
+        return learning(i) if i < K - 60 else 0.5 + 0.3 * (i - K + 60) / 60 if i < K else 5.0
+
+    values = scaled(seed, lambda i: 1.0 if i < K else 1000.0)
+    d = diagnose(range(N), values, loss=losses(seed, level, sigma=0.1))
+    assert K - 2 <= only(d, "diverged").start_step <= K, d.report()
+
+
 def test_a_spike_whose_loss_recovers_is_a_spike():
     values = scaled(1, lambda i: 300.0 if K <= i < K + 5 else 1.0)
     loss = losses(1, lambda i: learning(i) + (3.0 if K <= i < K + 20 else 0.0))
     d = diagnose(range(N), values, loss=loss)
     assert d.verdict == "stable" and kinds(d) == ["spike"]
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_loss_that_climbs_above_its_start_and_learns_again_is_diverged(seed):
+    # A 10x learning-rate jump: the norm bursts 30x, the loss climbs above where the run began and
+    # then has to learn it all again. The run lost what it had learned: diverged, though it recovers.
+    values = scaled(seed, lambda i: 30.0 if K <= i < K + 40 else 1.0)
+    loss = losses(seed, lambda i: learning(i) if i < K else 8.0 if i < K + 40 else learning(i - K - 40))
+    d = diagnose(range(N), values, loss=loss)
+    assert d.verdict == "diverged", d.report()
+    e = only(d, "diverged")
+    assert K - 2 <= e.start_step <= K and K + 35 <= e.end_step <= K + 45
+    assert "rose above its initial level" in e.detail and "then came down again" in e.detail
+    assert e.actions[0] == LOWER_LR
+    # Without the norm's burst the climb is no stall: the loss came down again.
+    assert "stalled" not in kinds(diagnose(range(N), noise(seed), loss=loss))
 
 
 def test_a_loss_that_never_improves_is_stalled():
@@ -274,6 +311,18 @@ def test_a_loss_that_returns_to_its_start_without_a_spike_is_stalled():
     assert K - 3 <= e.start_step <= K + 3 and "returned to its initial level" in e.detail
 
 
+@pytest.mark.parametrize("every", [1, 10])
+def test_a_flat_loss_is_stalled_whatever_the_log_cadence(every):
+    # A trainer logging every 10th step (Hugging Face's logging_steps=10) logs 30 points over 300 steps.
+    steps = list(range(0, 300, every))
+    loss = losses(6, lambda i: 1.386, n=len(steps))[1]
+    d = diagnose(steps, noise(6, n=len(steps)), loss=(steps, loss))
+    assert d.verdict == "stalled", d.report()
+    # Over fewer than 200 steps a flat loss may just not have started (a warmup): not judged.
+    short = list(range(0, 100, 5))
+    assert diagnose(short, noise(6, n=20), loss=(short, loss[:20])).verdict == "stable"
+
+
 def test_a_learning_run_is_stable():
     d = diagnose(range(N), noise(4), loss=losses(4, learning))
     assert d.verdict == "stable" and d.events == ()
@@ -287,8 +336,12 @@ def test_a_rising_norm_with_a_falling_loss_is_healthy_growth(seed):
     assert d.verdict == "stable", d.report()
     assert kinds(d) == ["growth"] and "while the loss fell" in d.events[0].detail
     assert d.actions == ()
-    assert diagnose(range(N), values).verdict == "exploding"  # without the loss
+    alone = diagnose(range(N), values)  # without the loss: exploding, and the loss would tell
+    assert alone.verdict == "exploding" and alone.events[0].actions[-1].startswith(
+        "Log the loss beside the norm"
+    )
     rising = diagnose(range(N), values, loss=losses(seed, lambda i: 1.0 + i / 100))
+    assert not any(a.startswith("Log the loss") for a in rising.actions)
     assert rising.verdict in ("exploding", "diverged")
 
 

@@ -22,8 +22,9 @@ non-finite loss, or non-finite norms that persist to the end of the log (with a
 finite loss: for more than ``max_skip_run`` points), are a collapse.
 
 **The loss**, when logged, is a second signal: a norm departure followed by a
-loss that jumps and stays up is a divergence; a loss that never improves, or
-returns to its initial level, is a stall; a norm that rises (or falls) by
+loss that jumps and stays up, or that climbs above its initial level and has to
+learn again, is a divergence; a loss that never improves (over at least 200
+steps), or returns to its initial level, is a stall; a norm that rises (or falls) by
 orders of magnitude while the loss falls is healthy (a model leaving a small
 initialisation; a loss approaching its minimum).
 
@@ -46,7 +47,7 @@ import math
 from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Union
+from typing import Any, NamedTuple, Union
 
 STABLE = "stable"
 NONFINITE = "nonfinite"
@@ -77,7 +78,9 @@ _LOG_ZERO = math.log10(_ZERO)
 _F32_EPS = 2.0**-24  # below this fraction of the largest layer norm, float32 cannot even add it
 _LOSS_POINTS = 1024  # the loss is kept at most this finely (pairs averaged beyond)
 _MIN_LOSS_POINTS = 20  # fewer losses say nothing about the run's course
-_NEVER_POINTS = 200  # a loss flat for fewer points may just not have started (a warmup)
+# A loss flat for fewer steps may just not have started (a warmup). Counted in steps, not logged points,
+# so that logging every 10th step (a trainer's logging_steps) reads the same run the same way.
+_NEVER_STEPS = 200
 
 Track = Union[Mapping[int, float], tuple[Iterable[int], Iterable[Any]]]
 
@@ -186,7 +189,7 @@ class Diagnosis:
                 where = f"{count} step{'s' if count != 1 else ''} ({spans})"
                 detail = e.detail.split(": ", 1)[-1]
             else:
-                where = f"step {e.start_step}" if e.start_step == e.end_step else f"steps {_span(e)}"
+                where = _where(e)
                 detail = e.detail
             lines.append(f"  {e.kind:9s} {where}: {detail}")
             lines.extend(f"    - {a}" for a in e.actions)
@@ -197,6 +200,10 @@ class Diagnosis:
 
 def _span(e: Event) -> str:
     return str(e.start_step) if e.start_step == e.end_step else f"{e.start_step}-{e.end_step}"
+
+
+def _where(e: Event) -> str:
+    return f"step {e.start_step}" if e.start_step == e.end_step else f"steps {_span(e)}"
 
 
 def _num(value: float) -> str:
@@ -235,6 +242,10 @@ CHECK_DATA_NAN = (
     "one such as torch.amp.GradScaler)."
 )
 INVALID_ACTION = "Check what is logged as the gradient norm: a norm is a number >= 0."
+LOG_LOSS = (
+    "Log the loss beside the norm (GradNormMonitor.update(norm, loss=loss)): a norm that rises by orders "
+    "of magnitude while the loss falls steadily is a model leaving a small initialisation, not an explosion."
+)
 
 
 def _clipping(max_norm: float | None, peak: str, base: str) -> str:
@@ -320,7 +331,7 @@ def _median(ordered: list[float]) -> float:
 
 def _number(value: Any) -> float | None:
     """The value as a float, or None when it is not a number (a string, None, a bool)."""
-    if isinstance(value, bool) or value is None:
+    if isinstance(value, bool):
         return None
     try:
         return float(value)
@@ -442,7 +453,6 @@ class _Thinned:
 class _Layers:
     """What the per-layer snapshots showed: the current vanishing streak and the latest snapshot."""
 
-    first_step: int | None = None
     seen: set = field(default_factory=set)  # layers that had a non-zero gradient at some snapshot
     streak_start: int | None = None  # the first snapshot of the current vanishing streak
     streak_first: bool = False  # that streak began at the very first snapshot
@@ -477,7 +487,12 @@ class Diagnoser:
         spike_orders (float): how far a short departure must reach to be a
             spike, in orders of magnitude. Default: 1 (10x).
         explode_orders (float): the sustained rise that is an explosion.
-            Default: 2 (100x).
+            Default: 1 (10x): held for ``sustain`` points over a robust
+            baseline, that is far outside the noise and no single batch; the
+            healthy rises this large (a model leaving a small initialisation)
+            are told apart by the loss. A learning-rate jump of 10x commonly
+            lifts the norm 30x for tens of steps, then lets it settle 2x
+            higher: at a higher threshold it passed for a new normal.
         vanish_orders (float): the sustained fall that is vanishing.
             Default: 3 (1000x); healthy runs often fall 10-100x early on.
         sustain (int): points over which a level counts as sustained: a
@@ -514,7 +529,7 @@ class Diagnoser:
         band_mads: float = 5.0,
         min_band: float = 0.3,
         spike_orders: float = 1.0,
-        explode_orders: float = 2.0,
+        explode_orders: float = 1.0,
         vanish_orders: float = 3.0,
         sustain: int = 10,
         recover: int = 3,
@@ -597,11 +612,8 @@ class Diagnoser:
                 negative or non-numeric value is counted and reported as
                 invalid, never raised on and never dropped silently.
         """
-        steps, values = list(steps), list(values)
-        if len(steps) != len(values):
-            raise ValueError(f"diagnose: {len(steps)} steps but {len(values)} values")
-        for step, value in zip(steps, values):
-            self._point(int(step), value)
+        for step, value in _pairs(steps, values):
+            self._point(step, value)
 
     def _point(self, step: int, raw: Any) -> None:
         self._count += 1
@@ -623,13 +635,12 @@ class Diagnoser:
         self._finite += 1
         self._levels.add(step, x)
         base = self._base
+        self._recent.append((step, x))
         if len(base) < self.warmup:
             base.add(x)
-            self._recent.append((step, x))
             return
         dev = x - base.median
         side = 0 if abs(dev) <= base.band else (1 if dev > 0 else -1)
-        self._recent.append((step, x))
         dep = self._dep
         if dep is not None:
             if side == dep.side:
@@ -640,7 +651,7 @@ class Diagnoser:
                 dep.pending.append((step, x))
                 return
             else:
-                self._close(dep, returned=True)
+                self._close(dep, True, self._found, self._ups)
                 self._dep = None
                 for s, px in dep.pending:
                     base.add(px)
@@ -747,8 +758,6 @@ class Diagnoser:
         lay = self._layers
         values = {name: _number(v) for name, v in norms.items()}
         values = {n: v for n, v in values.items() if v is not None and math.isfinite(v) and v >= 0}
-        if lay.first_step is None:
-            lay.first_step = step
         lay.snapshots += 1
         zeros = [n for n, v in values.items() if v == 0 and n in lay.seen]
         lay.seen.update(n for n, v in values.items() if v > 0)
@@ -811,12 +820,13 @@ class Diagnoser:
             return _Found(event, dep.side, dep.origin, extreme)
         return None
 
-    def _close(self, dep: _Departure, returned: bool) -> None:
+    def _close(self, dep: _Departure, returned: bool, found: list, ups: Any) -> None:
+        """Adds a departure to the norm's events (``found``) and, when upwards, to its rises (``ups``)."""
         if dep.side > 0:
-            self._ups.append((dep.start, dep.end, dep.peak))
-        found = self._classify(dep, returned)
-        if found is not None:
-            self._found.append(found)
+            ups.append((dep.start, dep.end, dep.peak))
+        event = self._classify(dep, returned)
+        if event is not None:
+            found.append(event)
 
     def _drift_found(self, drift: _Drift) -> _Found:
         how = "grew" if drift.kind == EXPLODING else "shrank"
@@ -835,11 +845,7 @@ class Diagnoser:
         found = list(self._found)
         ups = list(self._ups)
         if self._dep is not None:
-            if self._dep.side > 0:
-                ups.append((self._dep.start, self._dep.end, self._dep.peak))
-            extra = self._classify(self._dep, returned=bool(self._dep.pending))
-            if extra is not None:
-                found.append(extra)
+            self._close(self._dep, bool(self._dep.pending), found, ups)
         if self._drift is not None:
             drift = self._drift_found(self._drift)
             found.append(replace(drift, event=replace(drift.event, end_step=last)))
@@ -862,8 +868,9 @@ class Diagnoser:
             )
             for r in self._invalid
         ]
-        norm_events, loss_events = self._with_loss(found, ups, loss, last)
-        events += norm_events + loss_events
+        loss_event, consumed = self._loss_event(found, ups, loss, last) if loss is not None else (None, set())
+        events += [self._norm_event(f, loss, found) for i, f in enumerate(found) if i not in consumed]
+        events += [loss_event] if loss_event is not None else []
         events += self._layer_events(last)
         events.sort(key=lambda e: (e.start_step, KINDS.index(e.kind), e.end_step))
         kinds = {e.kind for e in events}
@@ -888,7 +895,7 @@ class Diagnoser:
         events = []
         loss_runs = self._loss_nonfinite
         for r in loss_runs:
-            norm_too = [n for n in self._nonfinite if n.start <= r.end and r.start <= n.end]
+            norm_too = [n for n in self._nonfinite if _overlap(n, r)]
             until = "to the last step" if r.open else f"until step {r.end}"
             detail = f"the loss is non-finite ({r.first}) from step {r.start} {until}"
             if norm_too:
@@ -897,7 +904,7 @@ class Diagnoser:
                 Event(NONFINITE, r.start, r.end if not r.open else last, detail, (CHECKPOINT, CHECK_DATA_NAN))
             )
         for r in self._nonfinite:
-            if any(lr.start <= r.end and r.start <= lr.end for lr in loss_runs):
+            if any(_overlap(lr, r) for lr in loss_runs):
                 continue  # part of the collapse the loss shows
             persists = r.open and (not loss_logged or r.count > self.max_skip_run)
             if persists:
@@ -924,88 +931,76 @@ class Diagnoser:
             return f"; loss scale {_num(before)}"
         return f"; the loss scale fell from {_num(before)} to {_num(after)}"
 
-    def _with_loss(
-        self, found: list[_Found], ups: list[tuple[int, int, float]], loss: _LossView | None, last: int | None
-    ) -> tuple[list[Event], list[Event]]:
-        """The norm events with their context and actions, and the events the loss shows."""
-        loss_events: list[Event] = []
-        consumed: set[int] = set()
-        shape = loss.shape() if loss is not None else None
-        if shape is not None:
-            never, start, detail = shape
-            near = max(10, loss.w)
-            # The norm's rises that go with the loss's: around its jump, or sustained while it stayed up.
-            ours = {
-                i
-                for i, f in enumerate(found)
-                if f.side > 0
-                and (
-                    (f.event.start_step <= start + near and f.event.end_step >= start - near)
-                    or (f.event.kind == EXPLODING and f.event.end_step >= start - near)
-                )
-            }
-            linked = [(found[i].event.start_step, found[i].extreme - found[i].base) for i in ours]
-            linked += [(a, peak) for a, b, peak in ups if a <= start + near and b >= start - near]
-            levels = self._levels.all()
-            before = sorted(x for s, x in levels if start - 4 * near <= s < start) or sorted(
-                x for _, x in levels[: 4 * near]
+    def _loss_event(
+        self, found: list[_Found], ups: list[tuple[int, int, float]], loss: _LossView, last: int | None
+    ) -> tuple[Event | None, set[int]]:
+        """The event the loss shows (diverged or stalled), and which of the norm's events it takes in."""
+        shape = loss.shape()
+        if shape is None:
+            return None, set()
+        never, start, detail, end = shape
+        near = max(10, loss.w)
+        # The norm's rises that go with the loss's: around its jump, or sustained while it stayed up.
+        ours = {
+            i
+            for i, f in enumerate(found)
+            if f.side > 0
+            and (
+                (f.event.start_step <= start + near and f.event.end_step >= start - near)
+                or (f.event.kind == EXPLODING and f.event.end_step >= start - near)
             )
-            after = [x for s, x in levels if s >= start]
-            rise = _median(sorted(after[: 4 * near])) - _median(before) if after and before else 0.0
-            strong = max((peak for _, peak in linked), default=0.0) >= self.spike_orders or rise >= 0.5
-            if not never and strong:
-                # The norm went up with a loss that jumped and stayed up: a divergence, from the norm's rise.
-                onset = min([a for a, _ in linked] + [start])
-                consumed = ours
-                peak = max([found[i].extreme for i in ours] + after, default=None)
-                base = _median(before) if before else None
-                lower, clip, precision, *data = self._explode_actions(peak, base, onset, found)
-                resume = f"Resume from a checkpoint saved before step {onset}, with the changes above."
-                loss_events.append(
-                    Event(
-                        DIVERGED,
-                        onset,
-                        last,
-                        f"the norm rose from step {onset} (from {_level(base)} to {_level(peak)}); {detail}",
-                        (lower, clip, precision, *data, resume),
-                    )
+        }
+        linked = [(found[i].event.start_step, found[i].extreme - found[i].base) for i in ours]
+        linked += [(a, peak) for a, b, peak in ups if a <= start + near and b >= start - near]
+        levels = self._levels.all()
+        before = sorted(x for s, x in levels if start - 4 * near <= s < start) or sorted(
+            x for _, x in levels[: 4 * near]
+        )
+        after = [x for s, x in levels if s >= start]
+        rise = _median(sorted(after[: 4 * near])) - _median(before) if after and before else 0.0
+        strong = max((peak for _, peak in linked), default=0.0) >= self.spike_orders or rise >= 0.5
+        if never or not strong:
+            if end is not None:  # a relapse without the norm is no stall: the loss came down again
+                return None, set()
+            return Event(STALLED, start, last, detail, self._stall_actions(never)), set()
+        # The norm went up with a loss that jumped and stayed up (or relapsed): a divergence, from the rise.
+        # Dated by the norm, read every step, not by the loss, whose start blurs with its noise and smoothing
+        # (a noisy loss wandering up from its best dated a blow-up 35 steps early).
+        onset = min(a for a, _ in linked) if linked else start
+        peak = max([found[i].extreme for i in ours] + after, default=None)
+        base = _median(before) if before else None
+        resume = f"Resume from a checkpoint saved before step {onset}, with the changes above."
+        event = Event(
+            DIVERGED,
+            onset,
+            last if end is None else end,
+            f"the norm rose from step {onset} (from {_level(base)} to {_level(peak)}); {detail}",
+            (*self._explode_actions(peak, base, onset, found), resume),
+        )
+        return event, ours
+
+    def _norm_event(self, f: _Found, loss: _LossView | None, found: list[_Found]) -> Event:
+        """A norm event with its context and actions: a rise or fall the falling loss calls healthy."""
+        e = f.event
+        if loss is not None and e.kind in (EXPLODING, VANISHING) and not f.nonfinite:
+            fell = loss.fell(e.start_step, e.end_step)
+            if fell is not None:
+                kind, how, why = (
+                    (GROWTH, "rose", "a model leaving a small initialisation")
+                    if f.side > 0
+                    else (DECAY, "fell", "the gradient shrinks as the loss approaches its minimum")
                 )
-            else:
-                loss_events.append(Event(STALLED, start, last, detail, self._stall_actions(never)))
-        events = []
-        for i, f in enumerate(found):
-            if i in consumed:
-                continue
-            e = f.event
-            if loss is not None and e.kind in (EXPLODING, VANISHING) and not f.nonfinite:
-                fell = loss.fell(e.start_step, e.end_step)
-                if fell is not None:
-                    how = "rose" if f.side > 0 else "fell"
-                    why = (
-                        "healthy: a model leaving a small initialisation"
-                        if f.side > 0
-                        else "healthy: the gradient shrinks as the loss approaches its minimum"
-                    )
-                    kind = GROWTH if f.side > 0 else DECAY
-                    events.append(
-                        Event(
-                            kind,
-                            e.start_step,
-                            e.end_step,
-                            f"the norm {how} from {_from_log(f.base)} to {_from_log(f.extreme)} "
-                            f"while the loss fell from {fell}: {why}",
-                        )
-                    )
-                    continue
-            if e.kind == EXPLODING:
-                events.append(
-                    replace(e, actions=self._explode_actions(f.extreme, f.base, e.start_step, found))
+                detail = (
+                    f"the norm {how} from {_from_log(f.base)} to {_from_log(f.extreme)} "
+                    f"while the loss fell from {fell}: healthy: {why}"
                 )
-            elif e.kind == VANISHING:
-                events.append(replace(e, actions=(RAISE_LR, NORMALISATION)))
-            else:
-                events.append(self._spike(f))
-        return events, loss_events
+                return Event(kind, e.start_step, e.end_step, detail)
+        if e.kind == EXPLODING:
+            actions = self._explode_actions(f.extreme, f.base, e.start_step, found)
+            return replace(e, actions=actions + (() if self._loss_read else (LOG_LOSS,)))
+        if e.kind == VANISHING:
+            return replace(e, actions=(RAISE_LR, NORMALISATION))
+        return self._spike(f)
 
     def _explode_actions(self, peak: float | None, base: float | None, start: int, found: list[_Found]):
         actions = [LOWER_LR, _clipping(self.max_norm, _level(peak), _level(base)), PRECISION]
@@ -1073,7 +1068,7 @@ class Diagnoser:
     def _spike(self, f: _Found) -> Event:
         e = f.event
         context = self._lr_context(e.start_step)
-        where = f"step {e.start_step}" if e.start_step == e.end_step else f"steps {_span(e)}"
+        where = _where(e)
         if context is not None:
             return replace(e, detail=f"{e.detail}; {context}: normal if it settles")
         if f.side > 0:
@@ -1110,15 +1105,19 @@ def _extend(runs: list[_Run], step: int, value: Any) -> None:
         runs.append(_Run(step, step, 1, value))
 
 
+def _overlap(a: _Run, b: _Run) -> bool:
+    return a.start <= b.end and b.start <= a.end
+
+
 def _close_run(runs: list[_Run]) -> None:
     if runs and runs[-1].open:
         runs[-1].open = False
 
 
-def _pairs(steps: Iterable[int], values: Iterable[Any], what: str) -> list[tuple[int, Any]]:
+def _pairs(steps: Iterable[int], values: Iterable[Any], what: str = "") -> list[tuple[int, Any]]:
     steps, values = list(steps), list(values)
     if len(steps) != len(values):
-        raise ValueError(f"diagnose: {len(steps)} steps but {len(values)} {what} values")
+        raise ValueError(f"diagnose: {len(steps)} steps but {len(values)} {what + ' ' if what else ''}values")
     return [(int(s), v) for s, v in zip(steps, values)]
 
 
@@ -1144,11 +1143,20 @@ def _merge(found: list[_Found]) -> list[_Found]:
     return merged
 
 
+class _Shape(NamedTuple):
+    """How a loss failed, as :meth:`_LossView.shape` reads it."""
+
+    never: bool  # it never improved
+    start: int  # the step it started
+    detail: str
+    end: int | None = None  # where a relapse ended; None for a loss that stayed there
+
+
 class _LossView:
     """The shape of a (thinned) loss series: its initial level, best, final level and noise."""
 
     def __init__(self, points: list[tuple[int, float]], stall_fraction: float, judge_start: bool) -> None:
-        self.judge_start = judge_start and len(points) >= _NEVER_POINTS
+        self.judge_start = judge_start and points[-1][0] - points[0][0] + 1 >= _NEVER_STEPS
         self.steps = [s for s, _ in points]
         ys = [v for _, v in points]
         n = len(ys)
@@ -1164,21 +1172,23 @@ class _LossView:
         diffs = sorted(abs(b - a) for a, b in zip(ys, ys[1:]))
         sigma = _MAD_TO_SIGMA * _median(diffs) / math.sqrt(2.0) if diffs else 0.0
         self.tol = max(3.0 * sigma / math.sqrt(w), stall_fraction * abs(self.first))
+        # Above this, the loss is above its initial level: a margin beyond the noise of a smoothed point.
+        self.ceiling = self.first + max(self.tol, 0.1 * abs(self.first))
 
-    def shape(self) -> tuple[bool, int, str] | None:
-        """``(never improved, start step, detail)`` for a loss that never improved or went back up and
-        stayed there; None for a loss that learned and held."""
+    def shape(self) -> _Shape | None:
+        """How the loss failed: it never improved, went back up and stayed there, or climbed above its
+        initial level and had to learn again (a relapse); None for a loss that learned and held."""
         progress = self.first - self.best
         s = (
             f"{_num(self.first)} at the start, {_num(self.best)} at best (step {self.best_step}), "
             f"{_num(self.final)} at the end"
         )
         regained = self.final - self.best
-        above = self.final > self.first + max(self.tol, 0.1 * abs(self.first))
+        above = self.final > self.ceiling
         if not above and (progress < self.tol or regained < max(0.5 * progress, self.tol)):
             if progress < self.tol and self.judge_start:
-                return True, self.steps[0], f"the loss never improved: {s}"
-            return None
+                return _Shape(True, self.steps[0], f"the loss never improved: {s}")
+            return self._relapse(s)
         # Dated where the smoothed loss left the neighbourhood of its best for good.
         i = len(self.smooth) - 1
         while i > self._best_index and self.smooth[i] > self.best + self.tol:
@@ -1190,7 +1200,42 @@ class _LossView:
             what = "returned to its initial level"
         else:
             what = f"went back up by {regained / progress:.0%} of what it had gained"
-        return False, start, f"the loss {what} from step {start} and stayed there: {s}"
+        return _Shape(False, start, f"the loss {what} from step {start} and stayed there: {s}")
+
+    def _relapse(self, s: str) -> _Shape | None:
+        """A loss that, after real progress, rose above its initial level and came down again slowly.
+
+        A model whose loss climbed above where it started has lost all it had learned: a divergence
+        the run recovered from, whatever the loss did later. Such a model has to learn again, so its
+        loss comes down gradually; a loss that drops straight back to its low was high because of the
+        batches, not the model (a spike). The smoothed loss is read, so one bad batch never counts,
+        and it must clear the initial level by the margin that tells "above" from noise.
+        """
+        low, low_index = self.smooth[0], 0
+        n = len(self.smooth)
+        k = 0
+        while k < n:
+            y = self.smooth[k]
+            if y < low:
+                low, low_index = y, k
+            elif self.first - low >= self.tol and y > self.ceiling:
+                end = k
+                while end + 1 < n and self.smooth[end + 1] > self.ceiling:
+                    end += 1
+                if end + 1 < n and self.smooth[end + 1] > low + 0.5 * (self.first - low):  # learning again
+                    i = k  # dated where it left the neighbourhood of its low
+                    while i > low_index and self.smooth[i - 1] > low + self.tol:
+                        i -= 1
+                    top = max(range(k, end + 1), key=self.smooth.__getitem__)
+                    detail = (
+                        f"the loss rose above its initial level from step {self.steps[i]} (to "
+                        f"{_num(self.smooth[top])} at step {self.steps[top]}, from {_num(low)}), then came "
+                        f"down again: {s}"
+                    )
+                    return _Shape(False, self.steps[i], detail, self.steps[end])
+                k = end
+            k += 1
+        return None
 
     def at(self, step: int) -> float:
         i = max(0, bisect.bisect_right(self.steps, step) - 1)
@@ -1279,8 +1324,12 @@ def diagnose(
     """
     d = Diagnoser(max_norm=max_norm, **thresholds)
     d.update(steps, values)
-    for what, method in (("loss", d.update_loss), ("lr", d.update_lr), ("scale", d.update_scale)):
-        pairs = _track({"loss": loss, "lr": lr, "scale": scale}[what], what)
+    for track, what, method in (
+        (loss, "loss", d.update_loss),
+        (lr, "lr", d.update_lr),
+        (scale, "scale", d.update_scale),
+    ):
+        pairs = _track(track, what)
         if pairs:
             method([s for s, _ in pairs], [v for _, v in pairs])
     for step in sorted(layers or {}):

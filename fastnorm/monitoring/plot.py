@@ -24,6 +24,7 @@ from fastnorm.monitoring.diagnosis import (
     STALLED,
     VANISHING,
     Diagnosis,
+    _number,
 )
 
 if TYPE_CHECKING:
@@ -44,15 +45,6 @@ COLORS = {
 MIN_WIDTH = (
     0.006  # the narrowest event band, as a fraction of the steps shown: a one-step event stays visible
 )
-
-
-def _float(value: Any) -> float | None:
-    if isinstance(value, bool):
-        return None
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return None
 
 
 def plot(
@@ -98,7 +90,7 @@ def plot(
     fig = Figure(figsize=(8, 3.6), dpi=100, layout="constrained")
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
-    numbers = [(s, _float(v)) for s, v in zip(steps, values)]
+    numbers = [(s, _number(v)) for s, v in zip(steps, values)]
     # A gap in the line wherever the log axis cannot go (zero, non-finite, invalid).
     ys = [v if v is not None and math.isfinite(v) and v > 0 else math.nan for _, v in numbers]
     if any(not math.isnan(y) for y in ys):
@@ -144,7 +136,7 @@ def plot(
     ax.grid(True, which="major", alpha=0.3)
     handles, labels = ax.get_legend_handles_labels()
     if loss is not None:
-        points = [(s, _float(v)) for s, v in zip(*loss)]
+        points = [(s, _number(v)) for s, v in zip(*loss)]
         points = [(s, v) for s, v in points if v is not None and math.isfinite(v)]
         if points:
             twin = ax.twinx()
