@@ -16,8 +16,8 @@ import weakref
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from functools import cached_property
-from itertools import compress
-from operator import attrgetter
+from itertools import compress, repeat
+from operator import attrgetter, is_not
 from typing import Any
 
 import torch
@@ -151,7 +151,7 @@ class _Entry:
 
     def __init__(self, kind: str, item_ids: list[int], grads: list[Tensor | None], plan: Plan) -> None:
         # "params": every item is a Parameter; "dtensor_params": every item is a
-        # DTensor parameter; "tensors": no item requires grad.
+        # DTensor parameter; "tensors": no item requires grad or has a .grad.
         self.kind = kind
         self.item_ids = item_ids
         self.present = [g is not None for g in grads]
@@ -197,16 +197,19 @@ class _Cache:
         self._size = size
         self._lock = threading.Lock()
 
-    def lookup(self, key: tuple[Any, ...], items: list[Any], item_ids: list[int]) -> Plan | None:
+    def lookup(
+        self, key: tuple[Any, ...], items: list[Any], item_ids: list[int], grads: list[Any] | None = None
+    ) -> Plan | None:
         entry = self._entries.get(key)
         if entry is None or not entry.alive or item_ids != entry.item_ids:
             return None
         if entry.kind == "tensors":
-            if any(map(_get_requires_grad, items)):
+            # An item that starts requiring grad, or gets a .grad, is a parameter now.
+            if any(map(_get_requires_grad, items)) or any(map(is_not, map(_get_grad, items), repeat(None))):
                 return None
             grads = items
         else:
-            grads = list(map(_get_grad, items))
+            grads = list(map(_get_grad, items)) if grads is None else grads
             if any(grads[i] is not None for i in entry.missing):
                 return None
         if not entry.matches(grads):
@@ -255,17 +258,18 @@ def _kind(items: list[Any]) -> str | None:
         return "params"
     if items and all(type(item) is DTensor and isinstance(item, Parameter) for item in items):
         return "dtensor_params"
-    if all(type(item) is Tensor and not item.requires_grad for item in items):
+    if all(type(item) is Tensor and not item.requires_grad and item.grad is None for item in items):
         return "tensors"
     return None
 
 
-def plan_for(items: list[Any], p: float, fn: str, group: Any = None) -> Plan:
-    """The plan for ``items``, from the cache when still valid."""
+def plan_for(items: list[Any], p: float, fn: str, group: Any = None, grads: list[Any] | None = None) -> Plan:
+    """The plan for ``items``, from the cache when still valid. ``grads``: the
+    items' ``.grad``, when the caller has read them already (read once per call)."""
     request = requested()
     item_ids = list(map(id, items))
     key = (request, id(group), len(items), item_ids[0] if items else 0, item_ids[-1] if items else 0)
-    plan = _CACHE.lookup(key, items, item_ids)
+    plan = _CACHE.lookup(key, items, item_ids, grads)
     if plan is not None:
         return plan
     grads = collect(items, p, fn, group)
