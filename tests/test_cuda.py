@@ -215,7 +215,16 @@ def test_every_storage_offset(dtype, offset):
     for p in (2.0, 1.0, float("inf")):
         _check(views, p, 1e-12 if dtype == torch.float64 else 5e-7)
     before = buffer.clone()
-    fastnorm.clip_(views, 1e-3)
+    params = []
+    for v in views:
+        q = torch.nn.Parameter(torch.zeros_like(v))
+        q.grad = v.clone()
+        params.append(q)
+    norm = torch.nn.utils.get_total_norm([q.grad for q in params]).float()
+    norm = norm.double() if dtype == torch.float64 else norm
+    torch.nn.utils.clip_grads_with_norm_(params, 1e-3, norm)
+    fastnorm.clip_(views, 1e-3, total_norm=norm, gradients=True)
+    assert all(torch.equal(v, q.grad) for v, q in zip(views, params))
     inside = torch.zeros(buffer.numel(), dtype=torch.bool, device="cuda")
     for v in views:
         inside[v.storage_offset() : v.storage_offset() + v.numel()] = True

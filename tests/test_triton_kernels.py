@@ -88,8 +88,9 @@ def check_clip_like_torch(tensors, max_norm=0.5):
         params.append(q)
     dtype = torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
     norm = torch.nn.utils.get_total_norm(expected).to(dtype)
-    fastnorm.clip_(tensors, max_norm, total_norm=norm)
+    fastnorm.clip_(tensors, max_norm, total_norm=norm, gradients=True)
     torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm)
+    assert norm.item() > max_norm  # a real clip: the coefficient is below 1
     for got, want in zip(tensors, expected):
         assert torch.equal(got, want)
 

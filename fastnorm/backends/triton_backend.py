@@ -176,15 +176,16 @@ def per_tensor_launch(mode: Mode) -> Launch:
 
 def launches(config: Config = GPU_CONFIG) -> list[Launch]:
     """Every specialization the backend can launch with ``config``: what ``fastnorm kernels`` compiles."""
+    modes = [mode for mode in Mode if mode.fused]  # the front hands the others to the torch backend
     out = []
     for dtype in DTYPES:
         for aligned in (True, False):
-            for mode in Mode:
+            for mode in modes:
                 out.append(norm_launch(config, dtype, mode, aligned))
             for norm_dtype in (torch.float32, torch.float64):
                 if dtype != torch.float64 or norm_dtype == torch.float64:
                     out.append(scale_launch(config, dtype, norm_dtype, aligned))
-    for mode in Mode:
+    for mode in modes:
         out.append(per_tensor_launch(mode))
         for result_dtype in (torch.float32, torch.float64):
             out.append(finalize_launch(mode, result_dtype))
