@@ -390,6 +390,48 @@ def test_mixed_optimizers_fold_where_they_can():
         torch.testing.assert_close(p.grad, g * coef)
 
 
+def test_skipped_says_0_once_an_optimizer_that_cannot_fold_applied_its_step():
+    # Only the folding steps skip a NaN norm; the others apply it (as torch does),
+    # so the steps were not all skipped, whatever order they run in.
+    for order in ("folding first", "separate first"):
+        params = _params()
+        folding = torch.optim.AdamW(params[:3], fused=True)
+        separate = torch.optim.SGD(params[3:], lr=0.1)
+        with pytest.warns(UserWarning, match="separate pass"):
+            clipper = StepClipper([folding, separate], 0.5)
+        _fill_grads(params, torch.Generator().manual_seed(11), 0, {0: math.nan})
+        clipper.clip_()
+        assert clipper.skipped.item() == 1.0  # armed: the folding step will skip
+        for opt in (folding, separate) if order == "folding first" else (separate, folding):
+            opt.step()
+        assert clipper.skipped.item() == 0.0, order
+        assert torch.isnan(params[3]).all() and torch.isfinite(params[0]).all()
+        clipper.remove()
+
+
+def test_skipped_stays_1_when_a_scaler_skips_the_step_of_an_optimizer_that_cannot_fold():
+    model = torch.nn.Linear(4, 3)
+    opt = torch.optim.AdamW(model.parameters(), foreach=True)
+    with pytest.warns(UserWarning, match="separate pass"):
+        clipper = StepClipper(opt, 1.0)
+    scaler = torch.amp.GradScaler("cpu")
+    before = [p.detach().clone() for p in model.parameters()]
+    scaler.scale(model(torch.full((2, 4), math.inf)).sum()).backward()
+    scaler.unscale_(opt)
+    clipper.clip_()
+    scaler.step(opt)  # found an inf: never calls opt.step()
+    scaler.update()
+    assert clipper.skipped.item() == 1.0
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), before))
+    model.zero_grad(set_to_none=True)
+    scaler.scale(model(torch.randn(2, 4)).sum()).backward()
+    scaler.unscale_(opt)
+    clipper.clip_()
+    scaler.step(opt)
+    assert clipper.skipped.item() == 0.0
+    assert not all(torch.equal(a, b) for a, b in zip(model.parameters(), before))
+
+
 def test_changes_after_construction_and_removal():
     params = _params()
     opt = torch.optim.AdamW(params[:3], fused=True)
