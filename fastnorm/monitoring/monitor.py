@@ -428,8 +428,9 @@ class GradNormMonitor:
         loggers (sequence of Logger): where the windows go (see
             :mod:`fastnorm.monitoring.loggers`). Closed by :meth:`close`.
         max_norm (float, optional): the clipping threshold given to
-            ``clip_``; with it each window reports the fraction of its steps
-            that were clipped, and the diagnosis knows the run is clipped.
+            ``clip_`` or :class:`~fastnorm.StepClipper`; with it each window
+            reports the fraction of its applied steps that were clipped, and
+            the diagnosis knows the run is clipped.
         layer_names (sequence of str, optional): the names of the per-layer
             norms passed to :meth:`update` (e.g. :attr:`LayerNorms.names`).
         diagnose (bool or Diagnoser): diagnose the series at each window
