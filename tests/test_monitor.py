@@ -44,11 +44,10 @@ def norms(n, seed=0):
     return (torch.rand(n, generator=g, dtype=torch.float64) * 3).tolist()
 
 
-def test_every_step_reaches_the_loggers_in_one_transfer_per_window(monkeypatch):
-    expected = norms(5 * 8 + 3)
-    given = [torch.tensor(v, dtype=torch.float32) for v in expected]
-    reads = {"tolist": 0, "item": 0, "__float__": 0, "__bool__": 0}
-    for name in reads:
+def count_reads(monkeypatch, names):
+    """Counts each call of these Tensor methods (the ways a value reaches the host)."""
+    reads = dict.fromkeys(names, 0)
+    for name in names:
         original = getattr(torch.Tensor, name)
 
         def counted(self, *args, _name=name, _original=original):
@@ -56,6 +55,13 @@ def test_every_step_reaches_the_loggers_in_one_transfer_per_window(monkeypatch):
             return _original(self, *args)
 
         monkeypatch.setattr(torch.Tensor, name, counted)
+    return reads
+
+
+def test_every_step_reaches_the_loggers_in_one_transfer_per_window(monkeypatch):
+    expected = norms(5 * 8 + 3)
+    given = [torch.tensor(v, dtype=torch.float32) for v in expected]
+    reads = count_reads(monkeypatch, ["tolist", "item", "__float__", "__bool__"])
     rec = Recorder()
     monitor = GradNormMonitor(8, [rec], diagnose=False)
     for i, norm in enumerate(given):
@@ -156,19 +162,9 @@ def test_skip_flags_cross_in_the_same_transfer_and_are_counted(monkeypatch, tmp_
     flags = [i % 3 == 1 for i in range(len(expected))]
     flags[5] = None  # a step without a flag
     # As a StepClipper gives it (a float32 0-dim tensor), as a bool tensor, and as a bool.
-    given = [
-        None if f is None else torch.tensor(float(f)) if i % 3 else torch.tensor(f) if i % 2 else f
-        for i, f in enumerate(flags)
-    ]
-    reads = {"tolist": 0, "item": 0, "__float__": 0, "__bool__": 0, "__int__": 0, "__index__": 0}
-    for name in reads:
-        original = getattr(torch.Tensor, name)
-
-        def counted(self, *args, _name=name, _original=original):
-            reads[_name] += 1
-            return _original(self, *args)
-
-        monkeypatch.setattr(torch.Tensor, name, counted)
+    kinds = [lambda f: torch.tensor(float(f)), torch.tensor, bool, lambda f: torch.tensor(float(f))]
+    given = [None if f is None else kinds[i % 4](f) for i, f in enumerate(flags)]
+    reads = count_reads(monkeypatch, ["tolist", "item", "__float__", "__bool__", "__int__", "__index__"])
     rec = Recorder()
     path = tmp_path / "metrics.jsonl"
     with GradNormMonitor(6, [rec, JsonlLogger(path)], max_norm=1.5) as monitor:
