@@ -49,7 +49,7 @@ if not _flag("FASTNORM_SKIP_CPP_BUILD"):
     ext_modules.append(
         Pybind11Extension(
             "fastnorm._C",
-            ["csrc/bindings.cpp", "csrc/kernels.cpp"],
+            ["csrc/bindings.cpp", "csrc/kernels.cpp", "csrc/snapshot.cpp"],
             depends=sorted(str(p) for p in Path("csrc").glob("*.h")),
             cxx_std=17,
             extra_compile_args=extra_compile_args,

@@ -2,14 +2,43 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <iterator>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "fastnorm.h"
+#include "snapshot.h"
 #include "thread_pool.h"
 
 namespace py = pybind11;
+using fastnorm::Attr;
 using fastnorm::Plan;
+using fastnorm::Snapshot;
+using fastnorm::TensorAccess;
+
+namespace {
+
+// (owner, name, descriptor, is_method) for each of TensorAccess's attributes, in order.
+TensorAccess access_from(const py::tuple& attrs) {
+  TensorAccess access;
+  Attr* fields[] = {&access.grad,  &access.requires_grad, &access.data_ptr, &access.nbytes,
+                    &access.dtype, &access.is_contiguous, &access.shape,    &access.stride};
+  if (attrs.size() != std::size(fields)) {
+    throw std::invalid_argument("fastnorm._C.Snapshot: access must list " + std::to_string(std::size(fields)) +
+                                " attributes");
+  }
+  for (size_t i = 0; i < std::size(fields); ++i) {
+    const auto spec = attrs[i].cast<py::tuple>();
+    fields[i]->owner = spec[0];
+    fields[i]->name = spec[1].cast<py::str>();
+    fields[i]->descriptor = spec[2];
+    fields[i]->method = spec[3].cast<bool>();
+  }
+  return access;
+}
+
+}  // namespace
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "fastnorm CPU kernels (raw addresses in, no libtorch)";
@@ -23,6 +52,15 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("num_tensors", &Plan::num_tensors)
       .def_property_readonly("numel", &Plan::numel)
       .def_property_readonly("nbytes", &Plan::nbytes);
+
+  py::class_<Snapshot>(m, "Snapshot")
+      .def(py::init([](int kind, const py::list& items, const py::list& grads, const py::tuple& access) {
+             return new Snapshot(kind, items, grads, access_from(access));
+           }),
+           py::arg("kind"), py::arg("items"), py::arg("grads"), py::arg("access"))
+      .def("matches", &Snapshot::matches, py::arg("items"),
+           "Whether the items are the same objects whose gradients have the same facts.")
+      .def("__len__", &Snapshot::size);
 
   m.def("reduce", &fastnorm::reduce, py::arg("plan"), py::arg("mode"), py::arg("p"),
         py::arg("partial_addr"), py::arg("root_addr"), py::arg("root_is_double"),
