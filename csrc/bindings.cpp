@@ -11,6 +11,10 @@
 #include "snapshot.h"
 #include "thread_pool.h"
 
+#if !defined(FASTNORM_SOURCE_HASH)
+#define FASTNORM_SOURCE_HASH "unknown"
+#endif
+
 namespace py = pybind11;
 using fastnorm::Attr;
 using fastnorm::Plan;
@@ -78,6 +82,8 @@ PYBIND11_MODULE(_C, m) {
         "Runs the calls that start afterwards with another instruction set (same bits).");
   m.def("clock_hz", &fastnorm::clock_hz, py::arg("seconds") = 0.05,
         "The core clock in Hz, from a timed chain of dependent additions (0 where unknown).");
+  m.def("source_hash", [] { return std::string(FASTNORM_SOURCE_HASH); },
+        "The fingerprint of the sources this build was compiled from (fastnorm/_build.py).");
   m.def("attach_openmp", &fastnorm::ThreadPool::attach_openmp, py::arg("path"),
         "Run parallel tasks on the threads of the OpenMP runtime loaded from `path`.");
   m.def("uses_openmp", &fastnorm::ThreadPool::uses_openmp);
