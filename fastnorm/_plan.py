@@ -247,9 +247,10 @@ class _Cache:
         entry = self._entries.get(key)
         if entry is None or not entry.alive or not entry.snapshot.matches(items):
             return None
-        with self._lock:
-            if key in self._entries:
-                self._entries.move_to_end(key)
+        try:
+            self._entries.move_to_end(key)  # atomic under the GIL, as are the dict's reads
+        except KeyError:  # evicted or cleared by another thread meanwhile: the plan stays valid
+            pass
         return entry.plan
 
     def store(
