@@ -32,18 +32,19 @@ FASTNORM_INLINE __m256d step(__m256d acc, __m256d v) {
   }
 }
 
-// Element k of every 64-bit word of w, widened (elements.h): |x| * 2^-bias.
-template <class E, int K>
+// Element k of every 64-bit word of w, widened (elements.h): |x| * 2^-896.
+template <class W, int K>
 FASTNORM_INLINE __m256d widen(__m256i w) {
-  constexpr int shift = E::kWidenShift[K];
+  constexpr int shift = W::kWidenShift[K];
   const __m256i moved = shift >= 0 ? _mm256_slli_epi64(w, shift) : _mm256_srli_epi64(w, -shift);
-  return _mm256_castsi256_pd(_mm256_and_si256(moved, _mm256_set1_epi64x(int64_t(E::kWidenMask))));
+  return _mm256_castsi256_pd(_mm256_and_si256(moved, _mm256_set1_epi64x(int64_t(W::kWidenMask))));
 }
 
-template <class E, int Power, int K>
-FASTNORM_INLINE void add_widened(Acc& a, int h, __m256i w) {
-  const __m256d v = _mm256_mul_pd(widen<E, K>(w), _mm256_set1_pd(E::kWidenScale));
-  a.g[2 * K + h] = step<Power, true>(a.g[2 * K + h], v);
+// Adds element k of every word of w, widened, to lane group `group`.
+template <class W, int Power, int K>
+FASTNORM_INLINE void add_widened(Acc& a, int group, __m256i w) {
+  const __m256d v = _mm256_mul_pd(widen<W, K>(w), _mm256_set1_pd(W::kWidenScale));
+  a.g[group] = step<Power, true>(a.g[group], v);
 }
 
 template <class E, int Power>
@@ -56,15 +57,22 @@ FASTNORM_INLINE void add_block(Acc& a, const typename E::T* x) {
     for (int k = 0; k < kGroups; ++k) {
       a.g[k] = step<Power, true>(a.g[k], _mm256_cvtps_pd(_mm_loadu_ps(x + 4 * k)));
     }
+  } else if constexpr (E::kCode == kFloat16) {
+    // Eight halves to floats per quarter q: element 8q + 2j + k goes to group 4k + q.
+    for (int q = 0; q < 4; ++q) {
+      const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x + 8 * q));
+      const __m256i w = _mm256_castps_si256(_mm256_cvtph_ps(h));
+      add_widened<F32Pairs, Power, 0>(a, q, w);
+      add_widened<F32Pairs, Power, 1>(a, 4 + q, w);
+    }
   } else {
-    // Sixteen elements per half h: element 4j + k of the half goes to group
-    // 2k + h (lanes.h).
+    // Sixteen bfloat16 per half h: element 16h + 4j + k goes to group 2k + h.
     for (int h = 0; h < 2; ++h) {
       const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 16 * h));
       add_widened<E, Power, 0>(a, h, w);
-      add_widened<E, Power, 1>(a, h, w);
-      add_widened<E, Power, 2>(a, h, w);
-      add_widened<E, Power, 3>(a, h, w);
+      add_widened<E, Power, 1>(a, 2 + h, w);
+      add_widened<E, Power, 2>(a, 4 + h, w);
+      add_widened<E, Power, 3>(a, 6 + h, w);
     }
   }
 }

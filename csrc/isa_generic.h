@@ -28,8 +28,8 @@ FASTNORM_INLINE void add_block(Acc& a, const typename E::T* x) {
   if constexpr (sizeof(typename E::T) == 2) {
     double v[kLanes];
     for (int e = 0; e < kLanes; ++e) v[e] = E::to_double(x[e]);
-    for (int k = 0; k < 4; ++k) {
-      for (int j = 0; j < 8; ++j) step<Power>(a.lane[8 * k + j], v[4 * j + k]);
+    for (int e = 0; e < kLanes; ++e) {
+      step<Power>(a.lane[E::kCode == kFloat16 ? f16_lane(e) : bf16_lane(e)], v[e]);
     }
   } else {
     for (int e = 0; e < kLanes; ++e) step<Power>(a.lane[e], E::to_double(x[e]));

@@ -20,12 +20,15 @@ constexpr int64_t kPowTile = 256;
 // overflow there.
 template <class E, int Power>
 FASTNORM_INLINE double sum_pow(const typename E::T* x, int64_t n) {
-  if constexpr (kSumElsewhere<E>) return sum_elsewhere<E, Power>(x, n);
-  Acc acc = acc_zero();
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) add_block<E, Power>(acc, x + i);
-  if (i < n) add_tail<E, Power>(acc, x + i, n - i);
-  return fold(canonical<E>(acc));
+  if constexpr (kSumElsewhere<E>) {
+    return sum_elsewhere<E, Power>(x, n);
+  } else {
+    Acc acc = acc_zero();
+    int64_t i = 0;
+    for (; i + kLanes <= n; i += kLanes) add_block<E, Power>(acc, x + i);
+    if (i < n) add_tail<E, Power>(acc, x + i, n - i);
+    return fold(canonical<E>(acc));
+  }
 }
 
 // sum_pow with the widening of 16-bit values checked: their inf and NaN are

@@ -80,11 +80,20 @@ def test_every_instruction_set_gives_the_same_bits(dtype):
             assert _same_bits(got, results["generic"]), (isa, p)
 
 
-def _canonical_sum(x: np.ndarray, power: int, element_size: int) -> float:
+# Where element e of a block of 32 goes, by dtype (csrc/lanes.h).
+LANE_OF = {
+    torch.float32: list(range(32)),
+    torch.float64: list(range(32)),
+    torch.bfloat16: [8 * (e % 4) + e // 4 for e in range(32)],
+    torch.float16: [16 * (e % 2) + 8 * (e // 16) + (e % 16) // 2 for e in range(32)],
+}
+
+
+def _canonical_sum(x: np.ndarray, power: int, dtype: torch.dtype) -> float:
     """The sum of |x|^power in the documented order (csrc/lanes.h), written anew:
-    32 lanes, element e of each block of 32 to lane lane_of(e), lanes in order,
+    32 lanes, element e of each block of 32 to lane LANE_OF[e], lanes in order,
     then the fixed fold."""
-    lane_of = [8 * (e % 4) + e // 4 if element_size == 2 else e for e in range(32)]
+    lane_of = LANE_OF[dtype]
     n = len(x)
     padded = np.zeros((n + 31) // 32 * 32)
     padded[:n] = np.abs(x)
@@ -101,14 +110,23 @@ def _canonical_sum(x: np.ndarray, power: int, element_size: int) -> float:
 @pytest.mark.parametrize("p", [2.0, 1.0])
 def test_sums_follow_the_documented_lane_order(dtype, p):
     g = torch.Generator().manual_seed(1)
-    # A piece of one task (256 KiB) at most: one lane sum per tensor.
-    tensors = [(torch.randn(n, generator=g, dtype=torch.float64) * 7).to(dtype) for n in (5, 32, 1000, 30001)]
+    # One tensor per call, within one task (256 KiB): one piece, one lane sum.
+    # Several long ones, so that another order would round differently somewhere.
+    # Values over many binades: sums of 16-bit squares that round.
+    sizes = (5, 32, 1000) + (30001,) * 8
+    wide = [
+        torch.randn(n, generator=g, dtype=torch.float64) * torch.randn(n, generator=g).mul(4).exp()
+        for n in sizes
+    ]
+    tensors = [x.clamp(-6e4, 6e4).to(dtype) for x in wide]  # finite in float16
     for isa in ISAS:
-        got = _reduce(tensors, p, isa)
-        per = got[3:].reshape(-1, 2)
-        for t, (m, s) in zip(tensors, per.tolist()):
-            want = _canonical_sum(t.double().numpy(), int(p), t.element_size())
-            assert m == 0.0 and s == want, (isa, t.numel())
+        for t in tensors:
+            m, s = _reduce([t], p, isa)[:2].tolist()
+            assert m == 0.0 and s == _canonical_sum(t.double().numpy(), int(p), dtype), (isa, t.numel())
+    if dtype in (torch.float16, torch.bfloat16) and p == 2.0:
+        # The data tells the orders apart: the natural one gives other bits somewhere.
+        natural = [_canonical_sum(t.double().numpy(), int(p), torch.float32) for t in tensors]
+        assert natural != [_canonical_sum(t.double().numpy(), int(p), dtype) for t in tensors]
 
 
 @pytest.mark.parametrize("isa", ISAS)
@@ -179,7 +197,7 @@ def test_float64_l2_common_range_keeps_the_plain_sum():
     x = torch.randn(1000, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
     for isa in ISAS:
         got = _reduce([x], 2.0, isa)
-        assert got[0].item() == 0.0 and got[1].item() == _canonical_sum(x.numpy(), 2, 8)
+        assert got[0].item() == 0.0 and got[1].item() == _canonical_sum(x.numpy(), 2, torch.float64)
 
 
 @pytest.mark.parametrize(
