@@ -29,8 +29,8 @@ TensorAccess access_from(const py::tuple& attrs) {
   Attr* fields[] = {&access.grad,  &access.requires_grad, &access.data_ptr, &access.nbytes,
                     &access.dtype, &access.is_contiguous, &access.shape,    &access.stride};
   if (attrs.size() != std::size(fields)) {
-    throw std::invalid_argument("fastnorm._C.Snapshot: access must list " + std::to_string(std::size(fields)) +
-                                " attributes");
+    throw std::invalid_argument("fastnorm._C.Snapshot: access must list " +
+                                std::to_string(std::size(fields)) + " attributes");
   }
   for (size_t i = 0; i < std::size(fields); ++i) {
     const auto spec = attrs[i].cast<py::tuple>();

@@ -104,7 +104,8 @@ FASTNORM_INLINE void add_tail(Acc& a, const typename E::T* x, int64_t n) {
 FASTNORM_INLINE __m256i round_to_bf16(__m256 f) {
   const __m256i u = _mm256_castps_si256(f);
   const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-  const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7FFF))), 16);
+  const __m256i half_up = _mm256_add_epi32(odd, _mm256_set1_epi32(0x7FFF));
+  const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(u, half_up), 16);
   const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(f, f, _CMP_UNORD_Q));
   return _mm256_blendv_epi8(rounded, _mm256_set1_epi32(0x7FC0), nan);
 }

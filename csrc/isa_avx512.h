@@ -104,7 +104,8 @@ FASTNORM_INLINE const Acc& canonical(const Acc& a) {
 FASTNORM_INLINE __m512i round_to_bf16(__m512 f) {
   const __m512i u = _mm512_castps_si512(f);
   const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-  const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF))), 16);
+  const __m512i half_up = _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF));
+  const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(u, half_up), 16);
   const __mmask16 nan = _mm512_cmp_ps_mask(f, f, _CMP_UNORD_Q);
   return _mm512_mask_blend_epi32(nan, rounded, _mm512_set1_epi32(0x7FC0));
 }

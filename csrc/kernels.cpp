@@ -122,7 +122,8 @@ const Kernels* select_kernels() {
   if (forced != nullptr && *forced != 0) {
     const Kernels* k = find(forced);
     if (k == nullptr || !k->supported()) {
-      throw std::runtime_error(std::string(variable) + "=" + forced + (k == nullptr ? " is unknown" : " is not supported here") +
+      const char* why = k == nullptr ? " is unknown" : " is not supported here";
+      throw std::runtime_error(std::string(variable) + "=" + forced + why +
                                "; this CPU and build support: " + supported_list());
     }
     return k;

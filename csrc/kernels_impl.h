@@ -125,7 +125,9 @@ FASTNORM_INLINE void reduce_as(int mode, double p, const void* ptr, int64_t n, P
           tile_sum = 0.0;
           // Divided, not multiplied by 1 / tile_max: that overflows for the
           // smallest float64 values.
-          for (int64_t i = 0; i < len; ++i) tile_sum += std::pow(std::fabs(E::to_double(x[t + i])) / tile_max, p);
+          for (int64_t i = 0; i < len; ++i) {
+            tile_sum += std::pow(std::fabs(E::to_double(x[t + i])) / tile_max, p);
+          }
         }
         merge_scaled(acc, tile_max, tile_sum, p);
       }
@@ -160,12 +162,16 @@ inline void scale_piece(int dtype, void* ptr, int64_t n, float coef, double coef
     }
     case kFloat16: {
       auto* x = static_cast<uint16_t*>(ptr);
-      for (int64_t i = scale_blocks<F16>(x, n, coef); i < n; ++i) x[i] = float_to_half(half_to_float(x[i]) * coef);
+      for (int64_t i = scale_blocks<F16>(x, n, coef); i < n; ++i) {
+        x[i] = float_to_half(half_to_float(x[i]) * coef);
+      }
       return;
     }
     default: {
       auto* x = static_cast<uint16_t*>(ptr);
-      for (int64_t i = scale_blocks<BF16>(x, n, coef); i < n; ++i) x[i] = float_to_bf16(bf16_to_float(x[i]) * coef);
+      for (int64_t i = scale_blocks<BF16>(x, n, coef); i < n; ++i) {
+        x[i] = float_to_bf16(bf16_to_float(x[i]) * coef);
+      }
       return;
     }
   }

@@ -64,8 +64,12 @@ Snapshot::Snapshot(int kind, const py::list& items, const py::list& grads, Tenso
     }
     a->bind();
   }
-  if (kind < kTensors || kind > kDTensorParams) throw std::invalid_argument("fastnorm._C.Snapshot: unknown kind");
-  if (items.size() != grads.size()) throw std::invalid_argument("fastnorm._C.Snapshot: items and grads differ in length");
+  if (kind < kTensors || kind > kDTensorParams) {
+    throw std::invalid_argument("fastnorm._C.Snapshot: unknown kind");
+  }
+  if (items.size() != grads.size()) {
+    throw std::invalid_argument("fastnorm._C.Snapshot: items and grads differ in length");
+  }
   items_.reserve(items.size());
   facts_.resize(items.size());
   for (size_t i = 0; i < items.size(); ++i) {
@@ -141,7 +145,9 @@ bool Snapshot::same(PyObject* tensor, const Facts& f) const {
   Py_DECREF(contiguous);
   if ((contiguous == Py_True) != f.contiguous) return false;
   if (f.contiguous) return true;
-  for (const auto& [attr, stored] : {std::make_pair(&access_.shape, &f.shape), std::make_pair(&access_.stride, &f.stride)}) {
+  const std::pair<const Attr*, const py::object*> layout[] = {{&access_.shape, &f.shape},
+                                                              {&access_.stride, &f.stride}};
+  for (const auto& [attr, stored] : layout) {
     PyObject* now = attr->read(tensor);
     if (now == nullptr) return false;
     const int equal = PyObject_RichCompareBool(now, stored->ptr(), Py_EQ);
@@ -160,7 +166,8 @@ bool Snapshot::matches(const py::list& items) const {
   for (size_t i = 0; i < items_.size(); ++i) {
     bool missing = false;
     PyObject* tensor = tensor_of(items_[i], &missing);
-    const bool ok = tensor != nullptr ? facts_[i].present && same(tensor, facts_[i]) : missing && !facts_[i].present;
+    const Facts& facts = facts_[i];
+    const bool ok = tensor != nullptr ? facts.present && same(tensor, facts) : missing && !facts.present;
     Py_XDECREF(tensor);
     if (!ok) {
       PyErr_Clear();
