@@ -76,15 +76,15 @@ def _import_extension() -> tuple[Any, ImportError | None, str | None]:
     sources is never used.
     """
     tree_hash = _tree_hash()
-    try:
-        from fastnorm import _C
-    except ModuleNotFoundError as exc:
+    if importlib.util.find_spec("fastnorm._C") is None:
         if tree_hash is None:
-            return None, exc, None
+            return None, ImportError("fastnorm was installed without its C++ kernels (fastnorm._C)"), None
         candidates = _installed_builds()
-    except ImportError as exc:  # a broken build, an unsupported FASTNORM_ISA
-        return None, exc, None
     else:
+        try:
+            from fastnorm import _C
+        except ImportError as exc:  # a broken build, an unsupported FASTNORM_ISA
+            return None, exc, None
         where = Path(_C.__file__).resolve().parent
         if where == _PACKAGE or tree_hash is None:
             return _C, None, None
