@@ -183,7 +183,7 @@ Plan::Plan(const std::vector<uintptr_t>& addrs, const std::vector<int64_t>& nume
     while (done < numels[i]) {
       const int64_t room = std::max<int64_t>(1, (task_bytes - filled) / size);
       const int64_t take = std::min(room, numels[i] - done);
-      pieces_.push_back({addrs[i] + uintptr_t(done * size), take, dtypes[i], int64_t(i)});
+      pieces_.push_back({addrs[i] + uintptr_t(done * size), take, take * size, dtypes[i], int64_t(i)});
       done += take;
       filled += take * size;
       if (filled >= task_bytes) {
