@@ -296,7 +296,7 @@ def main(args: argparse.Namespace) -> int:
     }
     command = " ".join(
         ["fastnorm bench", f"--device {device.type}"]
-        + (["--full"] if args.full and not args.workloads else [f"--workloads {','.join(names)}"])
+        + ([f"--workloads {','.join(names)}"] if args.workloads else ["--full"] if args.full else [])
         + ([f"--dtypes {','.join(args.dtypes)}"] if args.dtypes else [])
         + ([f"--contenders {','.join(args.contenders)}"] if args.contenders else [])
         + (["--quick"] if args.quick else [])
