@@ -105,8 +105,11 @@ def _list(device: Any) -> int:
     for c in CONTENDERS.values():
         mark = "*" if device.type in c.default_on else " "
         reasons = c.reasons(device)
+        only = [w.name for w in WORKLOADS.values() if w.contenders and c.name in w.contenders]
+        note = f" (on {', '.join(only)} only)" if c.only_listed else ""
         print(
-            f" {mark} {c.name:32s} {c.kind:10s}" + (f" unavailable: {'; '.join(reasons)}" if reasons else "")
+            f" {mark} {c.name:32s} {c.kind:10s}{note}"
+            + (f" unavailable: {'; '.join(reasons)}" if reasons else "")
         )
     return 0
 
