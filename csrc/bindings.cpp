@@ -26,8 +26,9 @@ namespace {
 // (owner, name, descriptor, is_method) for each of TensorAccess's attributes, in order.
 TensorAccess access_from(const py::tuple& attrs) {
   TensorAccess access;
-  Attr* fields[] = {&access.grad,  &access.requires_grad, &access.data_ptr, &access.nbytes,
-                    &access.dtype, &access.is_contiguous, &access.shape,    &access.stride};
+  Attr* fields[] = {&access.grad,  &access.tensor_grad,   &access.requires_grad,
+                    &access.data_ptr, &access.nbytes, &access.dtype,
+                    &access.is_contiguous, &access.shape, &access.stride};
   if (attrs.size() != std::size(fields)) {
     throw std::invalid_argument("fastnorm._C.Snapshot: access must list " +
                                 std::to_string(std::size(fields)) + " attributes");
@@ -62,7 +63,7 @@ PYBIND11_MODULE(_C, m) {
              return new Snapshot(kind, items, grads, access_from(access));
            }),
            py::arg("kind"), py::arg("items"), py::arg("grads"), py::arg("access"))
-      .def("matches", &Snapshot::matches, py::arg("items"),
+      .def("matches", &Snapshot::matches, py::arg("items"), py::arg("grads") = py::none(),
            "Whether the items are the same objects whose gradients have the same facts.")
       .def("__len__", &Snapshot::size);
 

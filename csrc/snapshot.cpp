@@ -56,8 +56,8 @@ PyObject* Attr::read(PyObject* obj) const {
 
 Snapshot::Snapshot(int kind, const py::list& items, const py::list& grads, TensorAccess access)
     : kind_(kind), access_(std::move(access)), local_tensor_("_local_tensor") {
-  for (Attr* a : {&access_.grad, &access_.requires_grad, &access_.data_ptr, &access_.nbytes, &access_.dtype,
-                  &access_.is_contiguous, &access_.shape, &access_.stride}) {
+  for (Attr* a : {&access_.grad, &access_.tensor_grad, &access_.requires_grad, &access_.data_ptr,
+                  &access_.nbytes, &access_.dtype, &access_.is_contiguous, &access_.shape, &access_.stride}) {
     if (!a->method && Py_TYPE(a->descriptor.ptr())->tp_descr_get == nullptr) {
       throw std::invalid_argument("fastnorm._C.Snapshot: the getter " + std::string(a->name) +
                                   " is not a descriptor");
@@ -108,17 +108,26 @@ bool Snapshot::read(PyObject* tensor, Facts* out) const {
   return true;
 }
 
-PyObject* Snapshot::tensor_of(PyObject* item, bool* missing) const {
+PyObject* Snapshot::tensor_of(PyObject* item, PyObject* grad, bool* missing) const {
   *missing = false;
   if (kind_ == kTensors) {
+    // An item that starts requiring grad, or gets a .grad, is a parameter now.
     PyObject* flag = access_.requires_grad.read(item);
     if (flag == nullptr) return nullptr;
     Py_DECREF(flag);
-    if (flag != Py_False) return nullptr;  // it became a parameter
+    if (flag != Py_False) return nullptr;
+    PyObject* own = access_.tensor_grad.read(item);
+    if (own == nullptr) return nullptr;
+    Py_DECREF(own);
+    if (own != Py_None) return nullptr;
     Py_INCREF(item);
     return item;
   }
-  PyObject* grad = access_.grad.read(item);
+  if (grad != nullptr) {
+    Py_INCREF(grad);
+  } else {
+    grad = access_.grad.read(item);
+  }
   if (grad == Py_None) {
     Py_DECREF(grad);
     *missing = true;
@@ -157,16 +166,20 @@ bool Snapshot::same(PyObject* tensor, const Facts& f) const {
   return true;
 }
 
-bool Snapshot::matches(const py::list& items) const {
+bool Snapshot::matches(const py::list& items, const py::handle& grads) const {
   PyObject* list = items.ptr();
-  if (PyList_GET_SIZE(list) != Py_ssize_t(items_.size())) return false;
-  for (size_t i = 0; i < items_.size(); ++i) {
-    if (PyList_GET_ITEM(list, Py_ssize_t(i)) != items_[i]) return false;
+  const auto n = Py_ssize_t(items_.size());
+  if (PyList_GET_SIZE(list) != n) return false;
+  PyObject* given = grads.is_none() ? nullptr : grads.ptr();
+  if (given != nullptr && (!PyList_Check(given) || PyList_GET_SIZE(given) != n)) return false;
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    if (PyList_GET_ITEM(list, i) != items_[size_t(i)]) return false;
   }
-  for (size_t i = 0; i < items_.size(); ++i) {
+  for (Py_ssize_t i = 0; i < n; ++i) {
     bool missing = false;
-    PyObject* tensor = tensor_of(items_[i], &missing);
-    const Facts& facts = facts_[i];
+    PyObject* grad = given != nullptr ? PyList_GET_ITEM(given, i) : nullptr;
+    PyObject* tensor = tensor_of(items_[size_t(i)], grad, &missing);
+    const Facts& facts = facts_[size_t(i)];
     const bool ok = tensor != nullptr ? facts.present && same(tensor, facts) : missing && !facts.present;
     Py_XDECREF(tensor);
     if (!ok) {

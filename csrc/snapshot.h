@@ -47,15 +47,16 @@ struct Attr {
   py::tuple no_args_;
 };
 
-// The attributes a snapshot reads.
+// The attributes a snapshot reads: a parameter's .grad, and a tensor's.
 struct TensorAccess {
-  Attr grad, requires_grad, data_ptr, nbytes, dtype, is_contiguous, shape, stride;
+  Attr grad, tensor_grad, requires_grad, data_ptr, nbytes, dtype, is_contiguous, shape, stride;
 };
 
 class Snapshot {
  public:
   // How the items give their tensors: they are the gradients themselves (and
-  // do not require grad); their .grad; their .grad's local shard (DTensor).
+  // neither require grad nor have a .grad); their .grad; their .grad's local
+  // shard (DTensor).
   enum Kind : int { kTensors = 0, kParams = 1, kDTensorParams = 2 };
 
   // The facts of `grads` (one per item, None where an item has no gradient),
@@ -63,9 +64,10 @@ class Snapshot {
   Snapshot(int kind, const py::list& items, const py::list& grads, TensorAccess access);
 
   // Whether `items` are the same objects, in the same order, whose gradients
-  // still have exactly these facts. Never raises: a fact that cannot be read
-  // is a difference.
-  bool matches(const py::list& items) const;
+  // still have exactly these facts. `grads` (a list, or None): the items'
+  // .grad, read by the caller; then those are the gradients checked. Never
+  // raises: a fact that cannot be read is a difference.
+  bool matches(const py::list& items, const py::handle& grads) const;
 
   int64_t size() const { return int64_t(items_.size()); }
 
@@ -79,10 +81,11 @@ class Snapshot {
     py::object shape, stride;  // only when not contiguous
   };
 
-  // The tensor an item's facts are read from (a new reference); nullptr with
-  // *missing set when the item has no gradient; nullptr otherwise when it has
-  // changed kind or cannot be read.
-  PyObject* tensor_of(PyObject* item, bool* missing) const;
+  // The tensor an item's facts are read from (a new reference), given its
+  // .grad when the caller read it (`grad`, borrowed; nullptr to read it here);
+  // nullptr with *missing set when the item has no gradient; nullptr otherwise
+  // when it has changed kind or cannot be read.
+  PyObject* tensor_of(PyObject* item, PyObject* grad, bool* missing) const;
   bool read(PyObject* tensor, Facts* out) const;
   bool same(PyObject* tensor, const Facts& facts) const;
 

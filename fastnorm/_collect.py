@@ -1,11 +1,25 @@
-"""From what the user passes to the tensors the backends read: validation and rules.
+"""From what the user passes to the tensors the backends read: the item rule and validation.
 
-Rules: a parameter (an ``nn.Parameter`` or any tensor that requires grad)
-stands for its ``.grad``; any other tensor is a gradient itself. Sparse
-gradients contribute their (merged) values, complex ones their real view
-(p=2 only), DTensors their local shard. The same memory given twice counts
-once. Every check runs before any gradient is touched or any collective is
-issued, so a bad argument leaves nothing half-done and no rank waiting.
+The item rule, in one place (the README's "Inputs" says the same):
+
+* an ``nn.Parameter``, a leaf tensor that requires grad, and any tensor whose
+  ``.grad`` is set are *parameters*: each stands for its ``.grad`` (None:
+  skipped) and is itself never read as a gradient and never written;
+* any other tensor (a non-leaf tensor, such as ``torch.autograd.grad(...,
+  create_graph=True)`` returns, or a plain tensor with neither ``.grad`` nor
+  ``requires_grad``) is a *gradient* itself for ``total_norm`` and
+  ``tensor_norms``;
+* ``clip_`` writes only gradients of parameters, and skips every other item
+  exactly as torch's ``clip_grad_norm_`` does (norm and scale), unless it is
+  told with ``gradients=True`` that every item is a gradient; it then refuses
+  any parameter.
+
+Sparse gradients contribute their (merged) values, complex ones their real
+view (p=2 only; conjugated views are read through their memory, which has the
+same magnitudes and scales alike), DTensors their local shard. The same memory
+given twice counts once. Every check runs before any gradient is touched or
+any collective is issued, so a bad argument leaves nothing half-done and no
+rank waiting.
 """
 
 from __future__ import annotations
@@ -29,12 +43,13 @@ _SPARSE_COMPRESSED = (torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr, torc
 
 
 def norm_type(value: float | str, fn: str) -> float:
+    """torch's ``float(norm_type)``: any number, ``'inf'`` or ``'-inf'``; NaN is refused."""
     try:
         p = float(value)
     except (TypeError, ValueError):
-        raise TypeError(f"{fn}: norm_type must be a positive number or 'inf', got {value!r}") from None
-    if math.isnan(p) or p <= 0:
-        raise ValueError(f"{fn}: norm_type must be > 0 (or inf), got {value!r}")
+        raise TypeError(f"{fn}: norm_type must be a number, 'inf' or '-inf', got {value!r}") from None
+    if math.isnan(p):
+        raise ValueError(f"{fn}: norm_type must be a number, 'inf' or '-inf', got {value!r}")
     return p
 
 
@@ -54,6 +69,8 @@ def max_norm(value: float, fn: str) -> float:
 def items_of(tensors: TensorOrTensors, fn: str) -> list[Any]:
     if isinstance(tensors, Tensor):
         return [tensors]
+    if isinstance(tensors, Items):
+        return tensors
     try:
         return list(tensors)
     except TypeError:
@@ -62,9 +79,80 @@ def items_of(tensors: TensorOrTensors, fn: str) -> list[Any]:
         ) from None
 
 
-def contributes_grad(item: Tensor) -> bool:
-    """A parameter (or any tensor that requires grad) stands for its ``.grad``."""
-    return isinstance(item, Parameter) or item.requires_grad
+class Items(list):
+    """Items with what the item rule alone does not say.
+
+    ``positions``: each item's position in the caller's list (``clip_`` passes
+    on its parameters only), so that messages name the caller's positions.
+    ``gradients``: every item is read as a gradient itself, never as a
+    parameter (``clip_(gradients=True)`` and the compiled ops, whose items are
+    gradients already). Such lists pass through the plan cache unchanged: where
+    this reading differs from the rule's (a tensor that requires grad or has a
+    ``.grad``), the plan is never cached.
+    """
+
+    def __init__(self, items: Iterable[Any], positions: list[int] | None = None, gradients: bool = False):
+        super().__init__(items)
+        self.positions = positions
+        self.gradients = gradients
+
+
+def is_parameter(item: Tensor) -> bool:
+    """Whether an item stands for its ``.grad`` (the item rule, see the module docstring)."""
+    if type(item) is Parameter:
+        return True
+    if item.is_leaf:  # Parameter's own isinstance check is slow: after requires_grad
+        return item.requires_grad or isinstance(item, Parameter) or item.grad is not None
+    # A non-leaf tensor has a .grad only when it retains it (reading it otherwise warns).
+    return item.retains_grad and item.grad is not None
+
+
+def check_tensor(item: Any, position: int, fn: str) -> Tensor:
+    if not isinstance(item, Tensor):
+        raise TypeError(f"{fn}: item {position} is a {type(item).__name__}, not a Tensor")
+    return item
+
+
+def refuse_parameter(item: Tensor, position: int, fn: str) -> None:
+    """For items that must be gradients: a parameter here is a mistake that would scale weights."""
+    if is_parameter(item):
+        raise TypeError(
+            f"{fn}: item {position} is a parameter (an nn.Parameter, a leaf tensor that requires "
+            "grad, or a tensor with a .grad), but gradients=True takes gradients only: pass the "
+            "parameters without gradients=True to clip their .grad, or pass their .grad"
+        )
+
+
+def gradient_of(item: Any, position: int, fn: str, gradients: bool = False) -> Tensor | None:
+    """The gradient an item stands for (None when it has none), type-checked.
+
+    With ``gradients``, the item is the gradient (a Parameter is refused).
+    """
+    item = check_tensor(item, position, fn)
+    if gradients:
+        if isinstance(item, Parameter):
+            raise TypeError(f"{fn}: item {position} is an nn.Parameter, not a gradient")
+        grad, what = item, f"item {position}"
+    elif is_parameter(item):
+        grad, what = item.grad, f"the .grad of item {position}"
+    else:
+        grad, what = item, f"item {position}"
+    if grad is not None and grad.dtype not in _SUPPORTED and not grad.is_complex():
+        raise TypeError(
+            f"{fn}: {what} has dtype {grad.dtype}; gradients must be float16, bfloat16, "
+            "float32 or float64 (or complex, for norm_type=2)"
+        )
+    return grad
+
+
+def resolved(grad: Tensor) -> Tensor:
+    """``grad`` with its lazy conjugate or negative bit undone: a view of the same
+    memory, whose magnitudes are the gradient's and which scales alike."""
+    if grad.is_conj():
+        grad = grad.conj()
+    if grad.is_neg():
+        grad = torch._neg_view(grad)
+    return grad
 
 
 def is_dense(t: Tensor) -> bool:
@@ -96,24 +184,6 @@ class Gradients:
     result_dtype: torch.dtype = torch.float32
     first_device: torch.device | None = None
     cacheable: bool = True
-
-
-def gradient_of(item: Any, position: int, fn: str) -> Tensor | None:
-    """The gradient an item stands for (None when it has none), type-checked."""
-    if not isinstance(item, Tensor):
-        raise TypeError(f"{fn}: item {position} is a {type(item).__name__}, not a Tensor")
-    if contributes_grad(item):
-        grad = item.grad
-        what = f"the .grad of item {position}"
-    else:
-        grad = item
-        what = f"item {position}"
-    if grad is not None and grad.dtype not in _SUPPORTED and not grad.is_complex():
-        raise TypeError(
-            f"{fn}: {what} has dtype {grad.dtype}; gradients must be float16, bfloat16, "
-            "float32 or float64 (or complex, for norm_type=2)"
-        )
-    return grad
 
 
 def collect(items: list[Any], p: float, fn: str, group: Any = None) -> Gradients:
@@ -159,8 +229,11 @@ def collect(items: list[Any], p: float, fn: str, group: Any = None) -> Gradients
         out.domain_of.append(domain)
         return len(out.norm) - 1
 
-    for position, item in enumerate(items):
-        grad = gradient_of(item, position, fn)
+    positions = getattr(items, "positions", None) or range(len(items))
+    as_gradients = getattr(items, "gradients", False)
+    on_meta: list[int] = []
+    for position, item in zip(positions, items):
+        grad = gradient_of(item, position, fn, as_gradients)
         out.per_item.append(grad)
         # The domain comes from the item, gradient or not, so that every rank
         # joins the same collectives even where a gradient is missing.
@@ -174,10 +247,17 @@ def collect(items: list[Any], p: float, fn: str, group: Any = None) -> Gradients
         if grad is not None:
             if distributed.is_dtensor(grad):
                 grad = distributed.local_tensor(grad)
+            if grad.device.type == "meta":
+                on_meta.append(position)
+                out.slots.append(None)
+                continue
             if out.first_device is None:
                 out.first_device = grad.device
             if grad.dtype in (torch.float64, torch.complex128):
                 out.result_dtype = torch.float64
+            if grad.is_conj() or grad.is_neg():
+                grad = resolved(grad)
+                out.cacheable = False
             if grad.is_complex():
                 if p != 2.0:
                     raise TypeError(
@@ -200,6 +280,13 @@ def collect(items: list[Any], p: float, fn: str, group: Any = None) -> Gradients
             else:
                 slot = add(grad, grad, domain)
         out.slots.append(slot)
+    if on_meta:
+        devices = sorted({str(g.device) for g in out.per_item if g is not None})
+        raise ValueError(
+            f"{fn}: the gradients of items {on_meta} are on the meta device, which holds no values "
+            f"to reduce (the gradients are on {', '.join(devices)}); materialize them first "
+            "(e.g. module.to_empty(device=...))"
+        )
     if group is not None and plain.key not in domain_index:
         domain_id(plain)  # group= always joins its collective, even with no tensor here
     return out

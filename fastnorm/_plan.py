@@ -17,7 +17,7 @@ import weakref
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from functools import cached_property
-from itertools import compress
+from itertools import compress, repeat
 from operator import attrgetter
 from typing import Any
 
@@ -160,15 +160,18 @@ class _PySnapshot:
         present = compress(grads, self.present)
         return list(map(_get_local, present) if self.kind == "dtensor_params" else present)
 
-    def matches(self, items: list[Any]) -> bool:
+    def matches(self, items: list[Any], grads: list[Any] | None = None) -> bool:
         if len(items) != len(self.items) or any(map(operator.is_not, items, self.items)):
             return False
         if self.kind == "tensors":
-            if any(map(_get_requires_grad, items)):
+            # An item that starts requiring grad, or gets a .grad, is a parameter now.
+            if any(map(_get_requires_grad, items)) or any(
+                map(operator.is_not, map(_get_grad, items), repeat(None))
+            ):
                 return False
             grads = items
         else:
-            grads = list(map(_get_grad, items))
+            grads = list(map(_get_grad, items)) if grads is None else grads
             if [g is not None for g in grads] != self.present:
                 return False
         try:
@@ -193,6 +196,7 @@ _ACCESS = tuple(
     (owner, name, _descriptor(owner, name), method)
     for owner, name, method in (
         (Parameter, "grad", False),
+        (Tensor, "grad", False),
         (Tensor, "requires_grad", False),
         (Tensor, "data_ptr", True),
         (Tensor, "nbytes", False),
@@ -216,7 +220,7 @@ class _Entry:
 
     def __init__(self, kind: str, items: list[Any], grads: list[Tensor | None], plan: Plan) -> None:
         # "params": every item is a Parameter; "dtensor_params": every item is a
-        # DTensor parameter; "tensors": no item requires grad.
+        # DTensor parameter; "tensors": no item requires grad or has a .grad.
         self.snapshot = _snapshot(kind, items, grads)
         self.plan = plan
         self.alive = True
@@ -243,9 +247,11 @@ class _Cache:
         self._size = size
         self._lock = threading.Lock()
 
-    def lookup(self, key: tuple[Any, ...], items: list[Any]) -> Plan | None:
+    def lookup(self, key: tuple[Any, ...], items: list[Any], grads: list[Any] | None = None) -> Plan | None:
+        """The cached plan of ``items`` if it still describes them; ``grads``: their
+        ``.grad``, when the caller has read them already (then those are checked)."""
         entry = self._entries.get(key)
-        if entry is None or not entry.alive or not entry.snapshot.matches(items):
+        if entry is None or not entry.alive or not entry.snapshot.matches(items, grads):
             return None
         try:
             self._entries.move_to_end(key)  # atomic under the GIL, as are the dict's reads
@@ -291,16 +297,17 @@ def _kind(items: list[Any]) -> str | None:
         return "params"
     if items and all(type(item) is DTensor and isinstance(item, Parameter) for item in items):
         return "dtensor_params"
-    if all(type(item) is Tensor and not item.requires_grad for item in items):
+    if all(type(item) is Tensor and not item.requires_grad and item.grad is None for item in items):
         return "tensors"
     return None
 
 
-def plan_for(items: list[Any], p: float, fn: str, group: Any = None) -> Plan:
-    """The plan for ``items``, from the cache when still valid."""
+def plan_for(items: list[Any], p: float, fn: str, group: Any = None, grads: list[Any] | None = None) -> Plan:
+    """The plan for ``items``, from the cache when still valid. ``grads``: the
+    items' ``.grad``, when the caller has read them already (read once per call)."""
     request = requested()
     key = (request, id(group), len(items), id(items[0]) if items else 0, id(items[-1]) if items else 0)
-    plan = _CACHE.lookup(key, items)
+    plan = _CACHE.lookup(key, items, grads)
     if plan is not None:
         return plan
     grads = collect(items, p, fn, group)

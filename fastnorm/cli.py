@@ -12,7 +12,8 @@ import json
 import sys
 from collections.abc import Sequence
 
-from fastnorm import bench, diagnosis
+from fastnorm import bench
+from fastnorm.monitoring import command as diagnose_command
 
 
 def _info(args: argparse.Namespace) -> int:
@@ -47,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", required=True)
     _add_info(subparsers)
     bench.add_parser(subparsers)
-    diagnosis.add_parser(subparsers)
+    diagnose_command.add_parser(subparsers)
     return parser
 
 

@@ -11,10 +11,10 @@ A *domain* is a set of gradients that share one reduction across ranks:
   flat shards, pipeline stages, expert-parallel ranks), reduced over ``group``;
 * plain tensors without ``group=``: local, no collective.
 
-Each domain costs one all-reduce of one float64 pair (two for p-norms other
-than 1, 2 and inf), issued on the current stream: no host sync. Every rank
-issues the same collectives in the same order, also a rank whose shards are
-all empty, so uneven sharding cannot hang.
+Each domain costs one or two all-reduces of a few float64 values (see
+``all_reduce``), issued on the current stream: no host sync. Every rank issues
+the same collectives in the same order, whatever the values, also a rank whose
+shards are all empty, so uneven sharding cannot hang.
 """
 
 from __future__ import annotations
@@ -104,31 +104,66 @@ def collective_device(domain: Domain, gradients: torch.device) -> torch.device:
     return torch.device(domain.device_type)
 
 
-def all_reduce(partials: torch.Tensor, mode: Mode, p: float, domain: Domain) -> torch.Tensor:
-    """Reduces partials (shape ``(k, 2)``, on the collective's device) across ranks.
+def _extreme(m: torch.Tensor, domain: Domain, largest: bool) -> torch.Tensor:
+    """The global max (or min) of ``m`` over the domain's groups, NaN included.
 
-    Returns the global partials, the same on every rank. Sums propagate NaN;
-    maxima do not always (NCCL and gloo compare), so NaN travels as a flag.
+    Maxima do not always propagate NaN (NCCL and gloo compare), so NaN travels
+    as a flag in the same all-reduce.
     """
-    if not domain.groups:
-        return partials
-    if mode in (Mode.L2, Mode.L1):
-        sums = partials[:, 1].clone()  # reduced in place: never into the caller's partials
-        for group in domain.groups:
-            dist.all_reduce(sums, op=dist.ReduceOp.SUM, group=group)
-        return torch.stack([torch.zeros_like(sums), sums], 1)
-    m = partials[:, 0]
-    flagged = torch.cat([torch.where(m.isnan(), torch.zeros_like(m), m), m.isnan().to(m.dtype)])
+    signed = m if largest else -m
+    nan = m.isnan()
+    flagged = torch.cat([torch.where(nan, torch.full_like(m, float("-inf")), signed), nan.to(m.dtype)])
     for group in domain.groups:
         dist.all_reduce(flagged, op=dist.ReduceOp.MAX, group=group)
     k = m.numel()
-    top = torch.where(flagged[k:] > 0, torch.full_like(m, float("nan")), flagged[:k])
+    top = flagged[:k] if largest else -flagged[:k]
+    return torch.where(flagged[k:] > 0, torch.full_like(m, float("nan")), top)
+
+
+def _max(values: torch.Tensor, domain: Domain) -> torch.Tensor:
+    """The global max of values that are never NaN (L2 scales)."""
+    top = values.clone()
+    for group in domain.groups:
+        dist.all_reduce(top, op=dist.ReduceOp.MAX, group=group)
+    return top
+
+
+def _sum(values: torch.Tensor, domain: Domain) -> torch.Tensor:
+    total = values.clone()  # reduced in place: never into the caller's partials
+    for group in domain.groups:
+        dist.all_reduce(total, op=dist.ReduceOp.SUM, group=group)
+    return total
+
+
+def all_reduce(partials: torch.Tensor, mode: Mode, p: float, domain: Domain) -> torch.Tensor:
+    """Reduces partials (shape ``(k, 2)``, on the collective's device) across ranks.
+
+    Returns the global partials, the same on every rank. The collectives depend
+    on the norm type only, never on the values, so every rank issues the same:
+
+    * L1 and 0: one SUM;
+    * L2: one MAX of each partial's scale (see ``fastnorm._partial``), then one
+      SUM of the sums moved to that scale by powers of two. Where no partial is
+      scaled (every value in float64's plain range) the scale is 1, nothing
+      moves, and the SUM is the plain sum of squares, bit for bit;
+    * inf: one MAX; -inf: one MIN and one SUM (of the element counts);
+    * other p: one MAX (MIN for p < 0) of the scale, then one SUM.
+    """
+    if not domain.groups:
+        return partials
+    m, s = partials[:, 0], partials[:, 1]
+    if mode in (Mode.L1, Mode.ZERO):
+        return torch.stack([torch.zeros_like(s), _sum(s, domain)], 1)
+    if mode == Mode.L2:
+        top = _max(_partial.l2_active_scale(m, s), domain)
+        sums = _sum(_partial.l2_rescaled(m, s, top), domain)
+        return torch.stack([_partial.l2_merged_scale(top), sums], 1)
+    top = _extreme(m, domain, largest=mode in (Mode.LINF, Mode.LP))
     if mode == Mode.LINF:
         return torch.stack([top, torch.zeros_like(top)], 1)
-    scaled = _partial.rescaled(m, partials[:, 1], top, p)
-    for group in domain.groups:
-        dist.all_reduce(scaled, op=dist.ReduceOp.SUM, group=group)
-    return torch.stack([top, scaled], 1)
+    if mode == Mode.NINF:
+        return torch.stack([top, _sum(s, domain)], 1)
+    return torch.stack([top, _sum(_partial.rescaled(m, s, top, p), domain)], 1)
 
 
 def global_partial(
@@ -138,5 +173,5 @@ def global_partial(
     if partials:
         local = _partial.combine([q.to(torch.float64) for q in partials], mode, p)
     else:
-        local = torch.zeros(2, dtype=torch.float64, device=device)
+        local = _partial.empty(mode, device)
     return all_reduce(local.reshape(1, 2), mode, p, domain)[0]

@@ -3,28 +3,64 @@
 A call is three stages (see ARCHITECTURE.md): each device's backend computes a
 local partial in one fused pass; partials that belong to a distributed domain
 are all-reduced across ranks; the root is taken on the first gradient's
-device. Clipping then hands the norm to the backends' conditional scale.
-Nothing here reads a device value on the host, so no call synchronizes
-(except with ``error_if_nonfinite=True``).
+device. Clipping then hands the norm to the backends' conditional scale,
+after every check that can fail and after bumping the version counter of
+every gradient it may write, so that autograd sees the write. Nothing here
+reads a device value on the host, so no call synchronizes (except with
+``error_if_nonfinite=True``).
 """
 
 from __future__ import annotations
 
+import types
+import warnings
 from collections.abc import Callable, Hashable
+from operator import attrgetter
 from typing import Any
 
 import torch
 from torch import Tensor
+from torch.nn import Parameter
 
 from fastnorm import _partial, distributed, ops
-from fastnorm._collect import TensorOrTensors, items_of
+from fastnorm._collect import (
+    Items,
+    TensorOrTensors,
+    check_tensor,
+    collect,
+    is_parameter,
+    items_of,
+    refuse_parameter,
+)
 from fastnorm._collect import max_norm as check_max_norm
 from fastnorm._collect import norm_type as check_norm_type
 from fastnorm._plan import Plan, clear_cache, plan_for
+from fastnorm._plan import build as build_plan
 from fastnorm.backends import Mode
 from fastnorm.backends.torch_backend import accumulate_dtype
 
 __all__ = ["total_norm", "clip_", "tensor_norms", "clear_cache"]
+
+_get_grad = attrgetter("grad")
+_is_inference = Tensor.is_inference
+_PARAMETERS_ONLY = {Parameter}
+
+# torch's own messages, which code written for torch matches on.
+NONFINITE = (
+    "The total norm of order {p} for gradients from `parameters` is non-finite, so it cannot be "
+    "clipped. To disable this error and scale the gradients by the non-finite norm anyway, set "
+    "`error_if_nonfinite=False`"
+)
+EMPTY_GENERATOR = "`parameters` is an empty generator, no gradient clipping will occur."
+INFERENCE = (
+    "Inplace update to inference tensor outside InferenceMode is not allowed.You can make a clone "
+    "to get a normal tensor before doing inplace update.See https://github.com/pytorch/rfcs/pull/17 "
+    "for more details."
+)
+OVERLAP = (
+    "unsupported operation: more than one element of the written-to tensor refers to a single "
+    "memory location. Please clone() the tensor before performing the operation."
+)
 
 
 def _to_device(t: Tensor, device: torch.device) -> Tensor:
@@ -52,10 +88,24 @@ def _item_gather(plan: Plan) -> list[int]:
     return [total if r is None else offsets[r[0]] + r[1] for r in plan.item_rows]
 
 
-def _reduce(plan: Plan, p: float, per_item: bool = False) -> tuple[Tensor, Tensor | None]:
+def _plan_for(items: list[Any], p: float, fn: str, group: Any, grads: list[Any] | None = None) -> Plan:
+    """The plan for ``items``: cached, fused where it can be, for the norm types
+    the fused backends compute; on the torch backend everywhere for the others.
+    ``grads``: the parameters' ``.grad``, already read by the caller."""
+    if Mode.of(p).fused:
+        return plan_for(items, p, fn, group, grads)
+    return build_plan(collect(items, p, fn, group), "torch")
+
+
+def _reduce(plan: Plan, p: float, fn: str, per_item: bool = False) -> tuple[Tensor, Tensor | None]:
     """The total norm and, with ``per_item``, each item's norm (from the same pass)."""
     mode = Mode.of(p)
     first, dtype = plan.result_device, plan.result_dtype
+    if mode == Mode.ZERO and any(d.key[0] == "mesh" for d in plan.domains):
+        raise NotImplementedError(
+            f"{fn}: norm_type=0 counts the tensors that hold a non-zero, which DTensor shards "
+            "cannot tell on their own; use it on plain (full) tensors"
+        )
     results = [g.backend.reduce(g.state, mode, p, dtype, per_item) for g in plan.norm_groups]
 
     if len(results) == 1 and not plan.distributed:
@@ -96,11 +146,75 @@ def _reduce(plan: Plan, p: float, per_item: bool = False) -> tuple[Tensor, Tenso
 
 def _check_finite(norm: Tensor, p: float) -> None:
     if not bool(torch.isfinite(norm)):
-        raise RuntimeError(
-            f"The total norm of order {p} of the gradients is non-finite ({norm.item()}), so it "
-            "cannot be clipped. To disable this error and scale the gradients by the non-finite "
-            "norm anyway, set error_if_nonfinite=False"
-        )
+        raise RuntimeError(NONFINITE.format(p=p) + f" (the norm is {norm.item()})")
+
+
+def _check_total_norm(norm: Any) -> None:
+    if norm is None:
+        return
+    if not isinstance(norm, Tensor):
+        raise TypeError(f"clip_: total_norm must be a Tensor, got {type(norm).__name__}")
+    if not norm.is_floating_point():
+        raise TypeError(f"clip_: total_norm must be a floating-point tensor, got dtype {norm.dtype}")
+    if norm.numel() != 1:
+        raise ValueError(f"clip_: total_norm must hold one value, got shape {tuple(norm.shape)}")
+
+
+def _clip_targets(items: list[Any], gradients: bool) -> list[Any]:
+    """The items whose gradients ``clip_`` writes (the item rule, see ``fastnorm._collect``).
+
+    Without ``gradients``, the parameters only: every other tensor is skipped,
+    as torch skips it. With it, every item, each checked not to be a parameter.
+    """
+    if isinstance(items, Items) and items.gradients:  # fastnorm's own ops
+        return items
+    if gradients:
+        for position, item in enumerate(items):
+            refuse_parameter(check_tensor(item, position, "clip_"), position, "clip_")
+        return Items(items, gradients=True)
+    if set(map(type, items)) <= _PARAMETERS_ONLY:
+        return items
+    kept, positions = [], []
+    for position, item in enumerate(items):
+        if is_parameter(check_tensor(item, position, "clip_")):
+            kept.append(item)
+            positions.append(position)
+    return items if len(kept) == len(items) else Items(kept, positions)
+
+
+def _gradients(targets: list[Any]) -> list[Any]:
+    """Each target's gradient (None where it has none), as ``clip_`` writes them."""
+    return targets if isinstance(targets, Items) and targets.gradients else list(map(_get_grad, targets))
+
+
+def _written(targets: list[Any], grads: list[Any], plan: Plan) -> list[Tensor]:
+    """The tensors ``clip_`` may write, after checking that torch would write them.
+
+    Refuses, before anything is written, what torch's in-place ops refuse: an
+    inference tensor outside inference mode, and a tensor whose elements share
+    memory (an expanded one), which only the torch backend's tensors can be.
+    """
+    present = [g for g in grads if g is not None]
+
+    def position_of(tensor: Tensor) -> int:
+        i = next(i for i, g in enumerate(grads) if g is tensor)
+        positions = getattr(targets, "positions", None)
+        return positions[i] if positions else i
+
+    if not torch.is_inference_mode_enabled() and any(map(_is_inference, present)):
+        bad = next(g for g in present if g.is_inference())
+        raise RuntimeError(f"{INFERENCE} (clip_: the gradient of item {position_of(bad)})")
+    if not plan.cacheable:
+        for grad in present:
+            local = distributed.local_tensor(grad) if distributed.is_dtensor(grad) else grad
+            if local.layout == torch.strided and torch._debug_has_internal_overlap(local) == 1:
+                raise RuntimeError(
+                    f"{OVERLAP} (clip_: the gradient of item {position_of(grad)}, for example an "
+                    "expanded tensor, has elements that share memory)"
+                )
+    if any(d.key[0] == "mesh" for d in plan.domains):
+        present += [distributed.local_tensor(g) for g in present if distributed.is_dtensor(g)]
+    return present
 
 
 def _scale(plan: Plan, norm: Tensor, max_norm: float) -> None:
@@ -119,30 +233,40 @@ def _scale(plan: Plan, norm: Tensor, max_norm: float) -> None:
 def total_norm(
     tensors: TensorOrTensors,
     norm_type: float | str = 2.0,
-    *,
     error_if_nonfinite: bool = False,
+    foreach: bool | None = None,
+    *,
     group: Any = None,
 ) -> Tensor:
     r"""The p-norm of all gradients together, as if concatenated into one vector.
 
-    Replaces :func:`torch.nn.utils.get_total_norm`. All gradients are read in
+    Replaces :func:`torch.nn.utils.get_total_norm` (same signature and
+    positional order, plus the keyword ``group``). All gradients are read in
     one fused multi-tensor pass per device: on CUDA one Triton launch per dtype
     present plus one finalize launch, whatever the number of tensors; on CPU one
     call into the threaded C++ kernel; elsewhere torch's own ops.
 
     Args:
         tensors (Tensor or iterable of Tensors): gradients, or parameters. A
-            parameter (an ``nn.Parameter`` or any tensor that requires grad)
-            contributes its ``.grad`` (skipped when None); any other tensor is
-            taken as a gradient itself. Generators are consumed once. The same
-            tensor given twice counts once. DTensors (FSDP2, tensor parallel)
-            contribute their local shard: ``Shard`` placements are summed across
-            the mesh, ``Replicate`` ones counted once.
-        norm_type (float or str): the p of the p-norm, any p > 0 or ``'inf'``.
+            parameter (an ``nn.Parameter``, a leaf tensor that requires grad, or
+            any tensor whose ``.grad`` is set) contributes its ``.grad``
+            (skipped when None); any other tensor (a non-leaf tensor, or a plain
+            tensor with neither ``.grad`` nor ``requires_grad``) is a gradient
+            itself. Generators are consumed once. The same tensor given twice
+            counts once. DTensors (FSDP2, tensor parallel) contribute their local
+            shard: ``Shard`` placements are summed across the mesh, ``Replicate``
+            ones counted once.
+        norm_type (float or str): the p of the p-norm: any number, ``'inf'`` or
+            ``'-inf'``, with torch's meaning (0: the number of tensors that hold
+            a non-zero; -inf: the smallest |x|). 2, 1, inf and any other p > 0
+            are fused; 0, negative p and -inf are computed with torch's ops.
             Default: 2.0.
-        error_if_nonfinite (bool): raise a RuntimeError when the norm is NaN or
-            inf. Reading the value synchronizes with the device: this is the
-            only case in which ``total_norm`` does. Default: False.
+        error_if_nonfinite (bool): raise a RuntimeError (torch's message) when
+            the norm is NaN or inf. Reading the value synchronizes with the
+            device: this is the only case in which ``total_norm`` does.
+            Default: False.
+        foreach (bool, optional): accepted for compatibility with torch and
+            ignored: every path is fused already. Default: None.
         group (ProcessGroup, optional): for plain tensors that are disjoint
             shards of the model on each rank (ZeRO/FSDP1 flat shards, pipeline
             stages, expert-parallel ranks): their local partial is all-reduced
@@ -163,13 +287,14 @@ def total_norm(
         >>> model(torch.randn(3, 4)).sum().backward()
         >>> norm = fastnorm.total_norm(model.parameters())  # a device scalar, no sync
     """
+    del foreach  # every path is fused already
     p = check_norm_type(norm_type, "total_norm")
     items = items_of(tensors, "total_norm")
     if torch.compiler.is_compiling():
         ops.check_compilable("total_norm", group, error_if_nonfinite)
         return torch.ops.fastnorm.total_norm(ops.traced_gradients(items, "total_norm"), p)
-    plan = plan_for(items, p, "total_norm", group)
-    norm, _ = _reduce(plan, p)
+    plan = _plan_for(items, p, "total_norm", group)
+    norm, _ = _reduce(plan, p, "total_norm")
     if error_if_nonfinite:
         _check_finite(norm, p)
     return norm
@@ -184,6 +309,7 @@ def clip_(
     *,
     total_norm: Tensor | None = None,
     group: Any = None,
+    gradients: bool = False,
 ) -> Tensor:
     r"""Clips the gradients' total norm in place; returns the norm before clipping.
 
@@ -193,21 +319,32 @@ def clip_(
     computed exactly as torch does. The coefficient is computed on the device
     and, on the fused backends, when it is 1 no gradient is read or written.
     With DTensors or ``group``, the global norm is used, so every rank scales
-    its shards by the same coefficient.
+    its shards by the same coefficient. Every check that can fail runs before
+    the first write, and the version counter of every gradient that may be
+    written is bumped, so autograd sees the write as it sees torch's.
 
     Args:
-        parameters (Tensor or iterable of Tensors): parameters whose ``.grad``
-            to clip, or the gradients themselves (see :func:`total_norm`).
+        parameters (Tensor or iterable of Tensors): parameters (an
+            ``nn.Parameter``, a leaf tensor that requires grad, or any tensor
+            whose ``.grad`` is set) whose ``.grad`` to clip; a parameter without
+            ``.grad`` is skipped, and so is every other tensor, as torch skips
+            it: ``clip_`` never writes a tensor torch would not.
         max_norm (float): the largest norm allowed, >= 0. NaN or a negative
             value raises a ValueError (torch would flip or poison the gradients).
-        norm_type (float or str): the p of the p-norm, any p > 0 or ``'inf'``.
-        error_if_nonfinite (bool): raise a RuntimeError, before touching any
-            gradient, when the norm is NaN or inf (this reads the value: a sync).
-            Otherwise a NaN norm scales every gradient by NaN, as torch does.
+        norm_type (float or str): the p of the p-norm (see :func:`total_norm`).
+        error_if_nonfinite (bool): raise a RuntimeError (torch's message),
+            before touching any gradient, when the norm is NaN or inf (this reads
+            the value: a sync). Otherwise a NaN norm scales every gradient by
+            NaN, as torch does.
         foreach (bool, optional): accepted for compatibility, ignored.
         total_norm (Tensor, optional): a norm already computed, e.g. by
-            :func:`total_norm` for logging. It is used as is: no second reduction.
+            :func:`total_norm` for logging: a floating-point tensor of one
+            element, used as is (no second reduction).
         group (ProcessGroup, optional): see :func:`total_norm`.
+        gradients (bool): the tensors given are the gradients themselves (flat
+            shards given with ``group``, gradients returned by
+            ``torch.autograd.grad``): clip them in place. Any parameter among
+            them raises a TypeError before anything is touched. Default: False.
 
     Returns:
         Tensor: the total norm before clipping (see :func:`total_norm`).
@@ -221,22 +358,25 @@ def clip_(
     del foreach  # every path is fused already
     bound = check_max_norm(max_norm, "clip_")
     p = check_norm_type(norm_type, "clip_")
-    if total_norm is not None and not isinstance(total_norm, Tensor):
-        raise TypeError(f"clip_: total_norm must be a Tensor, got {type(total_norm).__name__}")
-    if total_norm is not None and total_norm.numel() != 1:
-        raise ValueError(f"clip_: total_norm must hold one value, got shape {tuple(total_norm.shape)}")
+    _check_total_norm(total_norm)
     items = items_of(parameters, "clip_")
+    if not items and isinstance(parameters, types.GeneratorType):
+        warnings.warn(EMPTY_GENERATOR, stacklevel=2)
+    targets = _clip_targets(items, gradients)
     if torch.compiler.is_compiling():
         ops.check_compilable("clip_", group, error_if_nonfinite)
-        grads = ops.traced_gradients(items, "clip_")
+        grads = ops.traced_gradients(targets, "clip_")
         if total_norm is None:
             return torch.ops.fastnorm.clip_(grads, bound, p)
         torch.ops.fastnorm.scale_(grads, total_norm, bound)
         return total_norm
-    plan = plan_for(items, p, "clip_", group)
-    norm = _reduce(plan, p)[0] if total_norm is None else total_norm
+    grads = _gradients(targets)  # read once: the plan's check and the writes share them
+    plan = _plan_for(targets, p, "clip_", group, None if grads is targets else grads)
+    written = _written(targets, grads, plan)
+    norm = _reduce(plan, p, "clip_")[0] if total_norm is None else total_norm
     if error_if_nonfinite:
         _check_finite(norm, p)
+    torch._C._increment_version(written)
     with torch.no_grad():
         _scale(plan, norm, bound)
     return norm
@@ -246,6 +386,7 @@ def tensor_norms(
     tensors: TensorOrTensors,
     norm_type: float | str = 2.0,
     *,
+    foreach: bool | None = None,
     group: Any = None,
 ) -> tuple[Tensor, Tensor]:
     r"""The total norm and each item's own norm, from the same fused pass.
@@ -256,7 +397,9 @@ def tensor_norms(
 
     Args:
         tensors (Tensor or iterable of Tensors): as for :func:`total_norm`.
-        norm_type (float or str): the p of the p-norm, any p > 0 or ``'inf'``.
+        norm_type (float or str): as for :func:`total_norm`.
+        foreach (bool, optional): accepted for symmetry with
+            :func:`total_norm`, ignored.
         group (ProcessGroup, optional): see :func:`total_norm`; the total is
             global, each plain item's norm is its own (local) tensor's. DTensor
             items' norms are global (one more all-reduce, of one row per item).
@@ -272,13 +415,14 @@ def tensor_norms(
         >>> total, per_param = fastnorm.tensor_norms(model.parameters())
         >>> names = [name for name, _ in model.named_parameters()]
     """
+    del foreach  # every path is fused already
     p = check_norm_type(norm_type, "tensor_norms")
     items = items_of(tensors, "tensor_norms")
     if torch.compiler.is_compiling():
         ops.check_compilable("tensor_norms", group)
         grads = ops.traced_gradients(items, "tensor_norms", keep_missing=True)
         return torch.ops.fastnorm.tensor_norms(grads, p)
-    plan = plan_for(items, p, "tensor_norms", group)
-    total, per_item = _reduce(plan, p, per_item=True)
+    plan = _plan_for(items, p, "tensor_norms", group)
+    total, per_item = _reduce(plan, p, "tensor_norms", per_item=True)
     assert per_item is not None
     return total, per_item

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from fastnorm import distributed
-from fastnorm._collect import gradient_of
+from fastnorm._collect import Items, gradient_of
 
 
 def _result(grads: list[Tensor]) -> Tensor:
@@ -36,7 +36,7 @@ def _result(grads: list[Tensor]) -> Tensor:
 def total_norm_op(grads: list[Tensor], norm_type: float) -> Tensor:
     from fastnorm.norm import total_norm
 
-    return total_norm(grads, norm_type)
+    return total_norm(Items(grads, gradients=True), norm_type)
 
 
 @total_norm_op.register_fake
@@ -48,7 +48,7 @@ def _(grads: list[Tensor], norm_type: float) -> Tensor:
 def clip_op(grads: list[Tensor], max_norm: float, norm_type: float) -> Tensor:
     from fastnorm.norm import clip_
 
-    return clip_(grads, max_norm, norm_type)
+    return clip_(Items(grads, gradients=True), max_norm, norm_type)
 
 
 @clip_op.register_fake
@@ -60,7 +60,7 @@ def _(grads: list[Tensor], max_norm: float, norm_type: float) -> Tensor:
 def scale_op(grads: list[Tensor], norm: Tensor, max_norm: float) -> None:
     from fastnorm.norm import clip_
 
-    clip_(grads, max_norm, total_norm=norm)
+    clip_(Items(grads, gradients=True), max_norm, total_norm=norm)
 
 
 @scale_op.register_fake
@@ -72,7 +72,7 @@ def _(grads: list[Tensor], norm: Tensor, max_norm: float) -> None:
 def tensor_norms_op(grads: list[Tensor], norm_type: float) -> tuple[Tensor, Tensor]:
     from fastnorm.norm import tensor_norms
 
-    return tensor_norms(grads, norm_type)
+    return tensor_norms(Items(grads, gradients=True), norm_type)
 
 
 @tensor_norms_op.register_fake
@@ -84,13 +84,16 @@ def _(grads: list[Tensor], norm_type: float) -> tuple[Tensor, Tensor]:
 def traced_gradients(items: list[Any], fn: str, *, keep_missing: bool = False) -> list[Tensor]:
     """The gradients of ``items`` with traceable Python only (for torch.compile).
 
-    Drops missing gradients (or, with ``keep_missing``, stands a 0-element
-    tensor in for them, so that per-item results keep their positions) and
-    repeats of the same tensor.
+    The item rule as in eager calls (``clip_`` passes its parameters only, or
+    its ``gradients=True`` list, see ``fastnorm._collect.Items``). Drops missing
+    gradients (or, with ``keep_missing``, stands a 0-element tensor in for them,
+    so that per-item results keep their positions) and repeats of the same
+    tensor.
     """
+    as_gradients = isinstance(items, Items) and items.gradients
     grads: list[Tensor] = []
     for position, item in enumerate(items):
-        grad = gradient_of(item, position, fn)
+        grad = gradient_of(item, position, fn, as_gradients)
         if grad is None:
             if keep_missing:
                 grads.append(torch.empty(0, device=item.device))

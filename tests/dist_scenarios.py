@@ -193,7 +193,110 @@ def group_tensor_norms_with_uneven_items(rank: int, world: int) -> dict:
     }
 
 
+def _extreme_shards(rank: int, world: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """This rank's float64 shards and the full tensors: 1e200 on rank 0, subnormals
+    on rank 1, ordinary values elsewhere, and an empty shard on the last rank."""
+    g = torch.Generator().manual_seed(30)
+    scales = [1e200, 1e-310] + [1.0] * (world - 2)
+    full = [(torch.rand(40, generator=g, dtype=torch.float64) + 0.5) * scale for scale in scales]
+    mine = [full[rank]] if rank < world - 1 or world == 2 else [full[rank][:0]]
+    return mine, full[: world - 1] if world > 2 else full
+
+
+def _norms_of_extremes(rank: int, world: int) -> dict:
+    mine, full = _extreme_shards(rank, world)
+    out = {}
+    for p in (2.0, 3.0, 1.0, float("inf"), -2.0, float("-inf")):
+        got = fastnorm.total_norm(mine, p, group=dist.group.WORLD).item()
+        out[str(p)] = (got, reference.total_norm(full, p))
+    mesh = init_device_mesh("cpu", (world,))
+    whole = torch.cat(full + [torch.zeros(0, dtype=torch.float64)] * (world - len(full)))
+    sharded = distribute_tensor(whole, mesh, [Shard(0)])  # uneven: rank 1's shard mixes scales
+    out["dtensor"] = (fastnorm.total_norm([sharded]).item(), reference.norm([whole], 2.0))
+    return out
+
+
+def l2_extremes_across_ranks_on_the_torch_backend(rank: int, world: int) -> dict:
+    # The front's merge rule and the collective, on partials the torch backend scales.
+    os.environ["FASTNORM_BACKEND"] = "torch"
+    try:
+        return _norms_of_extremes(rank, world)
+    finally:
+        del os.environ["FASTNORM_BACKEND"]
+
+
+def l2_extremes_across_ranks(rank: int, world: int) -> dict:
+    return _norms_of_extremes(rank, world)  # the default backend: the C++ kernels
+
+
+def unscaled_partials_keep_their_bits(rank: int, world: int) -> dict:
+    # Ordinary values: the global norm is the square root of one SUM of the local
+    # plain sums of squares, as before partials could be scaled.
+    from fastnorm._plan import plan_for
+    from fastnorm.backends import Mode
+
+    g = torch.Generator().manual_seed(31 + rank)
+    mine = [torch.randn(1000 + 17 * rank, generator=g, dtype=torch.float64) * 3]
+    got = fastnorm.total_norm(mine, group=dist.group.WORLD)
+    group = plan_for(mine, 2.0, "test").norm_groups[0]
+    partial, _, _ = group.backend.reduce(group.state, Mode.L2, 2.0, torch.float64)
+    assert partial[0].item() == 0.0  # unscaled
+    plain = partial[1].clone()
+    dist.all_reduce(plain, op=dist.ReduceOp.SUM)
+    return {"same bits": torch.equal(got, plain.sqrt())}
+
+
+def same_collectives_whatever_the_values(rank: int, world: int) -> dict:
+    # Rank 0 scaled, rank 1 NaN, others empty: every rank issues the same collectives.
+    import torch.distributed as d
+
+    issued = []
+    original = d.all_reduce
+
+    def recording(tensor, op=d.ReduceOp.SUM, group=None, async_op=False):
+        issued.append((str(op), tensor.numel(), str(tensor.dtype)))
+        return original(tensor, op=op, group=group, async_op=async_op)
+
+    values = {0: [torch.full((5,), 1e200, dtype=torch.float64)], 1: [torch.tensor([float("nan"), 1.0])]}
+    mine = values.get(rank, [])
+    d.all_reduce = recording
+    try:
+        for p in (2.0, 1.0, float("inf"), 3.0, 0.0, -2.0, float("-inf")):
+            fastnorm.total_norm(mine, p, group=dist.group.WORLD)
+    finally:
+        d.all_reduce = original
+    return {"issued": issued}
+
+
+def norm_types_only_torch_computes_across_ranks(rank: int, world: int) -> dict:
+    g = torch.Generator().manual_seed(32)
+    everything = [torch.randn(n, generator=g) * 3 for n in (30, 20, 10, 25, 15)]
+    everything[3].zero_()  # no non-zero: not counted by p=0, makes p<0 zero
+    mine = everything[rank::world]
+    out = {}
+    for p in (0.0, -0.5, -2.0, float("-inf")):
+        out[str(p)] = (
+            fastnorm.total_norm(mine, p, group=dist.group.WORLD).item(),
+            reference.total_norm(everything, p),
+        )
+    without_zeros = [t for t in everything if t.count_nonzero()]
+    mesh = init_device_mesh("cpu", (world,))
+    sharded = [distribute_tensor(t, mesh, [Shard(0)]) for t in without_zeros]
+    for p in (-0.5, -2.0, float("-inf")):
+        out[f"dtensor {p}"] = (fastnorm.total_norm(sharded, p).item(), reference.total_norm(without_zeros, p))
+    try:
+        fastnorm.total_norm(sharded, 0)
+    except NotImplementedError as exc:
+        out["p=0 on DTensors"] = str(exc)
+    return out
+
+
 SCENARIOS = [
+    l2_extremes_across_ranks_on_the_torch_backend,
+    l2_extremes_across_ranks,
+    unscaled_partials_keep_their_bits,
+    same_collectives_whatever_the_values,
+    norm_types_only_torch_computes_across_ranks,
     group_tensor_norms_with_uneven_items,
     cached_plan_follows_dtensor_gradients,
     plain_shards_with_group,

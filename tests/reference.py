@@ -26,3 +26,25 @@ def norm(tensors: list[torch.Tensor], p: float) -> float:
 
 def rel_err(value: float, ref: float) -> float:
     return abs(value - ref) / abs(ref) if ref != 0 else abs(value)
+
+
+def total_norm(tensors: list[torch.Tensor], p: float) -> float:
+    """What torch's get_total_norm means for every p, in float64, scaled so that
+    no power overflows or underflows: the p-norm of the concatenated values for
+    p > 0, the smallest |x| for -inf, the norm scaled by the smallest |x| for
+    p < 0, and for p = 0 the number of tensors that hold a non-zero (torch takes
+    the 0-"norm" of the per-tensor counts of non-zeros)."""
+    if p > 0:
+        return norm(tensors, p)
+    if p == 0:
+        return float(sum(bool(np.any(as_float64([t]) != 0)) for t in tensors if t.numel()))
+    x = np.abs(as_float64(tensors))
+    if x.size == 0:
+        return 0.0
+    if np.isnan(x).any():
+        return float("nan")
+    bottom = float(x.min())
+    if p == float("-inf") or bottom == 0.0 or np.isinf(bottom):
+        return bottom
+    with np.errstate(over="ignore"):  # a ratio past float64's range: its power is 0, exactly
+        return bottom * float(np.sum((x / bottom) ** p)) ** (1.0 / p)

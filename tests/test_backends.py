@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import json
+import math
 import subprocess
 import weakref
 
@@ -12,8 +13,8 @@ import torch
 
 import fastnorm
 import reference
-from fastnorm import backends
-from fastnorm.backends import BackendUnavailableError, cpp
+from fastnorm import _partial, backends
+from fastnorm.backends import BackendUnavailableError, Mode, cpp, torch_backend
 from harness import INTERPRETED, run_python, use_backend
 
 # ----------------------------------------------------------------------------
@@ -117,7 +118,7 @@ def test_scaling_rounds_every_16bit_value_like_torch(monkeypatch, dtype, name):
     param = torch.nn.Parameter(torch.zeros_like(values))
     param.grad = values.clone()
     norm = torch.tensor(2.7182817)
-    fastnorm.clip_([ours], 1.0, total_norm=norm)
+    fastnorm.clip_([ours], 1.0, total_norm=norm, gradients=True)
     torch.nn.utils.clip_grads_with_norm_([param], 1.0, norm)
     theirs = param.grad
     same = (ours.view(torch.int16) == theirs.view(torch.int16)) | (ours.isnan() & theirs.isnan())
@@ -139,7 +140,7 @@ for p in (2.0, 1.0, float("inf"), 3.0):
 bits = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16)
 for dt in (torch.float16, torch.bfloat16):
     x = bits.view(dt).clone()
-    fastnorm.clip_([x], 1.0, total_norm=torch.tensor(3.3))
+    fastnorm.clip_([x], 1.0, total_norm=torch.tensor(3.3), gradients=True)
     # NaN payloads may differ (F16C keeps them, the portable path makes them canonical, as c10 does)
     out[str(dt)] = torch.where(x.isnan(), -1, x.view(torch.int16).int()).tolist()
 import json; print(json.dumps(out))
@@ -275,10 +276,75 @@ def test_cache_notices_a_parameter_reshaped_under_its_gradient(fused):
 def test_clip_after_a_resize_writes_inside_the_tensor_only(fused):
     base = torch.full((10,), 4.0)
     g = base[:10].clone()
-    fastnorm.clip_([g], 1.0)
+    fastnorm.clip_([g], 1.0, gradients=True)
     g.fill_(4.0)
     storage_tail = g.untyped_storage()
     g.resize_(2)
-    fastnorm.clip_([g], 1.0)
+    fastnorm.clip_([g], 1.0, gradients=True)
     whole = torch.tensor([], dtype=g.dtype).set_(storage_tail, 0, (10,))
     assert torch.equal(whole[2:], torch.full((8,), 4.0))  # untouched past the tensor's end
+    torch.testing.assert_close(g, torch.full((2,), 4.0 / (32**0.5 + 1e-6)))  # clipped inside
+
+
+# ----------------------------------------------------------------------------
+# The partial contract (fastnorm._partial), which every backend emits
+# ----------------------------------------------------------------------------
+
+TWO = 2.0
+
+
+def _l2(m, s):
+    return torch.tensor([m, s], dtype=torch.float64)
+
+
+def test_unscaled_l2_partials_merge_into_the_plain_sum_bit_for_bit():
+    g = torch.Generator().manual_seed(40)
+    sums = torch.rand(9, generator=g, dtype=torch.float64) * 1e3
+    partials = [_l2(0.0, s) for s in sums.tolist()]
+    merged = _partial.combine(partials, Mode.L2, TWO)
+    assert merged[0].item() == 0.0 and torch.equal(merged[1], torch.stack([p[1] for p in partials]).sum())
+    assert torch.equal(_partial.root(merged, Mode.L2, TWO, torch.float64), merged[1].sqrt())
+
+
+def test_scaled_l2_partials_merge_at_the_largest_scale():
+    big, small = 2.0**600, 2.0**-600
+    merged = _partial.combine(
+        [_l2(big, 3.0), _l2(0.0, 5.0), _l2(small, 7.0), _l2(2.0**900, 0.0)], Mode.L2, TWO
+    )
+    # The empty partial (s == 0) does not choose the scale, whatever its m.
+    assert merged[0].item() == big
+    assert merged[1].item() == 3.0 + 5.0 * 2.0**-1200 + 0.0  # 7 * 2^-2400 is below float64's range
+    norm = _partial.root(merged, Mode.L2, TWO, torch.float64).item()
+    assert norm == pytest.approx(3.0**0.5 * big, rel=1e-15)
+    tiny = _partial.combine([_l2(small, 3.0), _l2(2.0**-500, 0.0), _l2(2.0**-610, 4.0)], Mode.L2, TWO)
+    assert tiny[0].item() == small and tiny[1].item() == 3.0 + 4.0 * 2.0**-20
+
+
+@pytest.mark.parametrize("bad", [float("inf"), float("nan")])
+def test_non_finite_l2_sums_stay_non_finite_when_moved(bad):
+    merged = _partial.combine([_l2(0.0, bad), _l2(2.0**700, 1.0)], Mode.L2, TWO)  # bad * 2^-1400, not inf * 0
+    norm = _partial.root(merged, Mode.L2, TWO, torch.float32).item()
+    assert norm == bad or (math.isnan(bad) and math.isnan(norm))
+
+
+@pytest.mark.parametrize("exponent", [-1070, -600, -300, 0, 300, 600, 1000])
+def test_scaled_l2_partials_give_the_norm_of_any_magnitude(exponent):
+    g = torch.Generator().manual_seed(41 + exponent)
+    pieces = [
+        (torch.rand(50, generator=g, dtype=torch.float64) + 0.5) * 2.0**exponent * k for k in (1, 7, 1e-3)
+    ]
+    rows = [torch_backend._rows([t], Mode.L2, TWO, torch.float64)[0] for t in pieces]
+    got = _partial.root(_partial.combine(rows, Mode.L2, TWO), Mode.L2, TWO, torch.float64).item()
+    assert reference.rel_err(got, reference.norm(pieces, 2.0)) <= 1e-13
+
+
+def test_torch_backend_float64_sums_of_squares_keep_their_bits():
+    # Scaling by a power of two is exact: in float64's plain range the scaled sum,
+    # unscaled again, is the plain sum bit for bit (an unscaled partial, m = 0).
+    g = torch.Generator().manual_seed(42)
+    for scale in (1e-100, 1e-3, 1.0, 3e5, 1e100):
+        tensors = [torch.randn(n, generator=g, dtype=torch.float64) * scale for n in (1, 7, 1000, 4097)]
+        rows = torch_backend._rows(tensors, Mode.L2, TWO, torch.float64)
+        plain = torch.stack(torch._foreach_norm(tensors, 2.0)).square()
+        assert torch.equal(rows[:, 0], torch.zeros(len(tensors), dtype=torch.float64))
+        assert torch.equal(rows[:, 1], plain)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import textwrap
+import warnings
 
 import pytest
 import torch
@@ -100,9 +101,9 @@ def test_no_clip_touches_no_memory(name, tmp_path):
         PROT_READ = 1
         assert ctypes.CDLL(None).mprotect(ctypes.c_void_p(address), ctypes.c_size_t(n * 4), PROT_READ) == 0
         grad = torch.from_numpy(values)
-        norm = fastnorm.clip_([grad], max_norm=1e9)
+        norm = fastnorm.clip_([grad], max_norm=1e9, gradients=True)
         print("untouched", float(norm), flush=True)
-        fastnorm.clip_([grad], max_norm=1.0)
+        fastnorm.clip_([grad], max_norm=1.0, gradients=True)
         print("unreachable", flush=True)
         """
     )
@@ -190,16 +191,23 @@ def _assert_untouched(params, before):
         ({"max_norm": float("nan")}, ValueError, "max_norm"),
         ({"max_norm": -1.0}, ValueError, "max_norm"),
         ({"max_norm": "big"}, TypeError, "max_norm"),
-        ({"max_norm": 1.0, "norm_type": 0.0}, ValueError, "norm_type"),
-        ({"max_norm": 1.0, "norm_type": -2.0}, ValueError, "norm_type"),
         ({"max_norm": 1.0, "norm_type": float("nan")}, ValueError, "norm_type"),
+        ({"max_norm": 1.0, "norm_type": "big"}, TypeError, "norm_type"),
         ({"max_norm": 1.0, "total_norm": 3.0}, TypeError, "total_norm"),
         ({"max_norm": 1.0, "total_norm": torch.ones(2)}, ValueError, "total_norm"),
+        ({"max_norm": 1.0, "total_norm": torch.tensor(3)}, TypeError, "floating-point"),
+        ({"max_norm": 1.0, "total_norm": torch.tensor(True)}, TypeError, "floating-point"),
+        ({"max_norm": 1.0, "total_norm": torch.tensor(3 + 0j)}, TypeError, "floating-point"),
+        ({"max_norm": 1.0, "total_norm": torch.ones(1, 1)}, None, None),
     ],
 )
 def test_bad_arguments(backend, kwargs, error, match):
     params = make_params([(10,), (20,)], seed=10, scale=3.0)
     before = [p.grad.clone() for p in params]
+    if error is None:  # accepted: a floating tensor of one element, whatever its shape
+        fastnorm.clip_(params, **kwargs)
+        assert not torch.equal(params[0].grad, before[0])
+        return
     with pytest.raises(error, match=match):
         fastnorm.clip_(params, **kwargs)
     _assert_untouched(params, before)
@@ -210,10 +218,16 @@ def test_integer_gradient_is_a_type_error_naming_position_and_dtype(backend, dty
     params = make_params([(10,), (20,)], seed=11, scale=3.0)
     before = [p.grad.clone() for p in params]
     bad = torch.ones(5, dtype=dtype)
+    holder = torch.ones(5, dtype=dtype)
+    holder.grad = bad  # a tensor with a .grad is a parameter, whatever its dtype
     with pytest.raises(TypeError, match=rf"item 2 .*{dtype}"):
-        fastnorm.clip_([*params, bad], 1.0)
+        fastnorm.clip_([*params, holder], 1.0)
+    with pytest.raises(TypeError, match=rf"item 3 .*{dtype}"):
+        fastnorm.clip_([*params, torch.ones(3), holder], 1.0)  # the caller's position, not the kept one
     with pytest.raises(TypeError, match=rf"item 1 .*{dtype}"):
         fastnorm.total_norm([params[0].grad, bad])
+    with pytest.raises(TypeError, match=rf"item 1 .*{dtype}"):
+        fastnorm.clip_([params[0].grad, bad], 1.0, gradients=True)
     _assert_untouched(params, before)
 
 
@@ -238,3 +252,241 @@ def test_error_if_nonfinite_raises_before_scaling(backend, bad):
         torch.testing.assert_close(p.grad, b, rtol=0, atol=0, equal_nan=True)
     with pytest.raises(RuntimeError, match="non-finite"):
         fastnorm.total_norm(params, error_if_nonfinite=True)
+
+
+# ----------------------------------------------------------------------------
+# The item rule: clip_ never writes a tensor torch would not
+# ----------------------------------------------------------------------------
+
+
+def _both(items_for, *args, **kwargs):
+    """Runs fastnorm's and torch's clip on two identical sets of items."""
+    ours, theirs = items_for(), items_for()
+    got = fastnorm.clip_(ours, *args, **kwargs)
+    expected = torch.nn.utils.clip_grad_norm_(theirs, *args, **kwargs)
+    return ours, theirs, got, expected
+
+
+def test_a_tensor_with_a_grad_has_its_grad_clipped_not_itself(backend):
+    def items():
+        t = torch.full((4,), 3.0)
+        t.grad = torch.full((4,), 10.0)
+        return t
+
+    ours, theirs, got, expected = _both(items, 1.0)
+    assert got.item() == expected.item() == 20.0
+    assert torch.equal(ours, torch.full((4,), 3.0))  # the tensor itself: never written
+    assert torch.equal(ours.grad, theirs.grad)
+
+
+def test_a_state_dict_is_left_alone(backend):
+    def items():
+        torch.manual_seed(0)
+        return list(torch.nn.Sequential(torch.nn.Linear(5, 4), torch.nn.BatchNorm1d(4)).state_dict().values())
+
+    ours, theirs, got, expected = _both(items, 1e-3)
+    assert got.item() == expected.item() == 0.0
+    assert all(torch.equal(a, b) for a, b in zip(ours, theirs))  # no weight scaled
+
+
+def test_plain_and_non_leaf_tensors_are_skipped_among_parameters(backend):
+    def items():
+        g = torch.Generator().manual_seed(17)
+        p = torch.nn.Parameter(torch.zeros(30))
+        p.grad = torch.randn(30, generator=g) * 5
+        plain = torch.randn(20, generator=g) * 5
+        non_leaf = torch.randn(10, generator=g, requires_grad=True) * 5
+        return [plain, p, non_leaf]
+
+    ours = items()
+    before = [ours[0].clone(), ours[2].detach().clone()]
+    got = fastnorm.clip_(ours, 1.0)
+    theirs = items()
+    with pytest.warns(UserWarning, match="not a leaf"):  # torch reads the non-leaf's .grad
+        expected = torch.nn.utils.clip_grad_norm_(theirs, 1.0)
+    assert got.item() == pytest.approx(expected.item(), rel=1e-6)
+    assert torch.equal(ours[0], before[0]) and torch.equal(ours[2].detach(), before[1])
+    torch.testing.assert_close(ours[1].grad, theirs[1].grad)
+
+
+def test_gradients_true_clips_the_tensors_given(backend):
+    w = torch.nn.Parameter(torch.randn(40, generator=torch.Generator().manual_seed(18)))
+    (grad,) = torch.autograd.grad((w**3).sum(), [w], create_graph=True)
+    shards = [torch.randn(100) * 3, grad]
+    before = reference.norm(shards, 2.0)
+    norm = fastnorm.clip_(shards, 1.0, gradients=True)
+    assert norm.item() == pytest.approx(before, rel=1e-6)
+    assert reference.norm(shards, 2.0) == pytest.approx(1.0, rel=1e-5)
+    assert fastnorm.clip_(shards[:1], 1.0).item() == 0.0  # without gradients=True: a plain tensor is skipped
+
+
+@pytest.mark.parametrize(
+    "parameter",
+    [
+        lambda: torch.nn.Parameter(torch.ones(5)),
+        lambda: torch.ones(5, requires_grad=True),
+        lambda: torch.ones(5).requires_grad_().detach().requires_grad_(),
+    ],
+    ids=["Parameter", "leaf-requires-grad", "detached-leaf"],
+)
+def test_gradients_true_refuses_parameters_before_anything_is_written(backend, parameter):
+    shard = torch.full((10,), 5.0)
+    weight = parameter()
+    weight.grad = torch.full((5,), 5.0)
+    with pytest.raises(TypeError, match="item 1 is a parameter"):
+        fastnorm.clip_([shard, weight], 1.0, gradients=True)
+    assert torch.equal(shard, torch.full((10,), 5.0))
+    assert torch.equal(weight.detach(), torch.ones(5)) and torch.equal(weight.grad, torch.full((5,), 5.0))
+
+
+# ----------------------------------------------------------------------------
+# Autograd sees every write
+# ----------------------------------------------------------------------------
+
+
+def _penalty_after(clip):
+    """A gradient penalty that saved w.grad, then a clip of w: its backward must see the write."""
+    torch.manual_seed(19)
+    w = torch.nn.Parameter(torch.randn(64) * 3)
+    x = torch.randn(64)
+    (w * x).sin().sum().backward(create_graph=True)
+    penalty = w.grad.square().sum()  # saves w.grad
+    clip([w], 1e-3)
+    penalty.backward()
+
+
+@pytest.mark.filterwarnings("ignore:Using backward\\(\\) with create_graph=True")
+@pytest.mark.parametrize("clip", [torch.nn.utils.clip_grad_norm_, fastnorm.clip_], ids=["torch", "fastnorm"])
+def test_double_backward_sees_the_inplace_scale(backend, clip):
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        _penalty_after(clip)
+
+
+def test_every_gradient_that_may_be_written_has_its_version_bumped(backend):
+    params = make_params([(100,), (3, 4)], seed=20)
+    versions = [p.grad._version for p in params]
+    fastnorm.clip_(params, 1e9)  # nothing to clip: the fused backends do not even read them
+    assert all(p.grad._version > v for p, v in zip(params, versions))
+    versions = [p.grad._version for p in params]
+    fastnorm.total_norm(params)  # reading writes nothing
+    assert [p.grad._version for p in params] == versions
+
+
+def test_inference_tensors_are_refused_as_torch_refuses_them(backend):
+    params = make_params([(30,), (20,)], seed=21, scale=4.0)
+    with torch.inference_mode():
+        frozen = torch.randn(25) * 4
+        copy = frozen.clone()  # torch's foreach clip writes it, then raises
+    holder = torch.nn.Parameter(torch.zeros(25))
+    holder.grad = frozen
+    before = [p.grad.clone() for p in params] + [frozen.clone()]
+    twin = torch.nn.Parameter(torch.zeros(25))
+    twin.grad = copy
+    with pytest.raises(RuntimeError, match="Inplace update to inference tensor") as theirs:
+        torch.nn.utils.clip_grad_norm_([twin], 1.0)
+    with pytest.raises(RuntimeError, match="item 2") as ours:
+        fastnorm.clip_([*params, holder], 1.0)
+    assert str(ours.value).startswith(str(theirs.value))
+    assert all(torch.equal(a, b) for a, b in zip([p.grad for p in params] + [frozen], before))
+    with torch.inference_mode():  # where torch allows it, so does fastnorm
+        norm = fastnorm.clip_([*params, holder], 1.0)
+    assert norm.item() == pytest.approx(reference.norm(before, 2.0), rel=1e-6)
+    assert reference.norm([p.grad for p in params] + [frozen], 2.0) == pytest.approx(1.0, rel=1e-5)
+
+
+# ----------------------------------------------------------------------------
+# Nothing written on any error
+# ----------------------------------------------------------------------------
+
+
+def test_expanded_gradient_is_refused_before_anything_is_written(backend):
+    dense = torch.nn.Parameter(torch.zeros(3))
+    dense.grad = torch.full((3,), 5.0)
+    expanded = torch.nn.Parameter(torch.zeros(10))
+    expanded.grad = torch.ones(1).expand(10)
+    with pytest.raises(RuntimeError, match="single memory location") as theirs:
+        torch.nn.utils.clip_grad_norm_([expanded], 1.0)
+    with pytest.raises(RuntimeError, match="item 1") as ours:
+        fastnorm.clip_([dense, expanded], 1.0)
+    assert str(ours.value).startswith(str(theirs.value))
+    assert torch.equal(dense.grad, torch.full((3,), 5.0))  # torch would have scaled it already
+    # Reading it is fine: torch's value.
+    expected = torch.nn.utils.get_total_norm([dense.grad, expanded.grad])
+    assert fastnorm.total_norm([dense, expanded]).item() == pytest.approx(expected.item(), rel=1e-6)
+
+
+def test_conjugated_gradient_is_clipped(backend):
+    z = torch.randn(50, dtype=torch.complex64, generator=torch.Generator().manual_seed(22)) * 3
+    p = torch.nn.Parameter(torch.zeros(50, dtype=torch.complex64))
+    p.grad = z.clone().conj()  # torch's own foreach clip refuses it
+    norm = fastnorm.clip_([p], 1.0)
+    assert norm.item() == pytest.approx(torch.linalg.vector_norm(z).item(), rel=1e-6)
+    torch.testing.assert_close(p.grad.resolve_conj(), z.conj() * (1.0 / (norm + 1e-6)))
+    neg = z.clone().conj().imag  # a real view with the negative bit
+    q = torch.nn.Parameter(torch.zeros(50))
+    q.grad = neg
+    expected = z.conj().imag * (1.0 / (torch.linalg.vector_norm(z.imag) + 1e-6))
+    fastnorm.clip_([q], 1.0)
+    torch.testing.assert_close(q.grad.resolve_neg(), expected)
+
+
+def test_meta_gradient_is_refused_with_the_devices_named(backend):
+    params = make_params([(10,)], seed=23, scale=3.0)
+    ghost = torch.nn.Parameter(torch.zeros(4, device="meta"))
+    ghost.grad = torch.ones(4, device="meta")
+    before = params[0].grad.clone()
+    with pytest.raises(ValueError, match=r"items \[0\] are on the meta device.*cpu, meta"):
+        fastnorm.clip_([ghost, *params], 1.0)
+    assert torch.equal(params[0].grad, before)
+
+
+# ----------------------------------------------------------------------------
+# torch's messages
+# ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("p", [2.0, 1, float("inf"), "inf", 3.5, -2.0, 0.5])
+def test_nonfinite_message_is_torchs(backend, p):
+    def items():
+        params = make_params([(10,), (20,)], seed=24)
+        params[1].grad[5] = float("nan")
+        return params
+
+    with pytest.raises(RuntimeError) as theirs:
+        torch.nn.utils.clip_grad_norm_(items(), 1.0, p, error_if_nonfinite=True)
+    with pytest.raises(RuntimeError) as ours:
+        fastnorm.clip_(items(), 1.0, p, error_if_nonfinite=True)
+    assert str(ours.value).startswith(str(theirs.value))
+    with pytest.raises(RuntimeError) as ours:
+        fastnorm.total_norm([q.grad for q in items()], p, error_if_nonfinite=True)
+    assert str(ours.value).startswith(str(theirs.value))
+
+
+def test_empty_generator_warns_with_torchs_text(backend):
+    with pytest.warns(UserWarning) as theirs:
+        torch.nn.utils.clip_grad_norm_((p for p in []), 1.0)
+    with pytest.warns(UserWarning) as ours:
+        norm = fastnorm.clip_((p for p in []), 1.0)
+    assert [str(w.message) for w in ours] == [str(w.message) for w in theirs]
+    assert ours[0].filename == __file__  # points at the caller, as torch's does
+    assert norm.item() == 0.0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fastnorm.clip_([], 1.0)  # an empty list is no mistake: torch does not warn either
+        fastnorm.total_norm(p for p in [])
+
+
+def test_compiled_clip_follows_the_item_rule():
+    def step(items, shards):
+        return fastnorm.clip_(items, 1.0), fastnorm.clip_(shards, 1.0, gradients=True)
+
+    g = torch.Generator().manual_seed(25)
+    p = torch.nn.Parameter(torch.zeros(30))
+    p.grad = torch.randn(30, generator=g) * 5
+    plain, shard = torch.randn(20, generator=g) * 5, torch.randn(40, generator=g) * 5
+    before = plain.clone()
+    norm, shard_norm = torch.compile(step, fullgraph=True)([plain, p], [shard])
+    assert torch.equal(plain, before)  # skipped, as in eager calls
+    assert reference.norm([p.grad], 2.0) == pytest.approx(1.0, rel=1e-5)
+    assert reference.norm([shard], 2.0) == pytest.approx(1.0, rel=1e-5)
+    assert norm.item() > 1.0 and shard_norm.item() > 1.0

@@ -49,7 +49,7 @@ def test_clip_bitwise_equal_to_torch_given_the_same_norm(dtype):
         params.append(q)
     norm = torch.nn.utils.get_total_norm(theirs).float()
     norm = norm.double() if dtype == torch.float64 else norm
-    fastnorm.clip_(ours, 0.5, total_norm=norm)
+    fastnorm.clip_(ours, 0.5, total_norm=norm, gradients=True)
     torch.nn.utils.clip_grads_with_norm_(params, 0.5, norm)
     assert all(torch.equal(a, b) for a, b in zip(ours, theirs))
 
@@ -92,7 +92,7 @@ def test_launches_per_call():
     # One per dtype plus one finalize, whatever the number of tensors; no copy
     # once the tables are cached.
     assert sorted(norm_launches) == sorted(["norm_partials_kernel"] * 2 + ["finalize_kernel"]), norm_launches
-    clip_launches = _kernel_launches(lambda: fastnorm.clip_(tensors, 1e9))
+    clip_launches = _kernel_launches(lambda: fastnorm.clip_(tensors, 1e9, gradients=True))
     assert sorted(clip_launches) == sorted(
         ["norm_partials_kernel"] * 2 + ["finalize_kernel"] + ["scale_kernel"] * 2
     ), clip_launches
@@ -110,7 +110,7 @@ def test_more_than_2_to_the_31_elements():
         sum(torch.linalg.vector_norm(c, dtype=torch.float64).square().item() for c in big.split(2**28)) ** 0.5
     )
     assert reference.rel_err(fastnorm.total_norm([big]).item(), expected) <= 5e-6
-    fastnorm.clip_([big], 1.0)
+    fastnorm.clip_([big], 1.0, gradients=True)
     assert reference.rel_err(big[-1].float().item(), 1000.0 / expected) <= 1e-2
     del big
     torch.cuda.empty_cache()

@@ -2,13 +2,14 @@
 
 import json
 import math
+import os
 
 import pytest
 
 from fastnorm import GradNormMonitor, JsonlLogger, TensorBoardLogger, diagnose
 from fastnorm.cli import main
 from harness import run_python
-from synthetic import NAMES, N, case
+from synthetic import NAMES, K, N, case
 
 
 def write(kind, folder, values, max_norm=None):
@@ -62,8 +63,46 @@ def test_text_report(tmp_path, capsys):
     assert out[0] == f"{path}: {N} values of 'gradient_norm'"
     assert out[1] == f"verdict: exploding ({N} steps read)"
     assert out[2].startswith("  exploding steps 3") and out[2].split(":")[0].endswith(f"-{N - 1}")
-    assert out[3] == "next actions:"
-    assert "learning rate" in out[4]
+    assert out[3] == "    - Lower the learning rate (by 3-10x), or lengthen its warmup."
+    assert out[4].startswith("    - Enable gradient clipping: no max_norm was set")
+
+
+def test_text_report_with_the_loss_and_max_norm(tmp_path, capsys):
+    path = tmp_path / "metrics.jsonl"
+    values = case("exploding", seed=2)[0]
+    with GradNormMonitor(50, [JsonlLogger(path)], max_norm=5.0, diagnose=False) as monitor:
+        for i, v in enumerate(values):
+            monitor.update(v, loss=2.0 * 0.99**i if i < K else 3.0 + i / 100)
+    assert main(["diagnose", str(path)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == f"{path}: {N} values of 'gradient_norm', with 'gradient_norm_loss'"
+    assert out[1] == f"verdict: diverged ({N} steps read with the loss)"
+    start = int(out[2].split()[2].split("-")[0])
+    assert K <= start <= K + 15  # as the norm alone dates it (synthetic.case)
+    assert out[2].startswith(f"  diverged  steps {start}-{N - 1}: the norm rose from step {start}")
+    assert out[4].startswith("    - Tighten the gradient clipping: max_norm=5 is set")
+
+
+def test_a_folder_is_searched_for_a_file_that_holds_a_norm(tmp_path, capsys):
+    run = tmp_path / "run"
+    path = write("jsonl", run.mkdir() or run, case("vanishing", seed=1)[0])
+    newer = run / "eval.csv"
+    newer.write_text("step,eval_loss\n0,1.0\n")
+    os.utime(path, (1e9, 1e9))  # the metrics file is the older one
+    code, out = run_json(capsys, tmp_path)
+    assert code == 0 and out["source"] == str(path) and out["verdict"] == "vanishing"
+
+
+def test_a_rerun_into_the_same_file_is_read_alone(tmp_path, capsys):
+    path = tmp_path / "metrics.jsonl"
+    for values, mode in ((case("nonfinite", seed=1)[0], "w"), (case("stable", seed=1)[0][:400], "a")):
+        with GradNormMonitor(50, [JsonlLogger(path, mode=mode)], diagnose=False) as monitor:
+            for v in values:
+                monitor.update(v)
+    code, out = run_json(capsys, path)
+    assert out["verdict"] == "stable" and out["steps"] == 400 and out["runs"] == 2
+    main(["diagnose", str(path)])
+    assert "(the last of 2 runs in the file: its steps started over)" in capsys.readouterr().out
 
 
 def test_plot_png(tmp_path, capsys):
@@ -78,26 +117,34 @@ def test_plot_png(tmp_path, capsys):
     assert len(data) < 200_000
 
 
-def test_plot_draws_the_events_and_the_threshold(tmp_path):
+def test_plot_draws_the_events_the_threshold_zeros_and_the_loss(tmp_path):
     pytest.importorskip("matplotlib")
-    from fastnorm.plot import plot
+    from fastnorm.monitoring.plot import MIN_WIDTH, plot
 
     values = case("exploding", seed=4)[0]
-    values[100] = math.inf
-    d = diagnose(range(N), values)
-    fig = plot(range(N), values, d, tmp_path / "p.png", max_norm=2.0, title="run 7")
-    [ax] = fig.axes
+    values[100] = math.inf  # a skipped step: a one-step event
+    values[150] = values[151] = 0.0  # exact zeros: on the axis floor
+    loss = (range(N), [2.0 - i / N for i in range(N)])
+    d = diagnose(range(N), values, loss=loss)
+    fig = plot(range(N), values, d, tmp_path / "p.png", max_norm=2.0, title="run 7", loss=loss)
+    ax, twin = fig.axes
     assert ax.get_yscale() == "log"
-    assert ax.get_title() == "run 7 (verdict: nonfinite)"
+    assert ax.get_title() == f"run 7 (verdict: {d.verdict})"
     spans = [(p.get_x(), p.get_x() + p.get_width()) for p in ax.patches]
-    assert spans == [(e.start_step - 0.5, e.end_step + 0.5) for e in d.events]
-    assert [e.kind for e in d.events] == ["nonfinite", "exploding"]
-    labels = ax.get_legend_handles_labels()[1]
-    assert labels == ["gradient norm", "nonfinite", "exploding", "max_norm=2"]
+    assert len(spans) == len(d.events) and "skipped" in [e.kind for e in d.events]
+    for (left, right), e in zip(spans, d.events):
+        assert right - left >= max(e.end_step - e.start_step + 1, MIN_WIDTH * N) - 1e-9
+        assert left <= e.start_step and right >= e.end_step
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert labels[:2] == ["gradient norm", "zero norm"] and labels[-2:] == ["max_norm=2", "loss"]
+    assert labels[2:-2] == list(dict.fromkeys(e.kind for e in d.events))  # each kind once
     [threshold] = [line for line in ax.get_lines() if line.get_linestyle() == "--"]
     assert list(threshold.get_ydata()) == [2.0, 2.0]
     [marks] = [line for line in ax.get_lines() if line.get_marker() == "|"]
     assert list(marks.get_xdata()) == [100]
+    [zeros] = [line for line in ax.get_lines() if line.get_marker() == "v"]
+    assert list(zeros.get_xdata()) == [150, 151] and list(zeros.get_ydata()) == [0.0, 0.0]
+    assert twin.get_ylabel() == "loss" and len(twin.get_lines()[0].get_xdata()) == N
 
 
 def test_unreadable_path_exits_2(tmp_path, capsys):

@@ -1,14 +1,15 @@
-"""The diagnosis on synthetic series with known answers (see synthetic.py)."""
+"""The diagnosis on synthetic series with known answers (see synthetic.py); real runs: test_corpus.py."""
 
 import json
 import math
+import random
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from fastnorm.diagnosis import Diagnoser, diagnose
+from fastnorm.monitoring.diagnosis import CHECKPOINT, INVALID_ACTION, LOWER_LR, Diagnoser, diagnose
 from synthetic import NAMES, K, N, case, noise, scaled
 
 SEEDS = [0, 1, 2]
@@ -53,21 +54,40 @@ def test_actions_of_each_unstable_verdict():
     exploding = diagnose(range(N), case("exploding", 0)[0]).actions
     assert any("Lower the learning rate" in a for a in exploding)
     assert any("bf16-mixed" in a and "32-true" in a for a in exploding)
+    assert any("Enable gradient clipping: no max_norm was set" in a for a in exploding)
+    clipped = diagnose(range(N), case("exploding", 0)[0], max_norm=5.0).actions
+    assert any(a.startswith("Tighten the gradient clipping: max_norm=5 is set") for a in clipped)
+    assert not any("Enable gradient clipping" in a for a in clipped)
     vanishing = diagnose(range(N), case("vanishing", 0)[0]).actions
     assert any("Raise the learning rate" in a and "10M" in a for a in vanishing)
-    assert any("normalisation" in a for a in vanishing)
+    assert any("normalisation layers" in a and "initialisation" in a for a in vanishing)
     nonfinite = diagnose(range(N), case("nonfinite", 0)[0]).actions
-    assert any("latest checkpoint" in a for a in nonfinite)
-    assert any("fp32" in a for a in nonfinite)
-    assert diagnose(range(N), case("spike", 0)[0]).actions == ()
+    assert any("latest checkpoint" in a and "fp32" in a for a in nonfinite)
+    assert any("Check the data" in a and "loss scaler" in a for a in nonfinite)
+    spike = diagnose(range(N), case("spike", 0)[0])
+    assert spike.verdict == "stable"
+    assert spike.actions == (
+        "Isolated spike: check that batch (steps 30-34) for outliers or mislabelled samples.",
+    )
 
 
-def test_one_inf_step_that_recovers_is_nonfinite_for_that_step():
+def test_an_explosion_that_ends_in_nan_gets_both_advices():
+    values = scaled(6, lambda i: 1.5 ** max(0, i - 100), n=400)
+    values = [v if v < 3e38 else math.nan for v in values]
+    d = diagnose(range(400), values)
+    assert d.verdict == "nonfinite"
+    assert kinds(d) == ["exploding", "nonfinite"]
+    assert LOWER_LR in d.events[0].actions and CHECKPOINT in d.events[1].actions
+    assert d.actions[0] == CHECKPOINT and LOWER_LR in d.actions  # the verdict's actions first, then the rest
+
+
+def test_one_inf_step_that_recovers_is_a_skipped_step():
     values = noise(3)
     values[K] = math.inf
     d = diagnose(range(N), values)
-    assert d.verdict == "nonfinite"
-    assert [(e.kind, e.start_step, e.end_step) for e in d.events] == [("nonfinite", K, K)]
+    assert d.verdict == "stable"
+    assert [(e.kind, e.start_step, e.end_step, e.count) for e in d.events] == [("skipped", K, K, 1)]
+    assert d.skipped_steps == 1
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -143,37 +163,265 @@ def test_fed_in_windows_equals_read_at_once():
 def test_report_and_dict():
     values = [v if i < K else math.nan for i, v in enumerate(noise(11))]
     d = diagnose(range(N), values)
-    text = d.report()
-    assert text.splitlines()[0] == f"verdict: nonfinite ({N} steps read)"
-    assert f"steps {K}-{N - 1}" in text
+    lines = d.report().splitlines()
+    assert lines[0] == f"verdict: nonfinite ({N} steps read)"
+    first = f"{N - K} non-finite norms from step {K} to the last step, the first nan"
+    assert lines[1] == f"  nonfinite steps {K}-{N - 1}: {first}"
+    assert lines[2:] == [f"    - {a}" for a in d.actions]
     assert json.loads(json.dumps(d.to_dict()))["events"][0] == {
         "kind": "nonfinite",
         "start_step": K,
         "end_step": N - 1,
         "detail": d.events[0].detail,
+        "actions": list(d.actions),
+        "count": 0,
     }
+    assert d.to_dict()["onset"] == K == d.onset
     assert diagnose([], []).report() == "verdict: stable (no values read)"
+    assert (
+        diagnose(range(N), noise(0)).report().splitlines()[1] == "  no event: the norm stayed within its band"
+    )
 
 
 @pytest.mark.parametrize(
-    "steps, values, kwargs, match",
+    "steps, values, kwargs, error, match",
     [
-        ([0, 1], [1.0], {}, "2 steps but 1 values"),
-        ([0, 1], [1.0, -1.0], {}, "negative"),
-        ([0, 1], [1.0, 1.0], {"window": 0}, "window"),
-        ([0, 1], [1.0, 1.0], {"explode_orders": -1}, "explode_orders"),
-        ([0, 1], [1.0, 1.0], {"warmup": 60}, "warmup"),
+        ([0, 1], [1.0], {}, ValueError, "2 steps but 1 values"),
+        ([0, 1], [1.0, 1.0], {"loss": ([0], [1.0, 2.0])}, ValueError, "1 steps but 2 loss values"),
+        ([0, 1], [1.0, 1.0], {"loss": [1.0, 2.0, 3.0]}, TypeError, "loss must be a"),
+        ([0, 1], [1.0, 1.0], {"window": 0}, ValueError, "window"),
+        ([0, 1], [1.0, 1.0], {"window": "50"}, ValueError, "window must be a positive int, got '50'"),
+        ([0, 1], [1.0, 1.0], {"explode_orders": -1}, ValueError, "explode_orders"),
+        ([0, 1], [1.0, 1.0], {"warmup": 60}, ValueError, "warmup"),
+        ([0, 1], [1.0, 1.0], {"max_norm": "1"}, ValueError, "max_norm must be a number"),
     ],
 )
-def test_bad_input_raises(steps, values, kwargs, match):
-    with pytest.raises(ValueError, match=match):
+def test_bad_input_raises(steps, values, kwargs, error, match):
+    with pytest.raises(error, match=match):
         diagnose(steps, values, **kwargs)
+
+
+def test_negative_and_non_numeric_values_are_reported_not_raised():
+    values = noise(12)
+    values[100], values[200], values[201], values[400] = -1.0, "n/a", None, True
+    d = diagnose(range(N), values)
+    assert d.verdict == "stable"
+    invalid = [(e.start_step, e.end_step, e.count) for e in d.events if e.kind == "invalid"]
+    assert invalid == [(100, 100, 1), (200, 201, 2), (400, 400, 1)]
+    assert INVALID_ACTION in d.actions
+    assert "invalid   4 steps (100, 200-201, 400): negative or not a number" in d.report()
+
+
+def test_exact_zeros_are_reported_as_zero():
+    d = diagnose(range(N), scaled(7, lambda i: 0.0 if i >= K else 1.0))
+    [event] = d.events
+    assert "fell to exactly 0" in event.detail
+    assert "e-30" not in d.report() and "e-45" not in d.report()
+
+
+# ----------------------------------------------------------------------------
+# The loss, the learning rate, the loss scale, the per-layer norms
+# ----------------------------------------------------------------------------
+
+
+def losses(seed, level, n=N, sigma=0.02):
+    """A noisy loss around ``level(i)``."""
+    rng = random.Random(1000 + seed)
+    return list(range(n)), [level(i) * (1 + rng.gauss(0.0, sigma)) for i in range(n)]
+
+
+def learning(i):
+    return 0.5 + 2.0 * math.exp(-i / 60)  # falls from 2.5 to about 0.5
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_norm_spike_then_a_loss_that_stays_up_is_diverged(seed):
+    # A learning-rate blow-up: the norm spikes for a few steps and comes back, the loss never does.
+    values = scaled(seed, lambda i: 300.0 if K <= i < K + 5 else 1.0)
+    loss = losses(seed, lambda i: learning(i) if i < K else 4.0)
+    d = diagnose(range(N), values, loss=loss)
+    assert d.verdict == "diverged", d.report()
+    e = only(d, "diverged")
+    assert K - 2 <= e.start_step <= K and e.end_step == N - 1
+    assert "stayed there" in e.detail
+    assert e.actions[0] == LOWER_LR
+    assert any(a.startswith(f"Resume from a checkpoint saved before step {e.start_step}") for a in e.actions)
+    assert "spike" not in kinds(d)  # the spike is the divergence's start, not an event of its own
+    assert diagnose(range(N), values).verdict == "stable"  # without the loss: a spike, as before
+
+
+def test_a_spike_whose_loss_recovers_is_a_spike():
+    values = scaled(1, lambda i: 300.0 if K <= i < K + 5 else 1.0)
+    loss = losses(1, lambda i: learning(i) + (3.0 if K <= i < K + 20 else 0.0))
+    d = diagnose(range(N), values, loss=loss)
+    assert d.verdict == "stable" and kinds(d) == ["spike"]
+
+
+def test_a_loss_that_never_improves_is_stalled():
+    d = diagnose(range(N), noise(2), loss=losses(2, lambda i: 1.386))
+    assert d.verdict == "stalled"
+    e = only(d, "stalled")
+    assert (e.start_step, e.end_step) == (0, N - 1) and "never improved" in e.detail
+    assert any("Raise the learning rate" in a for a in e.actions)
+    assert any("log per-layer norms" in a for a in e.actions)
+
+
+def test_a_loss_that_returns_to_its_start_without_a_spike_is_stalled():
+    loss = losses(3, lambda i: learning(i) if i < K else 2.5)
+    d = diagnose(range(N), noise(3), loss=loss)
+    assert d.verdict == "stalled", d.report()
+    e = only(d, "stalled")
+    assert K - 3 <= e.start_step <= K + 3 and "returned to its initial level" in e.detail
+
+
+def test_a_learning_run_is_stable():
+    d = diagnose(range(N), noise(4), loss=losses(4, learning))
+    assert d.verdict == "stable" and d.events == ()
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_rising_norm_with_a_falling_loss_is_healthy_growth(seed):
+    # A model leaving a small initialisation: the norm grows 1000x while the loss falls.
+    values = scaled(seed, lambda i: 10 ** min(3.0, 3.0 * i / 100) * 1e-3)
+    d = diagnose(range(N), values, loss=losses(seed, learning))
+    assert d.verdict == "stable", d.report()
+    assert kinds(d) == ["growth"] and "while the loss fell" in d.events[0].detail
+    assert d.actions == ()
+    assert diagnose(range(N), values).verdict == "exploding"  # without the loss
+    rising = diagnose(range(N), values, loss=losses(seed, lambda i: 1.0 + i / 100))
+    assert rising.verdict in ("exploding", "diverged")
+
+
+def test_a_falling_norm_with_a_falling_loss_is_healthy_decay():
+    values = scaled(5, lambda i: 10 ** -min(4.0, 4.0 * i / 100))
+    loss = losses(5, lambda i: 2.0 * 10 ** -min(4.0, 4.0 * i / 100) + 1e-6)
+    d = diagnose(range(N), values, loss=loss)
+    assert d.verdict == "stable" and kinds(d) == ["decay"], d.report()
+    assert diagnose(range(N), values).verdict == "vanishing"
+
+
+def test_loss_scaler_skips_early_and_sparse():
+    values = noise(6)
+    skipped = [*range(16), 250, 400]
+    for i in skipped:
+        values[i] = math.inf if i % 2 else math.nan
+    scale = {0: 2.0**32, **{i + 1: 2.0 ** (31 - i) for i in range(16)}, 251: 2.0**15, 401: 2.0**15}
+    d = diagnose(range(N), values, loss=losses(6, learning), scale=scale)
+    assert d.verdict == "stable", d.report()
+    assert [(e.start_step, e.end_step) for e in d.events if e.kind == "skipped"] == [
+        (0, 15),
+        (250, 250),
+        (400, 400),
+    ]
+    assert d.skipped_steps == 18
+    assert "the loss scale fell from 4.29e+09 to 6.55e+04" in d.events[0].detail
+    assert "skipped   18 steps (0-15, 250, 400)" in d.report()
+
+
+def test_nonfinite_to_the_end_or_in_the_loss_is_a_collapse():
+    values = noise(7)
+    values[K:] = [math.nan] * (N - K)
+    loss = losses(7, learning)
+    assert diagnose(range(N), values, loss=loss).verdict == "nonfinite"  # persists past max_skip_run
+    short = values[: K + 5]
+    d = diagnose(range(K + 5), short, loss=(loss[0][: K + 5], loss[1][: K + 5]))
+    assert d.verdict == "stable" and "not back by the last step" in d.events[-1].detail  # 5 steps: a scaler?
+    assert diagnose(range(K + 5), short).verdict == "nonfinite"  # without a loss: a collapse
+    bad_loss = (loss[0], [v if i != 100 else math.nan for i, v in enumerate(loss[1])])
+    values = noise(7)
+    values[100] = math.nan
+    d = diagnose(range(N), values, loss=bad_loss)
+    assert d.verdict == "nonfinite"
+    e = only(d, "nonfinite")
+    assert (e.start_step, e.end_step) == (100, 100) and "the loss is non-finite" in e.detail
+
+
+def layer_norms(spread_at, steps=range(9, N, 10)):
+    """Per-layer norms of a 6-layer model every 10 steps; the first layers fall away from ``spread_at``."""
+    out = {}
+    for s in steps:
+        depth = 0.0 if s < spread_at else min(8.0, (s - spread_at) / 10)
+        out[s] = {f"block{i}": 10 ** (-depth * (5 - i) / 5) for i in range(6)}
+    return out
+
+
+def test_layer_wise_vanishing_under_a_flat_total():
+    d = diagnose(range(N), noise(8), layers=layer_norms(K))
+    assert d.verdict == "vanishing", d.report()
+    e = only(d, "vanishing")
+    assert K <= e.start_step <= K + 80 and e.end_step == N - 1
+    assert "'block0'" in e.detail and "'block5'" in e.detail and "orders of magnitude" in e.detail
+    assert "below float32 resolution" in e.detail
+    assert diagnose(range(N), noise(8), layers=layer_norms(10 * N)).verdict == "stable"
+
+
+def test_layers_vanishing_from_the_first_reading_date_from_the_first_step():
+    layers = {s: {"first": 1e-33, "last": 0.5} for s in range(9, N, 10)}
+    e = only(diagnose(range(N), noise(9), layers=layers), "vanishing")
+    assert e.start_step == 0 and "33 orders" in e.detail
+
+
+def test_layers_that_become_exactly_zero_vanish_but_frozen_ones_do_not():
+    def layers(dead_from):
+        return {
+            s: {"frozen": 0.0, "embed": 0.0 if s >= dead_from else 0.3, "head": 0.5} for s in range(9, N, 10)
+        }
+
+    d = diagnose(range(N), noise(10), layers=layers(K + 9))
+    e = only(d, "vanishing")
+    assert e.start_step == K + 9 and "exactly 0: 'embed'" in e.detail and "frozen" not in e.detail
+    assert diagnose(range(N), noise(10), layers=layers(10 * N)).verdict == "stable"
+
+
+def test_a_spike_at_a_learning_rate_change_or_warmup_is_normal_else_check_that_batch():
+    values = scaled(11, lambda i: 100.0 if i in (K, K + 1) else 1.0)
+    lr = {i: 1e-3 if i < K else 3e-3 for i in range(N)}
+    d = diagnose(range(N), values, lr=lr)
+    [e] = d.events
+    assert e.kind == "spike" and "learning-rate change of step 300 (0.001 to 0.003)" in e.detail
+    assert e.actions == () and "normal if it settles" in e.detail
+    alone = diagnose(range(N), values, lr={i: 1e-3 for i in range(N)})
+    assert alone.events[0].actions == (
+        "Isolated spike: check that batch (steps 300-301) for outliers or mislabelled samples.",
+    )
+    warm = scaled(11, lambda i: 100.0 if i == 20 else 1.0)
+    d = diagnose(range(N), warm, lr={i: 1e-3 * min(1.0, (i + 1) / 50) for i in range(N)})
+    assert "during the learning-rate warmup" in d.events[0].detail and d.actions == ()
+    dip = diagnose(range(N), scaled(11, lambda i: 0.01 if i == K else 1.0))
+    assert dip.events[0].actions[0].startswith("A short drop: check that batch (step 300)")
+
+
+def test_fed_in_windows_with_every_signal_equals_read_at_once():
+    values = scaled(12, lambda i: 300.0 if K <= i < K + 5 else 1.0)
+    loss = losses(12, lambda i: learning(i) if i < K else 4.0)
+    layers = layer_norms(K)
+    online = Diagnoser()
+    for start in range(0, N, 50):
+        window = range(start, min(start + 50, N))
+        online.update(window, values[start : start + 50])
+        online.update_loss(window, loss[1][start : start + 50])
+        for s in window:
+            if s in layers:
+                online.update_layers(s, layers[s])
+    assert online.result() == diagnose(range(N), values, loss=loss, layers=layers)
+
+
+def test_a_long_loss_costs_constant_memory():
+    d = Diagnoser()
+    n = 200_000
+    rng = random.Random(13)
+    for start in range(0, n, 1000):
+        steps = range(start, start + 1000)
+        d.update(steps, [10 ** rng.gauss(0, 0.1) for _ in steps])
+        d.update_loss(steps, [2.0 * math.exp(-s / 50_000) + 0.1 for s in steps])
+    assert len(d._loss.all()) <= 2 * 1024
+    assert d.result().verdict == "stable"
 
 
 def test_runs_without_torch():
     # Loaded as a file, with torch (and the package, which imports it) made unimportable:
     # the diagnosis must not need it.
-    path = Path(__file__).resolve().parents[1] / "fastnorm" / "diagnosis.py"
+    path = Path(__file__).resolve().parents[1] / "fastnorm" / "monitoring" / "diagnosis.py"
     code = (
         "import sys, importlib.util\n"
         "sys.modules['torch'] = sys.modules['fastnorm'] = None\n"

@@ -106,3 +106,30 @@ def test_group_tensor_norms_with_uneven_items(ranks):
         assert got == pytest.approx(expected, rel=REL)
         got, expected = record["per_item"]
         assert got == pytest.approx(expected, rel=REL)
+
+
+def test_l2_partials_of_every_scale_merge_across_ranks(ranks):
+    # 1e200 on one rank, subnormals on another: the scaled merge keeps the norm finite and exact.
+    _check_pairs(_scenario(ranks, "l2_extremes_across_ranks_on_the_torch_backend"), rel=1e-12)
+
+
+def test_l2_extremes_across_ranks_on_the_default_backend(ranks):
+    # The same on the C++ kernels: needs their scaled float64 L2 partials.
+    _check_pairs(_scenario(ranks, "l2_extremes_across_ranks"), rel=1e-12)
+
+
+def test_unscaled_partials_keep_their_bits(ranks):
+    for record in _scenario(ranks, "unscaled_partials_keep_their_bits"):
+        assert record["same bits"]
+
+
+def test_every_rank_issues_the_same_collectives_whatever_the_values(ranks):
+    records = _scenario(ranks, "same_collectives_whatever_the_values")
+    assert records[0]["issued"] and all(r["issued"] == records[0]["issued"] for r in records)
+
+
+def test_norm_types_only_torch_computes_across_ranks(ranks):
+    records = _scenario(ranks, "norm_types_only_torch_computes_across_ranks")
+    for record in records:
+        assert "norm_type=0" in record.pop("p=0 on DTensors")  # refused on every rank, before any collective
+    _check_pairs(records)

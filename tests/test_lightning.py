@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from fastnorm import JsonlLogger, read_series
+from fastnorm import JsonlLogger, Logger, MonitorWarning, read_series
 
 lightning = pytest.importorskip("lightning")
 from lightning.pytorch.loggers import CSVLogger  # noqa: E402
@@ -21,13 +21,15 @@ class Regression(lightning.LightningModule):
         super().__init__()
         self.net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
         self.fail_at = fail_at
-        self.before, self.after = [], []
+        self.before, self.after, self.losses = [], [], []
 
     def training_step(self, batch, batch_idx):
         if self.global_step == self.fail_at:
             raise RuntimeError("the run dies here")
         x, y = batch
-        return torch.nn.functional.mse_loss(self.net(x), y)
+        loss = torch.nn.functional.mse_loss(self.net(x), y)
+        self.losses.append(loss.item())
+        return loss
 
     def on_after_backward(self):
         self.before.append(torch.nn.utils.get_total_norm([p.grad for p in self.parameters()]).item())
@@ -81,8 +83,13 @@ def test_clips_and_logs_every_step(tmp_path):
     assert all(a <= 1.0 + 1e-5 for a in model.after)
     clipped = sum(b > 1.0 for b in model.before[:5])
     assert float(rows[4]["gradient_norm_clipped_fraction"]) == clipped / 5
-    # The same numbers went to fastnorm's own logger, and the CSV reads back for diagnose.
-    assert read_series(tmp_path / "m.jsonl").values == pytest.approx(model.before, rel=1e-5)
+    # The same numbers, with each step's loss, went to fastnorm's own logger; the CSV reads back too.
+    series = read_series(tmp_path / "m.jsonl")
+    assert series.values == pytest.approx(model.before, rel=1e-5)
+    assert series.loss.key == "gradient_norm_loss"
+    assert series.loss.steps == tuple(range(23)) and series.loss.values == pytest.approx(
+        model.losses, rel=1e-6
+    )
     assert read_series(f"{trainer.logger.log_dir}/metrics.csv").values == pytest.approx(
         model.before, rel=1e-5
     )
@@ -104,6 +111,34 @@ def test_an_exception_loses_nothing(tmp_path):
     with pytest.raises(RuntimeError, match="dies here"):
         fit(tmp_path, callback, fail_at=13)
     assert read_series(tmp_path / "m.jsonl").steps == tuple(range(13))
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        ({"max_norm": "1"}, TypeError, "GradNormCallback: max_norm must be a number >= 0 or None, got '1'"),
+        ({"max_norm": -1.0}, ValueError, "GradNormCallback: max_norm must be >= 0"),
+        ({"log_every_n_steps": 0}, ValueError, "GradNormCallback: log_every_n_steps must be a positive int"),
+        ({"per_layer": "yes"}, TypeError, "GradNormCallback: per_layer must be True or False"),
+        ({"layer_depth": 1.5}, TypeError, "GradNormCallback: layer_depth must be a positive int"),
+        ({"diagnose": None}, TypeError, "GradNormCallback: diagnose must be a bool or a Diagnoser"),
+        ({"loggers": Logger()}, TypeError, "GradNormCallback: loggers must be a sequence"),
+    ],
+)
+def test_bad_arguments_fail_at_construction(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        GradNormCallback(**kwargs)
+
+
+def test_a_failing_logger_does_not_stop_training(tmp_path):
+    class Down(Logger):
+        def log_metrics(self, metrics, step):
+            raise ConnectionError("tracking server down")
+
+    with pytest.warns(MonitorWarning, match="tracking server down"):
+        model, trainer = fit(tmp_path, GradNormCallback(loggers=[Down(), JsonlLogger(tmp_path / "m.jsonl")]))
+    assert trainer.global_step == 23
+    assert read_series(tmp_path / "m.jsonl").steps == tuple(range(23))
 
 
 def test_refuses_to_clip_twice(tmp_path):

@@ -3,12 +3,13 @@
 import io
 import json
 import math
+import os
 import sys
 
 import pytest
 
-from fastnorm.diagnosis import diagnose
-from fastnorm.loggers import (
+from fastnorm.monitoring.diagnosis import diagnose
+from fastnorm.monitoring.loggers import (
     ConsoleLogger,
     JsonlLogger,
     MLflowLogger,
@@ -66,15 +67,37 @@ def test_jsonl_one_object_per_step_flushed_at_each_window(tmp_path):
         logger.log_metrics({"gradient_norm": 1.0}, 14)
 
 
-def test_jsonl_appends_by_default_and_overwrites_on_request(tmp_path):
+def test_jsonl_starts_afresh_by_default_and_appends_on_request(tmp_path):
     path = tmp_path / "metrics.jsonl"
-    for mode, expected in (("a", 1), ("a", 2), ("w", 1)):
-        logger = JsonlLogger(path, mode=mode)
+    for kwargs, expected in (({}, 1), ({"mode": "a"}, 2), ({"mode": "a"}, 3), ({}, 1), ({"mode": "w"}, 1)):
+        logger = JsonlLogger(path, **kwargs)
         logger.log_metrics({"gradient_norm": 1.0}, 0)
         logger.close()
         assert len(path.read_text().splitlines()) == expected
-    with pytest.raises(ValueError, match="mode"):
+    with pytest.raises(ValueError, match="mode must be 'w' or 'a', got 'r'"):
         JsonlLogger(path, mode="r")
+    with pytest.raises(TypeError, match="path must be a str or PathLike, got 3"):
+        JsonlLogger(3)
+
+
+def test_jsonl_close_after_a_failed_flush_closes(tmp_path):
+    if not os.path.exists("/dev/full"):
+        pytest.skip("needs /dev/full")
+    logger = JsonlLogger("/dev/full")
+    assert repr(logger) == "JsonlLogger('/dev/full')"
+    with pytest.raises(OSError):
+        logger.log_window(window())
+    with pytest.raises(OSError):
+        logger.close()
+    logger.close()  # closed already: nothing left to fail
+
+
+def test_the_loss_is_logged_at_its_step():
+    w = Window((1, 2, 3), (0.5, 0.6, 0.7), window_stats([0.5, 0.6, 0.7], None), losses=(2.0, None, 1.5))
+    rows = dict(w.metrics())
+    assert rows[1] == {"gradient_norm": 0.5, "gradient_norm_loss": 2.0}
+    assert rows[2] == {"gradient_norm": 0.6}
+    assert rows[3]["gradient_norm_loss"] == 1.5
 
 
 def test_tensorboard_writes_scalars_that_tensorboard_reads(tmp_path):

@@ -1,7 +1,9 @@
-"""GradNormMonitor: every step kept on the device, one transfer per window, nothing lost."""
+"""GradNormMonitor: every step kept on the device, one transfer per window, nothing lost, nothing broken."""
 
+import gc
 import json
 import math
+import os
 import warnings
 
 import pytest
@@ -70,12 +72,12 @@ def test_every_step_reaches_the_loggers_in_one_transfer_per_window(monkeypatch):
 def test_buffer_is_preallocated_and_never_grows():
     monitor = GradNormMonitor(16, diagnose=False)
     monitor.update(torch.tensor(1.0))
-    buffer = monitor._buffer
+    buffer = monitor._rec.buffer
     address = buffer.data_ptr()
     for i in range(5000):
-        monitor.update(torch.tensor(float(i)))
-    assert monitor._buffer is buffer and buffer.data_ptr() == address
-    assert buffer.numel() == 16
+        monitor.update(torch.tensor(float(i)), loss=torch.tensor(1.0))
+    assert monitor._rec.buffer is buffer and buffer.data_ptr() == address
+    assert buffer.numel() == 2 * 16  # the norm and the loss of each step
     monitor.close()
 
 
@@ -194,20 +196,234 @@ def test_diagnosis_can_be_configured_or_off():
 
 
 @pytest.mark.parametrize(
-    "kwargs, match",
-    [({"log_every_n_steps": 0}, "log_every_n_steps"), ({"max_norm": -1.0}, "max_norm")],
+    "args, kwargs, error, match",
+    [
+        ((0,), {}, ValueError, "log_every_n_steps must be a positive int, got 0"),
+        ((True,), {}, TypeError, r"log_every_n_steps must be a positive int, got True \(bool\)"),
+        ((2.5,), {}, TypeError, "log_every_n_steps must be a positive int, got 2.5"),
+        ((), {"max_norm": "1"}, TypeError, r"max_norm must be a number >= 0 or None, got '1' \(str\)"),
+        ((), {"max_norm": True}, TypeError, "max_norm must be a number"),
+        ((), {"max_norm": -1.0}, ValueError, "max_norm must be >= 0, got -1.0"),
+        ((), {"max_norm": math.nan}, ValueError, "max_norm must be >= 0, got nan"),
+        ((10, Recorder()), {}, TypeError, r"loggers must be a sequence of Logger"),
+        ((10, "run.jsonl"), {}, TypeError, r"loggers must be a sequence of Logger"),
+        ((10, [print]), {}, TypeError, r"every logger needs log_window\(\) and close\(\)"),
+        ((), {"layer_names": "encoder"}, TypeError, "layer_names must be a sequence of str"),
+        ((), {"layer_names": ["a", 1]}, TypeError, "layer_names must be strings, got 1"),
+        ((), {"layer_names": ["a", "b", "a"]}, ValueError, "layer_names must be distinct, repeated: a"),
+        ((), {"diagnose": "yes"}, TypeError, "diagnose must be a bool or a Diagnoser"),
+        ((), {"warn": 1}, TypeError, "warn must be True or False"),
+    ],
 )
-def test_bad_arguments(kwargs, match):
-    with pytest.raises(ValueError, match=match):
-        GradNormMonitor(**kwargs)
+def test_bad_arguments(args, kwargs, error, match):
+    with pytest.raises(error, match=match):
+        GradNormMonitor(*args, **kwargs)
 
 
-def test_bad_updates():
-    with GradNormMonitor(4, layer_names=["a", "b"]) as monitor:
-        with pytest.raises(ValueError, match="one value"):
-            monitor.update(torch.ones(2))
-        with pytest.raises(ValueError, match="layer_names"):
-            monitor.update(torch.tensor(1.0), layers=torch.ones(3))
+def test_bad_updates_raise_before_recording_anything():
+    rec = Recorder()
+    with GradNormMonitor(4, [rec], layer_names=["a", "b"], diagnose=False) as monitor:
+        monitor.update(1.0)
+        for kwargs, error, match in [
+            ({"norm": torch.ones(2)}, ValueError, "norm must hold one value"),
+            ({"norm": "1.0"}, TypeError, r"norm must be a Tensor or a number, got '1.0' \(str\)"),
+            ({"norm": None}, TypeError, "norm must be a Tensor or a number"),
+            ({"norm": True}, TypeError, "norm must be a Tensor or a number"),
+            ({"norm": torch.tensor(True)}, TypeError, "norm must be real"),
+            ({"norm": 1.0, "loss": "low"}, TypeError, "loss must be a Tensor or a number"),
+            ({"norm": 1.0, "step": 2.0}, TypeError, "step must be an int"),
+            ({"norm": 1.0, "layers": torch.ones(3)}, ValueError, "layer_names"),
+            ({"norm": 1.0, "layers": [1.0, 2.0]}, ValueError, "layers must be a tensor of shape"),
+        ]:
+            with pytest.raises(error, match=match):
+                monitor.update(**kwargs)
+        monitor.update(2.0)
+    assert rec.steps == [0, 1] and rec.values == [1.0, 2.0]
+
+
+# ----------------------------------------------------------------------------
+# Failure isolation: the monitor never breaks the loop
+# ----------------------------------------------------------------------------
+
+
+class Failing(Recorder):
+    """Raises at some windows (or all) and at close; records what it did receive."""
+
+    def __init__(self, fail_windows=None, fail_close=False):
+        super().__init__()
+        self.fail_windows = fail_windows  # window indices to fail at; None: every one
+        self.fail_close = fail_close
+        self.calls = 0
+
+    def log_window(self, window):
+        self.calls += 1
+        if self.fail_windows is None or self.calls - 1 in self.fail_windows:
+            raise OSError(28, "No space left on device")
+        super().log_window(window)
+
+    def close(self):
+        super().close()
+        if self.fail_close:
+            raise ConnectionError("tracking server down")
+
+    def __repr__(self):
+        return "Failing('tracking')"
+
+
+def monitor_warnings(caught):
+    return [str(w.message) for w in caught if issubclass(w.category, fastnorm.MonitorWarning)]
+
+
+def test_a_failing_logger_is_reported_once_and_the_others_get_every_window():
+    before, after = Recorder(), Recorder()
+    failing = Failing()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        monitor = GradNormMonitor(5, [before, failing, after], diagnose=False)
+        for i in range(23):
+            monitor.update(float(i))  # never raises
+        monitor.close()
+    messages = monitor_warnings(caught)
+    assert len(messages) == 1
+    assert "Failing('tracking') failed to log steps 0-4" in messages[0]
+    assert "OSError: [Errno 28] No space left on device" in messages[0]
+    assert [w for w in caught if issubclass(w.category, fastnorm.MonitorWarning)][0].filename == __file__
+    for rec in (before, after):
+        assert rec.steps == list(range(23)) and rec.closed
+    assert failing.calls == 5 and failing.closed  # tried again at every window, and closed
+    assert monitor.logger_failures == {"Failing('tracking')": 5}
+
+
+def test_a_logger_that_recovers_gets_the_later_windows():
+    flaky = Failing(fail_windows={0, 1})
+    with pytest.warns(fastnorm.MonitorWarning, match="failed to log steps 0-4"):
+        with GradNormMonitor(5, [flaky], diagnose=False) as monitor:
+            for i in range(20):
+                monitor.update(float(i))
+    assert flaky.steps == list(range(10, 20))
+    assert monitor.logger_failures == {"Failing('tracking')": 2}
+
+
+def test_jsonl_logger_on_a_full_disk(tmp_path):
+    if not os.path.exists("/dev/full"):
+        pytest.skip("needs /dev/full")
+    rec = Recorder()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with GradNormMonitor(4, [JsonlLogger("/dev/full"), rec], diagnose=False) as monitor:
+            for i in range(10):
+                monitor.update(float(i))
+    messages = monitor_warnings(caught)
+    assert len(messages) == 1 and "JsonlLogger('/dev/full') failed to log steps 0-3" in messages[0]
+    assert "No space left on device" in messages[0]
+    assert rec.steps == list(range(10)) and rec.closed
+    assert monitor.closed
+
+
+def test_the_loops_own_exception_propagates_unchanged():
+    failing = Failing(fail_close=True)
+    rec = Recorder()
+    error = KeyError("the loop's own")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(KeyError) as raised:
+            with GradNormMonitor(5, [failing, rec], diagnose=False) as monitor:
+                for i in range(7):
+                    monitor.update(float(i))
+                raise error
+    assert raised.value is error
+    assert rec.steps == list(range(7)) and rec.closed
+    assert len(monitor_warnings(caught)) == 1  # the logger, once, for its windows and its close
+
+
+def test_close_is_idempotent_and_closes_every_logger_even_if_one_fails():
+    loggers = [Failing(fail_windows=set(), fail_close=True), Recorder(), Failing(fail_close=True), Recorder()]
+    monitor = GradNormMonitor(5, loggers, diagnose=False)
+    monitor.update(1.0)
+    with pytest.warns(fastnorm.MonitorWarning):
+        monitor.close()
+    assert all(logger.closed for logger in loggers)
+    assert loggers[1].steps == [0]
+    for logger in loggers:
+        logger.closed = False
+    monitor.close()  # twice: nothing happens
+    assert not any(logger.closed for logger in loggers)
+    with pytest.raises(RuntimeError, match="after close"):
+        monitor.update(1.0)
+
+
+def test_a_broken_diagnoser_costs_no_window():
+    class Broken(fastnorm.Diagnoser):
+        def update(self, steps, values):
+            raise ZeroDivisionError("bug")
+
+    rec = Recorder()
+    with pytest.warns(
+        fastnorm.MonitorWarning, match=r"diagnosis failed and is turned off \(ZeroDivisionError"
+    ):
+        with GradNormMonitor(3, [rec], diagnose=Broken()) as monitor:
+            for i in range(7):
+                monitor.update(float(i))
+    assert rec.steps == list(range(7))
+    assert monitor.diagnosis is None
+
+
+def test_negative_values_are_logged_and_reported_never_dropped():
+    rec = Recorder()
+    values = [1.0, 1.1, -1.0, 0.9] * 5
+    with pytest.warns(fastnorm.MonitorWarning, match=r"negative norm \(-1.0 at step 2\)"):
+        with GradNormMonitor(5, [rec]) as monitor:
+            for v in values:
+                monitor.update(v)
+    assert rec.values == values  # every window reached the logger, the bad values as given
+    invalid = [e for e in monitor.diagnosis.events if e.kind == "invalid"]
+    assert [(e.start_step, e.count) for e in invalid] == [(2 + 4 * i, 1) for i in range(5)]
+    assert "invalid   5 steps (2, 6, 10, 14, 18): negative or not a number" in monitor.diagnosis.report()
+    assert monitor.diagnosis.verdict == "stable"
+
+
+def test_an_unclosed_monitor_delivers_when_collected(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    rec = Recorder()
+    monitor = GradNormMonitor(5, [JsonlLogger(path), rec], diagnose=False)
+    for i in range(7):
+        monitor.update(torch.tensor(float(i)))
+    del monitor
+    gc.collect()
+    assert rec.closed and rec.steps == list(range(7))
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [line["gradient_norm"] for line in lines] == [float(i) for i in range(7)]
+
+
+def test_one_exit_hook_for_every_monitor():
+    import atexit
+    import tracemalloc
+
+    GradNormMonitor(diagnose=False)  # weakref's one exit hook exists from the first monitor on
+    hooks = atexit._ncallbacks()
+    tracemalloc.start()
+    start = tracemalloc.get_traced_memory()[0]
+    for _ in range(20_000):
+        GradNormMonitor(5, diagnose=False).update(1.0)
+    gc.collect()
+    grown = tracemalloc.get_traced_memory()[0] - start
+    tracemalloc.stop()
+    assert atexit._ncallbacks() == hooks
+    assert grown < 500_000  # 20,000 collected monitors leave nothing behind
+
+
+def test_the_loss_travels_with_the_norm(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    rec = Recorder()
+    with GradNormMonitor(4, [rec, JsonlLogger(path)]) as monitor:
+        for i in range(6):
+            monitor.update(torch.tensor(1.0 + 0.01 * i), loss=torch.tensor(2.0 - 0.1 * i) if i != 3 else None)
+    assert [loss for w in rec.windows for loss in w.losses] == pytest.approx([2.0, 1.9, 1.8, None, 1.6, 1.5])
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [line.get("gradient_norm_loss") for line in lines] == pytest.approx(
+        [2.0, 1.9, 1.8, None, 1.6, 1.5]
+    )
+    assert monitor.diagnosis.signals == ("loss",)
 
 
 # ----------------------------------------------------------------------------
@@ -255,7 +471,7 @@ def test_layer_norms_by_depth_and_missing_grads():
 
 
 def test_combine_does_not_overflow_and_keeps_nan():
-    from fastnorm.monitor import combine
+    from fastnorm.monitoring.monitor import combine
 
     norms = torch.tensor([1e30, 1e30, math.nan, 1.0, 3.0], dtype=torch.float32)
     index = torch.tensor([0, 0, 1, 1, 2])
@@ -347,21 +563,24 @@ def test_real_run_with_sane_learning_rate_is_stable(one_thread):
 @pytest.mark.cuda
 def test_cuda_updates_never_synchronize():
     expected = norms(2 * 16 + 5, seed=2)
+    losses = norms(2 * 16 + 5, seed=3)
     given = [torch.tensor(v, device="cuda") for v in expected]
+    given_losses = [torch.tensor(v, device="cuda") for v in losses]
     rec = Recorder()
     monitor = GradNormMonitor(16, [rec], diagnose=False)
-    monitor.update(given[0])  # allocates the buffers
+    monitor.update(given[0], loss=given_losses[0])  # allocates the buffers
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        for norm in given[1:]:
-            monitor.update(norm)
+        for norm, loss in zip(given[1:], given_losses[1:]):
+            monitor.update(norm, loss=loss)
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert monitor.transfers == 2
     monitor.close()
     assert monitor.transfers == 3
     assert rec.values == pytest.approx(expected, rel=1e-6)
+    assert [v for w in rec.windows for v in w.losses] == pytest.approx(losses, rel=1e-6)
     assert rec.steps == list(range(len(expected)))
 
 

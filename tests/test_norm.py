@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import math
 
 import pytest
@@ -116,9 +117,10 @@ def test_the_same_strided_or_sparse_tensor_twice_counts_once(backend):
     for t in (gapped, sparse):
         assert torch.equal(fastnorm.total_norm([t, t]), fastnorm.total_norm([t]))
         once, twice = t.clone(), t
-        fastnorm.clip_([once], 1.0)
-        fastnorm.clip_([twice, twice], 1.0)
+        fastnorm.clip_([once], 1.0, gradients=True)
+        fastnorm.clip_([twice, twice], 1.0, gradients=True)
         torch.testing.assert_close(twice.to_dense(), once.to_dense())
+        assert fastnorm.total_norm([once]).item() == pytest.approx(1.0, rel=1e-5)  # clipped, once
 
 
 def test_empty_float64_gradients_give_a_float64_zero(backend):
@@ -268,3 +270,212 @@ def test_tensor_norms(backend, p):
     assert per_item.shape == (len(items),) and per_item.dtype == total.dtype
     for got, ref in zip(per_item.tolist(), expected):
         assert got == pytest.approx(ref, rel=5e-5 if p == 3.0 else 1e-6)
+
+
+# ----------------------------------------------------------------------------
+# The item rule, as total_norm and tensor_norms read it
+# ----------------------------------------------------------------------------
+
+
+def test_gradients_that_require_grad_are_read_as_gradients(backend):
+    # torch.autograd.grad(create_graph=True) returns non-leaf tensors that require grad.
+    w = torch.nn.Parameter(torch.randn(40, generator=torch.Generator().manual_seed(12)))
+    (grad,) = torch.autograd.grad((w**3).sum(), [w], create_graph=True)
+    assert grad.requires_grad and not grad.is_leaf
+    got = fastnorm.total_norm([grad])
+    assert got.item() == pytest.approx(reference.norm([grad], 2.0), rel=1e-6)
+    assert got.item() == pytest.approx(torch.nn.utils.get_total_norm([grad]).item(), rel=1e-6)
+    assert fastnorm.tensor_norms([grad])[1].item() == pytest.approx(got.item(), rel=1e-6)
+
+
+def test_a_tensor_with_a_grad_stands_for_its_grad(backend):
+    t = torch.full((4,), 3.0)
+    t.grad = torch.full((4,), 10.0)
+    assert fastnorm.total_norm(t).item() == pytest.approx(20.0)
+    activation = torch.randn(6, requires_grad=True).mul(2)  # non-leaf
+    activation.retain_grad()
+    activation.sum().backward()
+    assert fastnorm.total_norm([activation]).item() == pytest.approx(6**0.5)  # its .grad: ones
+
+
+def test_a_leaf_that_requires_grad_stands_for_its_grad(backend):
+    w = torch.randn(7, requires_grad=True)
+    assert fastnorm.total_norm([w]).item() == 0.0  # no .grad yet: skipped, never read itself
+    w.grad = torch.full((7,), 2.0)
+    assert fastnorm.total_norm([w]).item() == pytest.approx(2.0 * 7**0.5)
+
+
+def test_cache_notices_a_plain_tensor_that_gets_a_grad(fused):
+    a, b = torch.randn(50), torch.randn(60)
+    fastnorm.total_norm([a, b])  # a cached plan that reads a and b themselves
+    b.grad = torch.randn(60)  # b is a parameter now
+    assert fastnorm.total_norm([a, b]).item() == pytest.approx(reference.norm([a, b.grad], 2.0), rel=1e-6)
+
+
+# ----------------------------------------------------------------------------
+# get_total_norm's signature and norm types
+# ----------------------------------------------------------------------------
+
+
+def test_signature_is_get_total_norms():
+    ours = inspect.signature(fastnorm.total_norm).parameters
+    theirs = inspect.signature(torch.nn.utils.get_total_norm).parameters
+    assert list(ours)[: len(theirs)] == list(theirs)
+    for name, parameter in theirs.items():
+        assert ours[name].default == parameter.default, name
+        assert ours[name].kind == parameter.kind, name
+    assert ours["group"].kind == inspect.Parameter.KEYWORD_ONLY
+
+
+def test_positional_error_if_nonfinite_and_foreach(backend):
+    tensors = grads([(30,), (40,)], torch.float32, 13)
+    tensors[1][3] = float("inf")
+    for foreach in (None, False, True):
+        with pytest.raises(RuntimeError, match="non-finite"):
+            fastnorm.total_norm(tensors, 2.0, True, foreach)
+        assert fastnorm.total_norm(tensors, 2.0, False, foreach).item() == float("inf")
+    total, _ = fastnorm.tensor_norms(tensors, 1.0, foreach=True)
+    assert total.item() == float("inf")
+
+
+TORCH_ONLY_NORM_TYPES = [0.0, -0.5, -1.0, -2.0, -3.5, float("-inf"), "-inf", 0]
+
+
+@pytest.mark.parametrize("p", TORCH_ONLY_NORM_TYPES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_norm_types_only_torch_computes_give_torchs_values(backend, p, dtype):
+    g = torch.Generator().manual_seed(14)
+    tensors = [(torch.randn(n, generator=g, dtype=torch.float64) * 3).to(dtype) for n in (50, 7, 300)]
+    tensors.append(torch.zeros(9, dtype=dtype))  # no non-zero: not counted by p=0, makes p<0 zero
+    tensors.append(torch.randn(4, 5, generator=g).to(dtype).t())  # transposed
+    for subset in (tensors[:3], tensors):
+        got = fastnorm.total_norm(subset, p)
+        ref = reference.total_norm(subset, float(p))
+        assert got.dtype == (torch.float64 if dtype == torch.float64 else torch.float32)
+        assert reference.rel_err(got.item(), ref) <= 1e-6
+        theirs = torch.nn.utils.get_total_norm([t.double() for t in subset], p)
+        assert reference.rel_err(got.item(), theirs.item()) <= 1e-6
+        total, per_item = fastnorm.tensor_norms(subset, p)
+        assert torch.equal(total, got)
+        for t, value in zip(subset, per_item.tolist()):
+            expected = torch.linalg.vector_norm(t.double(), float(p)).item()
+            assert reference.rel_err(value, expected) <= 1e-6
+
+
+def test_norm_type_zero_counts_tensors_not_elements(backend):
+    # torch takes the 0-"norm" of the per-tensor counts: 2 tensors hold a non-zero.
+    tensors = [torch.tensor([1.0, 2.0, 0.0]), torch.tensor([0.0, 5.0]), torch.zeros(3)]
+    assert fastnorm.total_norm(tensors, 0).item() == 2.0 == torch.nn.utils.get_total_norm(tensors, 0).item()
+    assert fastnorm.tensor_norms(tensors, 0)[1].tolist() == [2.0, 1.0, 0.0]  # each tensor's own count
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("p", [0.0, -2.0, float("-inf")])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_norm_types_only_torch_computes_propagate_like_torch(backend, p, bad):
+    tensors = grads([(100,), (7,)], torch.float64, 15)
+    tensors[1][2] = bad
+    got = fastnorm.total_norm(tensors, p).item()
+    theirs = torch.nn.utils.get_total_norm(tensors, p).item()
+    assert got == theirs or (math.isnan(got) and math.isnan(theirs))
+
+
+def test_tiny_and_huge_values_at_negative_p_stay_finite(backend):
+    # |x|^-2 underflows to 0 for 2e200 (torch's norm becomes inf): scaled by the smallest |x| it does not.
+    tensors = [torch.full((10,), 2e200, dtype=torch.float64), torch.full((3,), 1e-300, dtype=torch.float64)]
+    for p in (-2.0, -0.5):
+        got = fastnorm.total_norm(tensors[:1], p).item()
+        assert reference.rel_err(got, reference.total_norm(tensors[:1], p)) <= 1e-12
+        got = fastnorm.total_norm(tensors, p).item()
+        assert reference.rel_err(got, reference.total_norm(tensors, p)) <= 1e-12
+
+
+# ----------------------------------------------------------------------------
+# Lazily-resolved and unusual tensors
+# ----------------------------------------------------------------------------
+
+
+def test_conjugated_and_negative_views_are_read_through_their_memory(backend):
+    z = torch.randn(60, dtype=torch.complex64, generator=torch.Generator().manual_seed(16))
+    conj = z.conj()
+    assert conj.is_conj()
+    expected = torch.linalg.vector_norm(z).item()
+    assert fastnorm.total_norm([conj]).item() == pytest.approx(expected, rel=1e-6)
+    neg = z.conj().imag  # a real view with the negative bit
+    assert neg.is_neg()
+    for p in (2.0, 1.0, float("inf"), 3.0):
+        assert reference.rel_err(fastnorm.total_norm([neg], p).item(), reference.norm([neg], p)) <= 5e-6
+
+
+def test_expanded_gradients_are_read_element_by_element(backend):
+    expanded = torch.randn(1, 8).expand(5, 8)  # stride 0: 40 elements over 8 values
+    for p in (2.0, 1.0, float("inf"), 3.0, 0.0, -1.0):
+        got = fastnorm.total_norm([expanded], p).item()
+        assert reference.rel_err(got, torch.nn.utils.get_total_norm([expanded.double()], p).item()) <= 1e-6
+
+
+def test_meta_gradients_get_a_message_naming_the_devices(backend):
+    for tensors in (
+        [torch.ones(3, device="meta"), torch.ones(3)],
+        [torch.ones(3), torch.ones(3, device="meta")],
+    ):
+        with pytest.raises(ValueError, match=r"items \[\d\] are on the meta device.*cpu, meta"):
+            fastnorm.total_norm(tensors)
+
+
+# ----------------------------------------------------------------------------
+# One answer per input: backend x layout x dtype x p x magnitude
+# ----------------------------------------------------------------------------
+
+LAYOUTS = ["contiguous", "strided", "channels_last", "expanded"]
+MATRIX_NORM_TYPES = [2.0, 1.0, float("inf"), 3.0, 0.5, 100.0, 0.0, -2.0, float("-inf")]
+MAGNITUDES = {  # the magnitudes each dtype can hold
+    torch.float16: [1.0],
+    torch.bfloat16: [1e-30, 1.0, 1e20],
+    torch.float32: [1e-30, 1.0, 1e20],
+    torch.float64: [1e-310, 1e-30, 1.0, 1e20, 1e200],
+}
+MATRIX = [(dtype, magnitude) for dtype, magnitudes in MAGNITUDES.items() for magnitude in magnitudes]
+
+
+def laid_out(shape, layout, dtype, magnitude, g):
+    """A tensor of ``shape`` in ``layout`` whose |x| lie in [magnitude / 2, 3 * magnitude / 2]."""
+
+    def values(size):
+        signs = torch.randint(0, 2, size, generator=g).double() * 2 - 1
+        return ((torch.rand(size, generator=g, dtype=torch.float64) + 0.5) * signs * magnitude).to(dtype)
+
+    n, c, h, w = shape
+    if layout == "contiguous":
+        return values(shape)
+    if layout == "strided":
+        return values((n, c, h, 2 * w))[..., ::2]
+    if layout == "channels_last":
+        return values(shape).to(memory_format=torch.channels_last)
+    return values((n, 1, h, w)).expand(shape)
+
+
+def matrix_tolerance(dtype, p):
+    if dtype != torch.float64:
+        return 5e-6  # a float32 result
+    return 1e-12 if p in (2.0, 1.0, float("inf"), 0.0, float("-inf")) else 1e-9
+
+
+@pytest.mark.parametrize("p", MATRIX_NORM_TYPES, ids=lambda p: f"p{p}")
+@pytest.mark.parametrize("dtype, magnitude", MATRIX, ids=[f"{str(d).split('.')[1]}-{m:g}" for d, m in MATRIX])
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_one_answer_per_input(backend, layout, dtype, magnitude, p):
+    g = torch.Generator().manual_seed(hash((layout, str(dtype), magnitude, p)) % 2**31)
+    tensors = [laid_out(shape, layout, dtype, magnitude, g) for shape in ((2, 3, 4, 5), (3, 2, 2, 3))]
+    assert all(bool((t != 0).all()) and bool(t.isfinite().all()) for t in tensors)  # the dtype holds them
+    total, per_item = fastnorm.tensor_norms(tensors, p)
+    tolerance = matrix_tolerance(dtype, p)
+    expected = reference.total_norm(tensors, p)
+    assert math.isfinite(total.item()) and reference.rel_err(total.item(), expected) <= tolerance, (
+        total.item(),
+        expected,
+    )
+    for t, value in zip(tensors, per_item.tolist()):
+        own = float(t.count_nonzero()) if p == 0 else reference.total_norm([t], p)  # one tensor's count
+        assert reference.rel_err(value, own) <= tolerance
+    assert torch.equal(fastnorm.total_norm(tensors, p), total)

@@ -152,3 +152,27 @@ def test_clipping_through_a_cached_plan_scales_the_current_gradients(snapshot):
     assert got.item() == pytest.approx(norm, rel=1e-6)
     for p, b in zip(params, before):
         torch.testing.assert_close(p.grad, b * (1.0 / (norm + 1e-6)), rtol=1e-5, atol=0)
+
+
+def test_gradients_read_by_the_caller_are_the_ones_checked(snapshot):
+    params = _params()
+    fastnorm.total_norm(params)
+    key = ("cpp" if cpp._C is not None else "torch", id(None), 4, id(params[0]), id(params[-1]))
+    grads = [p.grad for p in params]
+    assert _plan._CACHE.lookup(key, params, grads) is not None
+    moved = list(grads)
+    moved[2] = torch.randn(64)  # what the caller read differs from the plan
+    assert _plan._CACHE.lookup(key, params, moved) is None
+    missing = list(grads)
+    missing[1] = None
+    assert _plan._CACHE.lookup(key, params, missing) is None
+
+
+def test_plain_tensors_that_get_a_grad_rebuild(snapshot, builds):
+    grads = [torch.randn(64) for _ in range(3)]
+    _check(grads)
+    grads[1].grad = torch.randn(64)  # now a parameter: its .grad counts, not itself
+    assert fastnorm.total_norm(grads).item() == pytest.approx(
+        reference.norm([grads[0], grads[1].grad, grads[2]], 2.0), rel=1e-6
+    )
+    assert builds[0] == 2

@@ -26,9 +26,9 @@ def test_plain_loop_example_runs_and_diagnoses_as_shown(tmp_path, monkeypatch, c
     code = blocks(text, "python")[0]
     monkeypatch.chdir(tmp_path)
     namespace = {}
-    with pytest.warns(UserWarning, match="exploding"):
+    with pytest.warns(UserWarning, match="diverged"):
         exec(compile(code, "README.md", "exec"), namespace)
-    assert namespace["monitor"].diagnosis.verdict == "exploding"
+    assert namespace["monitor"].diagnosis.verdict == "diverged"
     assert len((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) == 1000
     capsys.readouterr()
 
@@ -37,10 +37,11 @@ def test_plain_loop_example_runs_and_diagnoses_as_shown(tmp_path, monkeypatch, c
     assert main(command) == 1
     printed = capsys.readouterr().out.splitlines()
     assert printed[:2] == shown[1:3]
-    kinds = [line.split()[0] for line in printed if line.startswith("  ") and not line.startswith("  -")]
-    assert kinds == [
-        line.split()[0] for line in shown[3:] if line.startswith("  ") and not line.startswith("  -")
-    ]
+
+    def events(lines):  # the event lines, then their actions, as printed
+        return [line.split(":")[0] for line in lines if line.startswith("  ")]
+
+    assert events(printed) == events(shown[3:])
     assert (tmp_path / "grad_norm.png").stat().st_size > 0
     assert "![" in text and (README.parent / "docs" / "grad_norm.png").stat().st_size < 200_000
 

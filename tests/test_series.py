@@ -7,6 +7,7 @@ import os
 import pytest
 
 from fastnorm import GradNormMonitor, JsonlLogger, read_series
+from fastnorm.monitoring.series import Track
 
 
 def write_jsonl(path, records):
@@ -135,7 +136,8 @@ def test_tensorboard_event_files(tmp_path):
     writer = SummaryWriter(str(run))
     for step in range(5):
         writer.add_scalar("train/grad_norm", 0.5 * (step + 1), step)
-        writer.add_scalar("train/loss", 1.0, step)
+        writer.add_scalar("train/loss", 1.0 - 0.1 * step, step)
+        writer.add_scalar("gradient_norm_layer/head", 0.25, step)
     writer.close()
     event_file = next(run.glob("events.out.tfevents.*"))
     for where in (tmp_path, event_file):
@@ -144,6 +146,10 @@ def test_tensorboard_event_files(tmp_path):
         assert series.values == (0.5, 1.0, 1.5, 2.0, 2.5)
         assert series.key == "train/grad_norm"
         assert series.source == str(run)
+        assert series.loss.key == "train/loss" and series.loss.values == pytest.approx(
+            [1.0, 0.9, 0.8, 0.7, 0.6]
+        )
+        assert series.layers == {s: {"head": 0.25} for s in range(5)}
 
 
 def test_folder_means_its_newest_metrics_file(tmp_path):
@@ -154,6 +160,96 @@ def test_folder_means_its_newest_metrics_file(tmp_path):
     os.utime(old, (1e9, 1e9))
     (tmp_path / "notes.txt").write_text("not a metrics file")
     assert read_series(tmp_path).values == (2.0,)
+
+
+def test_folder_passes_over_newer_files_without_a_norm(tmp_path):
+    metrics = tmp_path / "metrics.jsonl"
+    write_jsonl(metrics, [{"step": 0, "gradient_norm": 1.0}])
+    os.utime(metrics, (1e9, 1e9))
+    write_jsonl(tmp_path / "eval.jsonl", [{"step": 0, "eval_loss": 2.0}])
+    (tmp_path / "hparams.csv").write_text("lr,batch\n0.1,32\n")
+    series = read_series(tmp_path)
+    assert series.source == str(metrics) and series.values == (1.0,)
+    metrics.unlink()
+    with pytest.raises(ValueError, match="no file in .* holds a gradient norm") as raised:
+        read_series(tmp_path)
+    assert "eval.jsonl: none of gradient_norm" in str(raised.value)
+    assert "hparams.csv: none of gradient_norm" in str(raised.value)
+
+
+def test_the_loss_learning_rate_scale_and_layers(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    write_jsonl(
+        path,
+        [
+            {"step": 0, "gradient_norm": 1.0, "train_loss": 2.5, "lr-AdamW": 1e-3, "loss_scale": 65536.0},
+            {"step": 1, "gradient_norm": 1.5, "train_loss": 2.4, "gradient_norm_layer/enc": 0.5},
+            {"step": 1, "gradient_norm_layer/dec": 1.4},
+            {"step": 2, "gradient_norm": 2.0, "lr-AdamW": 2e-3},
+        ],
+    )
+    series = read_series(path)
+    assert series.loss == Track("train_loss", (0, 1), (2.5, 2.4))
+    assert series.lr == Track("lr-AdamW", (0, 2), (1e-3, 2e-3))
+    assert series.scale == Track("loss_scale", (0,), (65536.0,))
+    assert series.layers == {1: {"enc": 0.5, "dec": 1.4}}
+    assert series.loss.pair() == ((0, 1), (2.5, 2.4))
+
+
+@pytest.mark.parametrize(
+    "loss_key",
+    ["gradient_norm_loss", "loss", "train_loss", "train/loss", "train_loss_step", "training_loss"],
+)
+def test_loss_keys_of_plain_loops_lightning_and_hugging_face(tmp_path, loss_key):
+    path = tmp_path / "metrics.csv"
+    path.write_text(f"step,grad_norm,{loss_key},epoch\n0,1.0,3.0,0\n1,1.1,2.9,0\n")
+    assert read_series(path).loss == Track(loss_key, (0, 1), (3.0, 2.9))
+
+
+def test_lightning_grad_norm_layers(tmp_path):
+    path = tmp_path / "metrics.csv"
+    path.write_text(
+        "step,grad_2.0_norm_total,grad_2.0_norm/net.0.weight,grad_2.0_norm/net.2.bias\n0,1.0,0.8,0.6\n"
+    )
+    series = read_series(path)
+    assert series.key == "grad_2.0_norm_total"
+    assert series.layers == {0: {"net.0.weight": 0.8, "net.2.bias": 0.6}}
+
+
+def test_a_run_that_starts_over_is_read_alone(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    first = [{"step": s, "gradient_norm": math.nan, "gradient_norm_loss": 9.0} for s in range(5)]
+    second = [{"step": s, "gradient_norm": 1.0, "gradient_norm_loss": 2.0} for s in range(3)]
+    write_jsonl(path, first + second)
+    series = read_series(path)
+    assert series.runs == 2
+    assert series.steps == (0, 1, 2) and series.values == (1.0, 1.0, 1.0)
+    assert series.loss.values == (2.0, 2.0, 2.0)
+    resumed = first + [{"step": s, "gradient_norm": 1.0} for s in range(3, 7)]  # resumed from step 3
+    write_jsonl(path, resumed)
+    series = read_series(path)
+    assert series.runs == 1 and series.steps == tuple(range(7)) and series.values[3:] == (1.0,) * 4
+
+
+def test_values_that_are_not_numbers_are_kept_for_the_diagnosis(tmp_path):
+    path = tmp_path / "metrics.csv"
+    path.write_text("step,gradient_norm\n0,1.0\n1,n/a\n2,-1\n3,inf\n")
+    assert read_series(path).values == (1.0, "n/a", -1.0, math.inf)
+    write_jsonl(path.with_suffix(".jsonl"), [{"step": 0, "grad_norm": True}, {"step": 1, "grad_norm": [1]}])
+    assert read_series(path.with_suffix(".jsonl")).values == (True, [1])
+
+
+def test_hugging_face_summary_record_is_not_a_step(tmp_path):
+    path = tmp_path / "trainer_state.json"
+    history = [
+        {"grad_norm": 1.0, "learning_rate": 5e-05, "loss": 2.1, "step": 10},
+        {"grad_norm": 0.9, "learning_rate": 3e-05, "loss": 1.7, "step": 20},
+        {"step": 20, "train_loss": 9.9, "train_runtime": 9.0},
+    ]
+    path.write_text(json.dumps({"log_history": history}))
+    series = read_series(path)
+    assert series.loss == Track("loss", (10, 20), (2.1, 1.7))
+    assert series.lr == Track("learning_rate", (10, 20), (5e-05, 3e-05))
 
 
 def test_nothing_to_read(tmp_path):

@@ -31,12 +31,21 @@ CHOICES = ("auto", "triton", "cpp", "torch")
 
 
 class Mode(enum.IntEnum):
-    """Which reduction a norm type needs; the values are shared with csrc/fastnorm.h."""
+    """Which reduction a norm type needs.
+
+    L2, L1, LINF and LP (any other p > 0) are fused: their values are shared
+    with csrc/fastnorm.h and the Triton kernels. ZERO (p = 0), NEG (p < 0) and
+    NINF (p = -inf) are served by the torch backend only: the front never hands
+    them to a fused backend.
+    """
 
     L2 = 0
     L1 = 1
     LINF = 2
     LP = 3
+    ZERO = 4
+    NEG = 5
+    NINF = 6
 
     @staticmethod
     def of(p: float) -> Mode:
@@ -46,7 +55,18 @@ class Mode(enum.IntEnum):
             return Mode.L1
         if p == float("inf"):
             return Mode.LINF
+        if p == 0.0:
+            return Mode.ZERO
+        if p == float("-inf"):
+            return Mode.NINF
+        if p < 0.0:
+            return Mode.NEG
         return Mode.LP
+
+    @property
+    def fused(self) -> bool:
+        """Whether the fused backends compute this reduction."""
+        return self <= Mode.LP
 
 
 class Backend(Protocol):
@@ -73,8 +93,12 @@ class Backend(Protocol):
         """Returns ``(partial, root, per_tensor)`` on the tensors' device, without a host sync.
 
         ``partial`` is a float64 tensor ``[m, s]`` (float32 where the device has no
-        float64): L2/L1 ``s = sum |x|^p``; LINF ``m = max |x|``; LP the norm^p is
-        ``m^p * s``. NaN anywhere makes the partial NaN. ``root`` is the norm of
+        float64), in the forms ``fastnorm._partial`` defines: L1 ``s = sum |x|``;
+        LINF ``m = max |x|``; LP the norm^p is ``m^p * s``; L2 the norm^2 is
+        ``scale^2 * s`` with ``scale = m`` when ``m > 0``, else 1 (``m = 0``, a plain
+        sum of squares, wherever that sum is exact enough; a power of two near the
+        largest |x| where float64 squares would overflow or underflow). NaN
+        anywhere makes the partial NaN. ``root`` is the norm of
         these tensors alone, a 0-dim tensor of ``result_dtype``. With
         ``per_tensor``, ``per_tensor`` holds each tensor's own partial (shape
         ``(n, 2)``, in the order given to ``prepare``), from the same pass; else None.

@@ -6,8 +6,10 @@ never imports this module.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
+
+from torch import Tensor
 
 try:
     from lightning.pytorch.callbacks import Callback
@@ -16,9 +18,16 @@ except ImportError as exc:
         "fastnorm.integrations.lightning needs Lightning: pip install 'fastnorm[lightning]'"
     ) from exc
 
-from fastnorm.diagnosis import Diagnoser
-from fastnorm.loggers import Logger
-from fastnorm.monitor import GradNormMonitor, LayerNorms
+from fastnorm.monitoring.diagnosis import Diagnoser
+from fastnorm.monitoring.loggers import Logger
+from fastnorm.monitoring.monitor import (
+    GradNormMonitor,
+    LayerNorms,
+    check_diagnose,
+    check_loggers,
+    check_max_norm,
+    check_positive_int,
+)
 from fastnorm.norm import clip_, total_norm
 
 
@@ -44,10 +53,12 @@ class GradNormCallback(Callback):
     ``on_before_optimizer_step`` (after the backward pass and, with mixed
     precision, after unscaling) it computes the norm of the optimizer's
     gradients in one fused pass, clips them when ``max_norm`` is given, and
-    records the norm in a :class:`~fastnorm.GradNormMonitor` whose windows go to
-    the trainer's loggers (every step, at its ``global_step``) plus any others
-    given. The diagnosis runs at each window and warns when the run turns
-    unstable; nothing recorded is lost when training ends or raises.
+    records the norm, with the batch's loss (``training_step``'s output, taken
+    at the batch's end), in a :class:`~fastnorm.GradNormMonitor` whose windows
+    go to the trainer's loggers (every step, at its ``global_step``) plus any
+    others given. The diagnosis runs at each window and warns when the run
+    turns unstable; nothing recorded is lost when training ends or raises, and
+    a logger that fails never stops training (see the monitor).
 
     Args:
         max_norm (float, optional): clip the gradients' total norm to this;
@@ -81,15 +92,26 @@ class GradNormCallback(Callback):
         diagnose: bool | Diagnoser = True,
         loggers: Sequence[Logger] = (),
     ) -> None:
-        self.max_norm = max_norm
+        owner = "GradNormCallback"
+        self.max_norm = check_max_norm(max_norm, owner)
         self.norm_type = norm_type
-        self.log_every_n_steps = log_every_n_steps
+        self.log_every_n_steps = (
+            None
+            if log_every_n_steps is None
+            else check_positive_int(log_every_n_steps, "log_every_n_steps", owner)
+        )
+        if not isinstance(per_layer, bool):
+            raise TypeError(f"{owner}: per_layer must be True or False, got {per_layer!r}")
         self.per_layer = per_layer
-        self.layer_depth = layer_depth
+        self.layer_depth = (
+            None if layer_depth is None else check_positive_int(layer_depth, "layer_depth", owner)
+        )
+        check_diagnose(diagnose, owner)
         self.diagnose = diagnose
-        self.loggers = list(loggers)
+        self.loggers = check_loggers(loggers, owner)
         self.monitor: GradNormMonitor | None = None
         self._layers: LayerNorms | None = None
+        self._pending: tuple | None = None  # (norm, step, layers) waiting for the batch's loss
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         if stage != "fit":
@@ -108,6 +130,7 @@ class GradNormCallback(Callback):
         )
 
     def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
+        self._record()  # a step whose batch end never came (several optimizers, manual optimization)
         monitor = self.monitor
         if self._layers is not None:
             params = self._layers.parameters
@@ -120,10 +143,23 @@ class GradNormCallback(Callback):
             norm = total_norm(params, self.norm_type)
         if self.max_norm is not None:
             clip_(params, self.max_norm, self.norm_type, total_norm=norm)
-        monitor.update(norm, step=trainer.global_step, layers=layers)
+        self._pending = (norm, trainer.global_step, layers)
+
+    def on_train_batch_end(
+        self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
+        self._record(loss if isinstance(loss, Tensor) and loss.numel() == 1 else None)
+
+    def _record(self, loss: Tensor | None = None) -> None:
+        if self._pending is not None:
+            norm, step, layers = self._pending
+            self._pending = None
+            self.monitor.update(norm, step=step, layers=layers, loss=loss)
 
     def _close(self) -> None:
         if self.monitor is not None:
+            self._record()
             self.monitor.close()
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:

@@ -1,7 +1,8 @@
 """Where :class:`~fastnorm.GradNormMonitor` sends its numbers.
 
 Every logger receives a :class:`Window` at each cadence: plain floats already on
-the host, every step's norm under the key ``gradient_norm`` at its own step,
+the host, every step's norm under the key ``gradient_norm`` at its own step
+(and the loss given to ``update``, as ``gradient_norm_loss``),
 and at the window's last step its statistics (``gradient_norm_min``, ``_max``,
 ``_mean``, ``_nonfinite_steps``, with ``max_norm`` known also
 ``_clipped_fraction`` and ``_max_norm``), plus per-layer norms
@@ -10,7 +11,8 @@ of another followed by ``/``: MLflow's file store keeps each metric in a file
 named after its key, so ``gradient_norm`` and ``gradient_norm/min`` would clash.
 
 A logger is a :class:`Logger` with ``log_metrics(metrics, step)``; the other
-methods have defaults. Loggers of optional packages import them only when
+methods have defaults. A logger may raise: the monitor reports it once and
+carries on with the others. Loggers of optional packages import them only when
 built, and say which extra to install when they are missing.
 """
 
@@ -26,9 +28,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from fastnorm.diagnosis import Diagnosis
-
-KEY = "gradient_norm"
+from fastnorm.monitoring.diagnosis import Diagnosis
+from fastnorm.monitoring.series import KEY, LAYER_PREFIX, LOSS_KEY
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,8 @@ class Window:
         layers (dict): per-layer norms by name, empty when none was recorded.
         layers_step (int, optional): the step the per-layer norms belong to.
         diagnosis (Diagnosis, optional): the diagnosis of the run so far.
+        losses (tuple of float or None): the loss of each step, None where
+            none was given; empty when no step of the window had one.
     """
 
     steps: tuple[int, ...]
@@ -53,6 +56,7 @@ class Window:
     layers: dict[str, float] = field(default_factory=dict)
     layers_step: int | None = None
     diagnosis: Diagnosis | None = None
+    losses: tuple[float | None, ...] = ()
 
     def metrics(self) -> Iterator[tuple[int, dict[str, float]]]:
         """``(step, metrics)`` in step order: each step's norm, the statistics
@@ -60,8 +64,10 @@ class Window:
         last = len(self.steps) - 1
         for i, (step, value) in enumerate(zip(self.steps, self.values)):
             metrics = {KEY: value}
+            if self.losses and self.losses[i] is not None:
+                metrics[LOSS_KEY] = self.losses[i]
             if step == self.layers_step:
-                metrics.update({f"{KEY}_layer/{name}": v for name, v in self.layers.items()})
+                metrics.update({f"{LAYER_PREFIX}{name}": v for name, v in self.layers.items()})
             if i == last:
                 metrics.update({f"{KEY}_{name}": v for name, v in self.stats.items()})
             yield step, metrics
@@ -96,6 +102,9 @@ def _require(module: str, logger: str, extra: str) -> Any:
 class Logger:
     """The interface of every logger: receives windows, flushes, closes."""
 
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
     def log_window(self, window: Window) -> None:
         """Logs every metric of ``window`` at its step, then flushes."""
         for step, metrics in window.metrics():
@@ -122,21 +131,30 @@ class JsonlLogger(Logger):
     as ``NaN`` and ``Infinity``, as Python's ``json`` module reads them.
     ``fastnorm diagnose`` reads these files.
 
+    A new run never inherits an old one's values: the file is truncated by
+    default. Append only to resume a run: the reader keeps the last value of a
+    step logged twice, and a step sequence that starts over from the file's
+    first step is read as a new run, which replaces the earlier one.
+
     Args:
         path (str or PathLike): the file; its folder is created.
-        mode (str): ``"a"`` (default) appends, so a resumed run continues
-            its file (the reader keeps the last value of a repeated step);
-            ``"w"`` starts afresh.
+        mode (str): ``"w"`` (default) starts the file afresh; ``"a"``
+            appends, to continue a resumed run.
     """
 
-    def __init__(self, path: str | os.PathLike, mode: str = "a") -> None:
+    def __init__(self, path: str | os.PathLike, mode: str = "w") -> None:
+        if not isinstance(path, (str, os.PathLike)):
+            raise TypeError(f"JsonlLogger: path must be a str or PathLike, got {path!r}")
         if mode not in ("a", "w"):
-            raise ValueError(f"JsonlLogger: mode must be 'a' or 'w', got {mode!r}")
+            raise ValueError(f"JsonlLogger: mode must be 'w' or 'a', got {mode!r}")
         self.path = os.fspath(path)
         folder = os.path.dirname(self.path)
         if folder:
             os.makedirs(folder, exist_ok=True)
         self._file: TextIO | None = open(self.path, mode, encoding="utf-8")
+
+    def __repr__(self) -> str:
+        return f"JsonlLogger({self.path!r})"
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
         if self._file is None:
@@ -148,9 +166,9 @@ class JsonlLogger(Logger):
             self._file.flush()
 
     def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+        file, self._file = self._file, None
+        if file is not None:
+            file.close()  # closed even when its last flush fails (and then raises)
 
 
 class TensorBoardLogger(Logger):
@@ -176,6 +194,9 @@ class TensorBoardLogger(Logger):
         else:
             self._owned = False
         self.writer = writer
+
+    def __repr__(self) -> str:
+        return f"TensorBoardLogger({getattr(self.writer, 'log_dir', None)!r})"
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
         for name, value in metrics.items():
@@ -215,6 +236,9 @@ class MLflowLogger(Logger):
             run_id = run.info.run_id
         self.run_id = run_id
         self._client = self._mlflow.MlflowClient()
+
+    def __repr__(self) -> str:
+        return f"MLflowLogger({self.run_id!r})"
 
     def log_window(self, window: Window) -> None:
         batch = [m for step, metrics in window.metrics() for m in self._metrics(metrics, step)]

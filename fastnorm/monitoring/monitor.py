@@ -1,0 +1,656 @@
+"""Every step's gradient norm kept on the device, logged at a cadence, diagnosed.
+
+``update`` copies the device scalar that ``total_norm`` or ``clip_`` returned
+(and, when given, the step's loss) into a preallocated device buffer of
+``log_every_n_steps`` slots: a device-side copy, never a read, so the training
+loop does not wait for the device. When the buffer is full, the whole window
+(and the latest per-layer norms, which share the buffer) crosses to the host
+in one transfer; the loggers then receive plain floats and the diagnosis reads
+them.
+
+On CUDA that transfer is asynchronous: the window is copied into pinned host
+memory with ``non_blocking=True`` and an event is recorded, so the cadence
+step does not stall either; the window is logged at the first ``update`` after
+the copy has landed (usually the next step), or at ``close``. Elsewhere the
+transfer is a plain ``tolist()``, which on the CPU costs nothing to wait for.
+
+The monitor never breaks the loop it watches: a logger that raises is reported
+once (a :class:`MonitorWarning` naming it and the error) and the others still
+receive every window; ``close`` closes every logger even when one fails; and a
+monitor dropped without ``close`` still delivers what it holds, when it is
+collected or at interpreter exit.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import numbers
+import sys
+import warnings
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from fastnorm.monitoring.diagnosis import Diagnoser, Diagnosis
+from fastnorm.monitoring.loggers import Logger, Window, window_stats
+from fastnorm.norm import tensor_norms
+
+# The per-step quantities, one row of the device buffer each, all crossing in the
+# window's one transfer. Another per-step quantity (say, whether the optimizer
+# skipped the step) is one more row here, a field of Window and a count in
+# window_stats.
+_NORM, _LOSS = 0, 1
+_ROWS = 2
+
+
+class UnstableGradientWarning(UserWarning):
+    """The gradient-norm diagnosis turned unstable (diverged, exploding, vanishing, nonfinite or stalled)."""
+
+
+class MonitorWarning(UserWarning):
+    """The monitor could not do part of its job (a logger failed, a value was invalid); training goes on."""
+
+
+def _warn(message: str, category: type[Warning]) -> None:
+    """Warns at the first frame outside this module: the caller's ``update``, ``close`` or ``with``."""
+    frame, level = sys._getframe(1), 2  # stacklevel 1 is this function, 2 its caller
+    while frame is not None and frame.f_code.co_filename == __file__:
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, category, stacklevel=level)
+
+
+def _name(logger: Any) -> str:
+    text = repr(logger)
+    return text if len(text) <= 200 else type(logger).__name__
+
+
+# -- argument checks, shared with the integrations ------------------------------
+
+
+def check_positive_int(value: Any, name: str, owner: str) -> int:
+    """``value`` as an int >= 1, or a TypeError/ValueError naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{owner}: {name} must be a positive int, got {value!r} ({type(value).__name__})")
+    if value < 1:
+        raise ValueError(f"{owner}: {name} must be a positive int, got {value!r}")
+    return int(value)
+
+
+def check_max_norm(value: Any, owner: str) -> float | None:
+    """``value`` as a float >= 0 (inf allowed: never clips), None kept, or a clear error."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(
+            f"{owner}: max_norm must be a number >= 0 or None, got {value!r} ({type(value).__name__})"
+        )
+    if not value >= 0:  # also NaN
+        raise ValueError(f"{owner}: max_norm must be >= 0, got {value!r}")
+    return float(value)
+
+
+def check_loggers(value: Any, owner: str) -> list[Any]:
+    """A list of loggers: objects with ``log_window`` and ``close``."""
+    if isinstance(value, (str, bytes)) or hasattr(value, "log_window") or not isinstance(value, Sequence):
+        raise TypeError(
+            f"{owner}: loggers must be a sequence of Logger (e.g. [JsonlLogger(path)]), got {value!r}"
+        )
+    for logger in value:
+        if not (callable(getattr(logger, "log_window", None)) and callable(getattr(logger, "close", None))):
+            raise TypeError(
+                f"{owner}: every logger needs log_window() and close() (subclass fastnorm.Logger), "
+                f"got {logger!r}"
+            )
+    return list(value)
+
+
+def check_diagnose(value: Any, owner: str) -> Diagnoser | None:
+    if isinstance(value, Diagnoser):
+        return value
+    if not isinstance(value, bool):
+        raise TypeError(f"{owner}: diagnose must be a bool or a Diagnoser, got {value!r}")
+    return Diagnoser() if value else None
+
+
+def _check_bool(value: Any, name: str, owner: str) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{owner}: {name} must be True or False, got {value!r}")
+    return value
+
+
+def _check_layer_names(value: Any) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+        raise TypeError(f"GradNormMonitor: layer_names must be a sequence of str, got {value!r}")
+    names = list(value)
+    bad = [n for n in names if not isinstance(n, str)]
+    if bad:
+        raise TypeError(f"GradNormMonitor: layer_names must be strings, got {bad[0]!r}")
+    repeated = sorted(n for n, k in collections.Counter(names).items() if k > 1)
+    if repeated:
+        raise ValueError(f"GradNormMonitor: layer_names must be distinct, repeated: {', '.join(repeated)}")
+    return names
+
+
+def _scalar(value: Any, name: str) -> Tensor | float:
+    """A one-value real tensor or a real number, checked before anything is recorded."""
+    if isinstance(value, Tensor):
+        if value.numel() != 1:
+            raise ValueError(
+                f"GradNormMonitor.update: {name} must hold one value, got shape {tuple(value.shape)}"
+            )
+        if value.dtype == torch.bool or value.is_complex():
+            raise TypeError(f"GradNormMonitor.update: {name} must be real, got a {value.dtype} tensor")
+        return value
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(
+            f"GradNormMonitor.update: {name} must be a Tensor or a number, "
+            f"got {value!r} ({type(value).__name__})"
+        )
+    return float(value)
+
+
+# -- the recorder: everything a monitor holds, so that a finalizer can deliver it --------
+
+
+@dataclass
+class _InFlight:
+    """A window whose asynchronous copy to pinned memory may not have landed yet."""
+
+    event: Any  # torch.cuda.Event
+    host: Tensor
+    steps: list[int]
+    has_loss: list[bool]
+    layers_step: int | None
+
+
+class _Recorder:
+    """The state and work of a :class:`GradNormMonitor`.
+
+    Kept apart from the monitor so that ``weakref.finalize`` can hold it without
+    holding the monitor: a monitor that is collected, or alive at interpreter
+    exit, without ``close`` still has its pending steps delivered.
+    """
+
+    def __init__(
+        self,
+        n: int,
+        loggers: list[Any],
+        max_norm: float | None,
+        layer_names: list[str],
+        diagnoser: Diagnoser | None,
+        warn: bool,
+    ) -> None:
+        self.n = n
+        self.loggers = loggers
+        self.max_norm = max_norm
+        self.layer_names = layer_names
+        self.diagnoser = diagnoser
+        self.warn = warn
+        self.diagnosis: Diagnosis | None = None
+        self.transfers = 0
+        self.logger_failures = [0] * len(loggers)  # windows (and closes) each logger failed
+        self.buffer: Tensor | None = None  # _ROWS * n per-step values, then the layers
+        self.host: Tensor | None = None  # pinned, for the asynchronous copy
+        self.steps: list[int] = [0] * n
+        self.has_loss: list[bool] = [False] * n
+        self.count = 0
+        self.next_step = 0
+        self.layers_step: int | None = None
+        self.in_flight: _InFlight | None = None
+        self.warned: set[str] = set()
+        self.closed = False
+
+    # -- recording -------------------------------------------------------------
+
+    def update(
+        self, norm: Tensor | float, step: int, layers: Tensor | None, loss: Tensor | float | None
+    ) -> None:
+        device = next((v.device for v in (norm, loss) if isinstance(v, Tensor)), None)
+        if self.buffer is None or (device is not None and device != self.buffer.device):
+            self.allocate(device, norm)
+        buffer, slot = self.buffer, self.count
+        for row, value in ((_NORM, norm), (_LOSS, loss)):
+            if isinstance(value, Tensor):
+                buffer[row * self.n + slot].copy_(value.detach().reshape(()))
+            elif value is not None:
+                buffer[row * self.n + slot].fill_(value)
+        if layers is not None:
+            buffer[_ROWS * self.n :].copy_(layers.detach())
+            self.layers_step = step
+        self.steps[slot] = step
+        self.has_loss[slot] = loss is not None
+        self.count += 1
+        self.next_step = step + 1
+        if self.in_flight is not None and self.in_flight.event.query():
+            self.land()
+        if self.count == self.n:
+            self.flush()
+
+    def allocate(self, device: torch.device | None, norm: Tensor | float) -> None:
+        """The buffer, on the values' device: at the first update, or when the device changes."""
+        self.flush()
+        if device is None:
+            device, dtype = torch.device("cpu"), torch.float64
+        else:
+            # float32 slots for float32 norms on an accelerator; float64 where it is free or needed.
+            wide = not isinstance(norm, Tensor) or norm.dtype == torch.float64
+            dtype = torch.float64 if wide or device.type == "cpu" else torch.float32
+        size = _ROWS * self.n + len(self.layer_names)
+        self.buffer = torch.zeros(size, dtype=dtype, device=device)
+        self.host = torch.empty(size, dtype=dtype, pin_memory=True) if device.type == "cuda" else None
+
+    # -- the transfer ------------------------------------------------------------
+
+    def flush(self) -> None:
+        if self.count == 0:
+            return
+        steps, has_loss = self.steps[: self.count], self.has_loss[: self.count]
+        layers_step = self.layers_step
+        self.count = 0
+        self.layers_step = None
+        self.transfers += 1
+        if self.host is None:
+            self.emit(steps, has_loss, self.buffer.tolist(), layers_step)
+            return
+        if self.in_flight is not None:
+            self.land()  # its pinned memory is about to be overwritten
+        self.host.copy_(self.buffer, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record(torch.cuda.current_stream(self.buffer.device))  # the stream the copy went on
+        self.in_flight = _InFlight(event, self.host, steps, has_loss, layers_step)
+
+    def land(self) -> None:
+        """Logs the window in flight, waiting for its copy if it has not landed."""
+        flight, self.in_flight = self.in_flight, None
+        if not flight.event.query():
+            flight.event.synchronize()
+        self.emit(flight.steps, flight.has_loss, flight.host.tolist(), flight.layers_step)
+
+    def emit(
+        self, steps: list[int], has_loss: list[bool], host: list[float], layers_step: int | None
+    ) -> None:
+        k, n = len(steps), self.n
+        values = host[:k]
+        losses = tuple(host[n + i] if given else None for i, given in enumerate(has_loss))
+        if not any(has_loss):
+            losses = ()
+        layers = dict(zip(self.layer_names, host[_ROWS * n :])) if layers_step is not None else {}
+        self.check_values(steps, values)
+        if self.diagnoser is not None:
+            self.diagnose(steps, values, losses, layers, layers_step)
+        window = Window(
+            tuple(steps),
+            tuple(values),
+            window_stats(values, self.max_norm),
+            layers,
+            layers_step,
+            self.diagnosis,
+            losses,
+        )
+        for i, logger in enumerate(self.loggers):
+            try:
+                logger.log_window(window)
+            except Exception as exc:  # a logger never breaks the loop, nor the other loggers
+                self.failed(i, exc, f"log steps {steps[0]}-{steps[-1]}")
+
+    def check_values(self, steps: list[int], values: list[float]) -> None:
+        bad = [(s, v) for s, v in zip(steps, values) if v < 0]
+        if bad and "negative" not in self.warned:
+            self.warned.add("negative")
+            _warn(
+                f"fastnorm: GradNormMonitor.update got a negative norm ({bad[0][1]!r} at step {bad[0][0]}); "
+                "a norm is never negative: is the value given really the gradient norm? Such values are "
+                "logged as given and reported by the diagnosis as invalid.",
+                MonitorWarning,
+            )
+
+    def diagnose(self, steps, values, losses, layers, layers_step) -> None:
+        try:
+            self.diagnoser.update(steps, values)
+            if losses:
+                self.diagnoser.update_loss(
+                    [s for s, v in zip(steps, losses) if v is not None], [v for v in losses if v is not None]
+                )
+            if layers:
+                self.diagnoser.update_layers(layers_step, layers)
+            self.diagnosis = self.diagnoser.result()
+        except Exception as exc:  # a broken (custom) diagnoser must not cost the window
+            self.diagnoser = None
+            _warn(
+                f"fastnorm: the diagnosis failed and is turned off ({type(exc).__name__}: {exc})",
+                MonitorWarning,
+            )
+            return
+        d = self.diagnosis
+        if self.warn and d.unstable and d.verdict not in self.warned:
+            self.warned.add(d.verdict)
+            _warn(f"fastnorm: {d.headline()}.\n{d.report()}", UnstableGradientWarning)
+
+    def failed(self, i: int, exc: Exception, doing: str) -> None:
+        self.logger_failures[i] += 1
+        if self.logger_failures[i] > 1:
+            return  # reported once: the count says how often
+        text = f"fastnorm: logger {_name(self.loggers[i])} failed to {doing} ({type(exc).__name__}: {exc})"
+        if doing == "close":
+            text += "; the other loggers were closed all the same."
+        else:
+            text += (
+                "; the other loggers still receive every window. It is tried again at each window; "
+                "its further failures are counted in GradNormMonitor.logger_failures, not reported again."
+            )
+        _warn(text, MonitorWarning)
+
+    # -- the end -----------------------------------------------------------------
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            self.flush()
+            if self.in_flight is not None:
+                self.land()
+        finally:
+            for i, logger in enumerate(self.loggers):
+                try:
+                    logger.close()
+                except Exception as exc:
+                    self.failed(i, exc, "close")
+
+
+class GradNormMonitor:
+    r"""Records the gradient norm of every step on the device; logs and diagnoses it at a cadence.
+
+    Replaces calling ``.item()`` on the norm each step (a host sync that stalls
+    the device) or sampling one step per logging tick (which misses every spike
+    between ticks): every step is kept, and the device is read once per window.
+
+    It never breaks the training loop: a logger that raises is reported once
+    with a :class:`MonitorWarning` and the other loggers still receive every
+    window (``update`` never raises because of a logger); the loop's own
+    exception leaves a ``with monitor:`` block unchanged; :meth:`close` closes
+    every logger even if one fails, and closing twice is harmless. A monitor
+    dropped without :meth:`close` still delivers its pending steps, when it is
+    garbage-collected or at interpreter exit.
+
+    Args:
+        log_every_n_steps (int): the window, in updates: one transfer to the
+            host and one call of each logger per window. The device buffer
+            holds this many values and never grows. Default: 50.
+        loggers (sequence of Logger): where the windows go (see
+            :mod:`fastnorm.monitoring.loggers`). Closed by :meth:`close`.
+        max_norm (float, optional): the clipping threshold given to
+            ``clip_``; with it each window reports the fraction of its steps
+            that were clipped, and the diagnosis knows the run is clipped.
+        layer_names (sequence of str, optional): the names of the per-layer
+            norms passed to :meth:`update` (e.g. :attr:`LayerNorms.names`).
+        diagnose (bool or Diagnoser): diagnose the series at each window
+            (default), with a :class:`~fastnorm.Diagnoser` of your thresholds,
+            or not at all (False). A Diagnoser without ``max_norm`` is given the monitor's.
+        warn (bool): emit an :class:`UnstableGradientWarning` when the verdict
+            turns unstable (once per verdict). Default: True.
+
+    Raises:
+        TypeError: an argument of the wrong type (``max_norm='1'``, ``GradNormMonitor(True)``).
+        ValueError: an argument out of range (``log_every_n_steps=0``, ``max_norm=-1``).
+
+    Example::
+
+        >>> logger = fastnorm.JsonlLogger("run/metrics.jsonl")
+        >>> monitor = fastnorm.GradNormMonitor(50, loggers=[logger], max_norm=1.0)
+        >>> with monitor:
+        ...     for batch in loader:
+        ...         loss = model(batch).mean()
+        ...         loss.backward()
+        ...         monitor.update(fastnorm.clip_(model.parameters(), 1.0), loss=loss)
+        ...         optimizer.step()
+        ...         optimizer.zero_grad()
+    """
+
+    def __init__(
+        self,
+        log_every_n_steps: int = 50,
+        loggers: Sequence[Logger] = (),
+        *,
+        max_norm: float | None = None,
+        layer_names: Sequence[str] | None = None,
+        diagnose: bool | Diagnoser = True,
+        warn: bool = True,
+    ) -> None:
+        owner = "GradNormMonitor"
+        n = check_positive_int(log_every_n_steps, "log_every_n_steps", owner)
+        loggers = check_loggers(loggers, owner)
+        max_norm = check_max_norm(max_norm, owner)
+        names = _check_layer_names(layer_names)
+        diagnoser = check_diagnose(diagnose, owner)
+        warn = _check_bool(warn, "warn", owner)
+        if diagnoser is not None and diagnoser.max_norm is None:
+            diagnoser.max_norm = max_norm
+        self._rec = _Recorder(n, loggers, max_norm, names, diagnoser, warn)
+        # Delivers what is pending when the monitor is collected, or at exit (one
+        # hook, weakref's, for every live monitor); close() runs it once and detaches it.
+        self._finalizer = weakref.finalize(self, self._rec.close)
+
+    @property
+    def log_every_n_steps(self) -> int:
+        """The window, in updates."""
+        return self._rec.n
+
+    @property
+    def loggers(self) -> list[Logger]:
+        """The loggers the windows go to."""
+        return self._rec.loggers
+
+    @property
+    def max_norm(self) -> float | None:
+        """The clipping threshold, when known."""
+        return self._rec.max_norm
+
+    @property
+    def layer_names(self) -> list[str]:
+        """The names of the per-layer norms."""
+        return self._rec.layer_names
+
+    @property
+    def diagnosis(self) -> Diagnosis | None:
+        """The diagnosis of everything logged so far (None before the first window, or when off)."""
+        return self._rec.diagnosis
+
+    @property
+    def transfers(self) -> int:
+        """Device-to-host transfers so far: one per window."""
+        return self._rec.transfers
+
+    @property
+    def logger_failures(self) -> dict[str, int]:
+        """How many times each logger that failed did so (windows and close), by its repr."""
+        rec = self._rec
+        return {_name(lg): k for lg, k in zip(rec.loggers, rec.logger_failures) if k}
+
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`close` ran (or the monitor was finalized)."""
+        return self._rec.closed
+
+    # -- recording -----------------------------------------------------------
+
+    @property
+    def due(self) -> bool:
+        """True when the next :meth:`update` completes a window: the step at
+        which per-layer norms, if computed only then, are logged."""
+        return self._rec.count == self._rec.n - 1
+
+    def update(
+        self,
+        norm: Tensor | float,
+        step: int | None = None,
+        *,
+        layers: Tensor | None = None,
+        loss: Tensor | float | None = None,
+    ) -> None:
+        """Records one step's norm (and loss); never reads a device value.
+
+        Arguments are checked before anything is recorded; a logger's failure
+        never makes this raise (see the class description).
+
+        Args:
+            norm (Tensor or float): the total norm, e.g. what :func:`~fastnorm.total_norm`
+                or :func:`~fastnorm.clip_` returned (a one-element tensor).
+            step (int, optional): the step to log it at. Default: one past the
+                previous step (0 first).
+            layers (Tensor, optional): per-layer norms, one per ``layer_names``,
+                e.g. from :class:`LayerNorms`. The latest given in a window is
+                logged with it, at the step it was given.
+            loss (Tensor or float, optional): the step's training loss, e.g. the
+                tensor ``backward`` was called on: logged as ``gradient_norm_loss``
+                and read by the diagnosis (divergence, stalls, loss-scaler skips).
+
+        Raises:
+            RuntimeError: after :meth:`close`.
+            TypeError, ValueError: an argument that is not a number, or not of one value.
+        """
+        rec = self._rec
+        if rec.closed:
+            raise RuntimeError("GradNormMonitor: update() after close()")
+        norm = _scalar(norm, "norm")
+        if loss is not None:
+            loss = _scalar(loss, "loss")
+        if step is None:
+            step = rec.next_step
+        elif isinstance(step, bool) or not isinstance(step, numbers.Integral):
+            raise TypeError(f"GradNormMonitor.update: step must be an int, got {step!r}")
+        if layers is not None and (not isinstance(layers, Tensor) or layers.shape != (len(rec.layer_names),)):
+            shape = tuple(layers.shape) if isinstance(layers, Tensor) else type(layers).__name__
+            raise ValueError(
+                f"GradNormMonitor.update: layers must be a tensor of shape ({len(rec.layer_names)},) "
+                f"to match layer_names, got {shape}"
+            )
+        rec.update(norm, int(step), layers, loss)
+
+    # -- the transfer ----------------------------------------------------------
+
+    def flush(self) -> None:
+        """Moves what the current window holds to the host (one transfer) and logs it.
+
+        Called at each cadence; call it yourself to log a partial window. On
+        CUDA the transfer is asynchronous and the window is logged once it has
+        landed: at the next :meth:`update` that finds it there, or at :meth:`close`.
+        """
+        self._rec.flush()
+
+    # -- the end ---------------------------------------------------------------
+
+    def close(self) -> None:
+        """Logs what remains (a partial window, a window in flight) and closes every logger.
+
+        Called on leaving a ``with`` block, also when it raises; for a monitor
+        never closed, when it is collected or at interpreter exit. Closing twice
+        is harmless.
+        """
+        self._finalizer()
+
+    def __enter__(self) -> GradNormMonitor:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is None:
+            self.close()
+            return
+        try:
+            self.close()
+        except Exception as error:  # the loop's own exception is the one that matters
+            _warn(
+                f"fastnorm: closing the monitor failed ({type(error).__name__}: {error}) while the training "
+                f"loop raised {exc_type.__name__}; that exception follows unchanged",
+                MonitorWarning,
+            )
+
+
+class LayerNorms:
+    r"""Per-layer gradient norms and the total norm, from one fused pass.
+
+    Groups the parameters of a module by the module that owns them (or by the
+    first ``depth`` parts of their names), computes every parameter's norm and
+    the total with :func:`fastnorm.tensor_norms`, and combines each group's
+    norms on the device (p=2: root of the sum of squares; inf: max; p:
+    ``(sum n^p)^(1/p)``), so nothing is read on the host.
+
+    Args:
+        named_parameters (nn.Module or iterable of (str, Tensor)): the
+            parameters, e.g. ``model`` or ``model.named_parameters()``.
+        depth (int, optional): group by the first ``depth`` dot-separated parts
+            of each name (``depth=1``: ``encoder``, ``decoder``). Default: by
+            owning module (the name without its last part).
+        norm_type (float or str): the p of the p-norm. Default: 2.0.
+
+    Example::
+
+        >>> layers = fastnorm.LayerNorms(model)
+        >>> monitor = fastnorm.GradNormMonitor(50, loggers, layer_names=layers.names)
+        >>> total, per_layer = layers()  # after backward
+        >>> fastnorm.clip_(layers.parameters, 1.0, total_norm=total)
+        >>> monitor.update(total, layers=per_layer)
+    """
+
+    def __init__(self, named_parameters: Any, depth: int | None = None, norm_type: float | str = 2.0) -> None:
+        if isinstance(named_parameters, torch.nn.Module):
+            named_parameters = named_parameters.named_parameters()
+        if depth is not None:
+            depth = check_positive_int(depth, "depth", "LayerNorms")
+        self.norm_type = float(norm_type)
+        self.parameters: list[Tensor] = []
+        self.names: list[str] = []
+        group_of: dict[str, int] = {}
+        index: list[int] = []
+        for name, param in named_parameters:
+            parts = name.split(".")
+            group = ".".join(parts[:depth] if depth is not None else parts[:-1]) or name
+            index.append(group_of.setdefault(group, len(group_of)))
+            self.parameters.append(param)
+        self.names = list(group_of)
+        if not self.parameters:
+            raise ValueError("LayerNorms: no parameters given")
+        self._index = torch.tensor(index)
+
+    def __call__(self) -> tuple[Tensor, Tensor]:
+        """The total norm and the per-layer norms, both on the device, without a sync.
+
+        Returns:
+            (Tensor, Tensor): the total norm (as :func:`fastnorm.total_norm`)
+            and a 1-D tensor with one norm per name in :attr:`names`.
+        """
+        total, per_item = tensor_norms(self.parameters, self.norm_type)
+        if self._index.device != per_item.device:
+            self._index = self._index.to(per_item.device)  # once: it stays there
+        return total, combine(per_item, self._index, len(self.names), self.norm_type)
+
+
+def combine(norms: Tensor, index: Tensor, groups: int, norm_type: float) -> Tensor:
+    """Combines p-norms of parts into the p-norm of each group of parts, on the device.
+
+    Args:
+        norms (Tensor): 1-D, the norm of each part.
+        index (Tensor): 1-D, the group of each part, on the device of ``norms``.
+        groups (int): the number of groups.
+        norm_type (float): the p of the norms.
+
+    Returns:
+        Tensor: 1-D, one norm per group, in the dtype of ``norms``.
+    """
+    # float64, so that squares (or p-th powers) of large norms do not overflow.
+    n = norms.to(torch.float64)
+    out = torch.zeros(groups, dtype=torch.float64, device=norms.device)
+    if math.isinf(norm_type):
+        out.scatter_reduce_(0, index, n, "amax")
+    elif norm_type == 1.0:
+        out.index_add_(0, index, n)
+    else:
+        out = out.index_add_(0, index, n.pow(norm_type)).pow(1.0 / norm_type)
+    return out.to(norms.dtype)

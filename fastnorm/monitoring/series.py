@@ -1,0 +1,322 @@
+"""The metric names the monitor logs, and reading a run's series back from the files trainers write.
+
+* JSON lines (``metrics.jsonl``): fastnorm's :class:`~fastnorm.JsonlLogger`,
+  and any trainer writing one object per line with the norm under one of
+  :data:`KEYS` and the step under ``step``, ``global_step``, ``_step`` or
+  ``trainer/global_step`` (the line's position otherwise).
+* CSV with a header row (Lightning's ``CSVLogger`` writes ``metrics.csv``),
+  read like JSON lines; empty cells are missing values.
+* A Hugging Face ``trainer_state.json``: its ``log_history`` (``grad_norm``).
+* TensorBoard event files (``events.out.tfevents.*``) with scalars under one
+  of :data:`KEYS`, as ``SummaryWriter`` (torch, tensorboardX, Lightning,
+  Hugging Face) writes them; needs the ``tensorboard`` package.
+
+Beside the norm, the loss (:data:`LOSS_KEYS`), the learning rate
+(:data:`LR_KEYS`, or Lightning's ``lr-<Optimizer>``), a loss scaler's scale
+(:data:`SCALE_KEYS`) and per-layer norms (``gradient_norm_layer/<name>``, or
+Lightning's ``grad_2.0_norm/<name>``) are read when present.
+
+A folder stands for its newest file that holds a gradient norm (searched
+recursively; newer files without one are passed over); for TensorBoard, for
+all the event files beside that one. Steps are sorted, and a step logged twice
+(a resumed run) keeps its last value. A step sequence that starts over from
+the file's first step is a new run: only the last run is read.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+KEY = "gradient_norm"  # what GradNormMonitor logs each step's norm as
+LOSS_KEY = f"{KEY}_loss"  # the loss given to GradNormMonitor.update
+LAYER_PREFIX = f"{KEY}_layer/"  # per-layer norms: gradient_norm_layer/<name>
+MAX_NORM_KEY = f"{KEY}_max_norm"
+
+KEYS = (KEY, "grad_norm", "train/grad_norm", "train/gradient_norm", "grad_2.0_norm_total")
+LOSS_KEYS = (
+    LOSS_KEY,
+    "loss",
+    "train_loss",
+    "train/loss",
+    "train_loss_step",
+    "train/loss_step",
+    "training_loss",
+    "train/train_loss",
+)
+LR_KEYS = ("lr", "learning_rate", "train/learning_rate", "train/lr")
+SCALE_KEYS = ("loss_scale", "train/loss_scale", "grad_scale", "scaler/scale", "amp_scale", "scale")
+STEP_KEYS = ("step", "global_step", "_step", "trainer/global_step")
+
+_TFEVENTS = "events.out.tfevents"
+_LIGHTNING_LAYER = re.compile(r"^grad_[0-9.]+(?:inf)?_norm/(.+)$")  # lightning.pytorch.utilities.grad_norm
+
+
+class NoGradientNorm(ValueError):
+    """A metrics file that holds no gradient norm."""
+
+
+@dataclass(frozen=True)
+class Track:
+    """Another metric of the run, by step.
+
+    Attributes:
+        key (str): the metric or tag it was read from.
+        steps (tuple of int): sorted, each once.
+        values (tuple): the value at each step (floats; anything that is not a number kept as written).
+    """
+
+    key: str
+    steps: tuple[int, ...]
+    values: tuple[Any, ...]
+
+    def pair(self) -> tuple[tuple[int, ...], tuple[Any, ...]]:
+        """``(steps, values)``, as :func:`~fastnorm.diagnose` takes it."""
+        return self.steps, self.values
+
+
+@dataclass(frozen=True)
+class Series:
+    """A gradient-norm series, the run's other signals, and where they came from.
+
+    Attributes:
+        steps (tuple of int): sorted, each once.
+        values (tuple): the norm at each step (floats; anything that is not a
+            number kept as written, for the diagnosis to report).
+        key (str): the metric or tag it was read from.
+        source (str): the file (or TensorBoard folder) read.
+        max_norm (float, optional): the clipping threshold, when the file records it.
+        loss (Track, optional): the training loss.
+        lr (Track, optional): the learning rate.
+        scale (Track, optional): a loss scaler's scale.
+        layers (dict): step -> {layer name: norm}, where per-layer norms were logged.
+        runs (int): how many runs the file holds (a step sequence that starts
+            over begins a new one); only the last is read.
+    """
+
+    steps: tuple[int, ...]
+    values: tuple[Any, ...]
+    key: str
+    source: str
+    max_norm: float | None = None
+    loss: Track | None = None
+    lr: Track | None = None
+    scale: Track | None = None
+    layers: dict[int, dict[str, Any]] = field(default_factory=dict)
+    runs: int = 1
+
+
+def read_series(path: str | os.PathLike, key: str | None = None) -> Series:
+    """Reads the gradient-norm series (and the loss, learning rate, ...) of a metrics file or run folder.
+
+    Args:
+        path (str or PathLike): a ``.jsonl`` or ``.csv`` file, a
+            ``trainer_state.json``, a TensorBoard event file, or a folder
+            holding any of them (its newest file that holds a gradient norm is read).
+        key (str, optional): the metric or tag to read as the norm. Default:
+            the first of :data:`KEYS` present.
+
+    Returns:
+        Series: the steps and values, sorted by step, with the other signals found.
+
+    Raises:
+        FileNotFoundError: nothing readable at ``path``.
+        ValueError: the file (or every file in the folder) holds no gradient norm (the message says
+            what they hold), or is malformed.
+    """
+    path = Path(path)
+    if path.is_dir():
+        return _search(path, key)
+    if not path.exists():
+        raise FileNotFoundError(f"no such file or folder: {path}")
+    return _read(path, key)
+
+
+def _read(path: Path, key: str | None) -> Series:
+    if _TFEVENTS in path.name:
+        return _read_tensorboard(path.parent, key)
+    if path.suffix == ".json":
+        return _read_trainer_state(path, key)
+    if path.suffix == ".csv":
+        return _read_csv(path, key)
+    return _read_jsonl(path, key)
+
+
+def _search(folder: Path, key: str | None) -> Series:
+    """The newest metrics file in ``folder`` that holds a gradient norm."""
+    found = [
+        p
+        for p in folder.rglob("*")
+        if p.is_file()
+        and (p.suffix in (".jsonl", ".csv") or p.name == "trainer_state.json" or _TFEVENTS in p.name)
+    ]
+    if not found:
+        raise FileNotFoundError(
+            f"no metrics file in {folder} (looked for *.jsonl, *.csv, trainer_state.json and {_TFEVENTS}.*)"
+        )
+    passed: list[str] = []
+    tensorboard_read: set[Path] = set()
+    for path in sorted(found, key=lambda p: p.stat().st_mtime, reverse=True):
+        if _TFEVENTS in path.name:
+            if path.parent in tensorboard_read:
+                continue
+            tensorboard_read.add(path.parent)
+        try:
+            return _read(path, key)
+        except (NoGradientNorm, ImportError) as exc:
+            passed.append(f"  {path}: {exc}")
+    raise NoGradientNorm(f"no file in {folder} holds a gradient norm:\n" + "\n".join(passed))
+
+
+def _choose(key: str | None, present: Iterable[str], source: Path) -> str:
+    present = set(present)
+    if key is not None:
+        if key in present:
+            return key
+    else:
+        for candidate in KEYS:
+            if candidate in present:
+                return candidate
+    missing = f"no {key!r}" if key is not None else "none of " + ", ".join(KEYS)
+    raise NoGradientNorm(f"{source}: {missing}; it holds: {', '.join(sorted(present)) or 'nothing'}")
+
+
+def _first(candidates: Iterable[str], present: dict[str, None], prefix: str | None = None) -> str | None:
+    found = next((k for k in candidates if k in present), None)
+    if found is None and prefix is not None:
+        found = next((k for k in present if k.startswith(prefix)), None)
+    return found
+
+
+def _value(raw: Any) -> Any:
+    """A float where the text is a number (``"nan"`` and ``"inf"`` too); anything else as written."""
+    if isinstance(raw, bool):
+        return raw  # JSON true/false: not a number
+    try:
+        return float(raw)
+    except (TypeError, ValueError):
+        return raw
+
+
+def _step_of(record: dict) -> int | None:
+    raw = next((record[k] for k in STEP_KEYS if record.get(k) is not None), None)
+    try:
+        return None if raw is None else int(float(raw))
+    except (TypeError, ValueError):
+        return None
+
+
+def _last_run(records: list[dict]) -> tuple[list[dict], int]:
+    """The records of the last run, and how many runs there were: a run starts over when the
+    step goes back to (or before) the file's first step after having gone past it."""
+    first, beyond, start, runs = None, False, 0, 1
+    for i, record in enumerate(records):
+        step = _step_of(record)
+        if step is None:
+            continue
+        if first is None:
+            first = step
+        elif step > first:
+            beyond = True
+        elif beyond:
+            first, beyond, start, runs = step, False, i, runs + 1
+    return records[start:], runs
+
+
+def _by_step(pairs: Iterable[tuple[int, Any]]) -> tuple[tuple[int, ...], tuple[Any, ...]]:
+    by_step = dict(pairs)  # a repeated step keeps its last value
+    steps = sorted(by_step)
+    return tuple(steps), tuple(by_step[s] for s in steps)
+
+
+def _from_records(records: list[dict], key: str | None, source: Path) -> Series:
+    key = _choose(key, (k for r in records for k in r), source)
+    records, runs = _last_run(records)
+    present = dict.fromkeys(k for r in records for k in r)  # a set, in the order first seen
+    tracks = {
+        "loss": _first(LOSS_KEYS, present),
+        "lr": _first(LR_KEYS, present, prefix="lr-"),
+        "scale": _first(SCALE_KEYS, present),
+    }
+    layer_keys = {k: k[len(LAYER_PREFIX) :] for k in present if k.startswith(LAYER_PREFIX)}
+    if not layer_keys:
+        layer_keys = {k: m.group(1) for k in present if (m := _LIGHTNING_LAYER.match(k))}
+    norm: list[tuple[int, Any]] = []
+    other: dict[str, list[tuple[int, Any]]] = {name: [] for name in tracks}
+    layers: dict[int, dict[str, Any]] = {}
+    max_norm = None
+    for position, record in enumerate(records):
+        step = _step_of(record)
+        step = position if step is None else step
+        if record.get(MAX_NORM_KEY) is not None:
+            max_norm = float(record[MAX_NORM_KEY])
+        if record.get(key) is not None:
+            norm.append((step, _value(record[key])))
+        for name, track_key in tracks.items():
+            if track_key is not None and record.get(track_key) is not None:
+                other[name].append((step, _value(record[track_key])))
+        for layer_key, name in layer_keys.items():
+            if record.get(layer_key) is not None:
+                layers.setdefault(step, {})[name] = _value(record[layer_key])
+    steps, values = _by_step(norm)
+    found = {name: Track(tracks[name], *_by_step(pairs)) if pairs else None for name, pairs in other.items()}
+    return Series(steps, values, key, str(source), max_norm, layers=layers, runs=runs, **found)
+
+
+def _read_jsonl(path: Path, key: str | None) -> Series:
+    records = []
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{path}:{number}: not JSON ({exc.msg})") from None
+            if isinstance(record, dict):
+                records.append(record)
+    return _from_records(records, key, path)
+
+
+def _read_csv(path: Path, key: str | None) -> Series:
+    with open(path, newline="", encoding="utf-8") as f:
+        records = [{k: v for k, v in row.items() if v not in ("", None)} for row in csv.DictReader(f)]
+    return _from_records(records, key, path)
+
+
+def _read_trainer_state(path: Path, key: str | None) -> Series:
+    with open(path, encoding="utf-8") as f:
+        state = json.load(f)
+    if not isinstance(state, dict) or not isinstance(state.get("log_history"), list):
+        raise NoGradientNorm(f"{path}: not a trainer_state.json (no 'log_history' list)")
+    history = [r for r in state["log_history"] if isinstance(r, dict)]
+    # The last record of a finished run holds the run's average train_loss: not a step's loss.
+    history = [r for r in history if "train_runtime" not in r]
+    return _from_records(history, key, path)
+
+
+def _read_tensorboard(folder: Path, key: str | None) -> Series:
+    try:
+        from tensorboard.backend.event_processing import event_accumulator
+    except ImportError as exc:
+        raise ImportError(
+            "reading TensorBoard files needs the 'tensorboard' package: pip install 'fastnorm[tensorboard]'"
+        ) from exc
+    acc = event_accumulator.EventAccumulator(str(folder), size_guidance={event_accumulator.SCALARS: 0})
+    acc.Reload()
+    tags = acc.Tags()[event_accumulator.SCALARS]
+    key = _choose(key, tags, folder)
+    records: dict[int, dict] = {}
+    wanted = {key, MAX_NORM_KEY, *LOSS_KEYS, *LR_KEYS, *SCALE_KEYS}
+    for tag in tags:
+        if tag in wanted or tag.startswith(("lr-", LAYER_PREFIX)) or _LIGHTNING_LAYER.match(tag):
+            for e in acc.Scalars(tag):
+                records.setdefault(e.step, {"step": e.step})[tag] = float(e.value)
+    return _from_records([records[s] for s in sorted(records)], key, folder)

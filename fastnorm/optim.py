@@ -1,0 +1,401 @@
+"""Clipping folded into torch's fused optimizer step: no extra pass, no sync.
+
+torch's fused ``Adam``, ``AdamW``, ``SGD`` and ``Adagrad`` (``fused=True``)
+read two optional device scalars from the optimizer, ``grad_scale`` and
+``found_inf``: the hook :class:`torch.amp.GradScaler` uses. The step divides
+every gradient by ``grad_scale`` in the pass that already reads it, and
+returns at once, leaving parameters and state as they were, when
+``found_inf == 1``. :class:`StepClipper` hands them the clip coefficient
+(``grad_scale = 1 / min(1, max_norm / (norm + 1e-6))``) and the non-finite
+flag, so clipping costs no pass of its own and a step with a NaN or inf norm
+is skipped on the device.
+
+The attributes exist only inside ``step()``: a step pre-hook sets them,
+composed with what a ``GradScaler`` set, and a post-hook puts back what was
+there before, so ``GradScaler.step`` still finds and deletes its own.
+"""
+
+from __future__ import annotations
+
+import inspect
+import warnings
+import weakref
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, Union
+
+import torch
+from torch import Tensor
+from torch.optim import Optimizer
+
+from fastnorm import norm as _norm
+from fastnorm._collect import max_norm as check_max_norm
+from fastnorm._collect import norm_type as check_norm_type
+
+__all__ = ["StepClipper", "not_supported_reasons"]
+
+Optimizers = Union[Optimizer, Iterable[Optimizer]]
+
+_ATTRS = ("grad_scale", "found_inf")
+_ABSENT = object()
+
+# The torch steps that pass the optimizer's grad_scale and found_inf to their
+# fused kernels (AdamW inherits Adam's step). A subclass that overrides step()
+# may ignore them: it is not on this list, so it falls back.
+_FOLDING_STEPS = frozenset(
+    inspect.unwrap(cls.step) for cls in (torch.optim.Adam, torch.optim.SGD, torch.optim.Adagrad)
+)
+
+# Every clipper's optimizers: one optimizer has at most one clipper.
+_CLIPPER_OF: weakref.WeakKeyDictionary[Optimizer, StepClipper] = weakref.WeakKeyDictionary()
+
+
+def not_supported_reasons(optimizer: Optimizer) -> list[str]:
+    """Why ``optimizer.step()`` cannot apply the clip itself (empty when it can).
+
+    Args:
+        optimizer (Optimizer): the optimizer to check.
+
+    Returns:
+        list[str]: one line per reason; empty for torch's ``Adam``, ``AdamW``,
+        ``SGD`` and ``Adagrad`` whose every parameter group is ``fused=True``.
+    """
+    name = type(optimizer).__name__
+    step = inspect.unwrap(type(optimizer).step)
+    if step not in _FOLDING_STEPS:
+        return [
+            f"{name}.step() does not take torch's grad_scale/found_inf (only torch's own Adam, "
+            "AdamW, SGD and Adagrad do, built with fused=True)"
+        ]
+    unfused = [i for i, g in enumerate(optimizer.param_groups) if not g.get("fused")]
+    if unfused:
+        return [f"{name}: param groups {unfused} are not fused (build the optimizer with fused=True)"]
+    return []
+
+
+@dataclass
+class _Installed:
+    """What the pre-hook set on one optimizer, and what it replaced."""
+
+    previous: tuple[Any, Any]
+    mine: tuple[Tensor, Tensor | None]  # the grad_scale and found_inf it set
+    # Fused SGD with momentum at its first step: the parameters whose momentum
+    # buffers torch creates uninitialized, and the groups' dampening.
+    first_sgd: list[tuple[list[Tensor], float]]
+
+
+class StepClipper:
+    r"""Clips the gradients inside the optimizer's own step; skips non-finite steps on the device.
+
+    Replaces ``fastnorm.clip_(params, max_norm)`` (or
+    :func:`torch.nn.utils.clip_grad_norm_`) followed by ``optimizer.step()``.
+    :meth:`clip_` computes the total norm of the optimizers' gradients in one
+    fused pass, as :func:`fastnorm.total_norm` does, and writes nothing; the
+    next ``optimizer.step()`` divides each gradient by
+    ``1 / min(1, max_norm / (norm + 1e-6))`` while it reads it, and when the
+    norm is NaN or inf it leaves the parameters and the optimizer state as they
+    were. No value is read on the host.
+
+    Folding needs torch's ``Adam``, ``AdamW``, ``SGD`` or ``Adagrad`` with
+    ``fused=True`` (see :func:`not_supported_reasons`). Any other optimizer
+    is clipped by :func:`fastnorm.clip_` with the same norm, after a one-time
+    warning: torch's behaviour, a non-finite step is not skipped. With
+    ``strict=True`` such an optimizer raises instead.
+
+    With :class:`torch.amp.GradScaler`, follow torch's recipe: ``scaler.unscale_(optimizer)``
+    before :meth:`clip_`, then ``scaler.step(optimizer)``. The step then skips
+    when either the scaler or the norm says so. Without ``unscale_`` the
+    clip is still right (the coefficient is computed from the norm divided by
+    the scale the step unscales by), but :meth:`clip_` returns the norm of the
+    scaled gradients.
+
+    Args:
+        optimizers (Optimizer or iterable of Optimizers): the optimizers whose
+            steps apply the clip; the norm is taken over all their gradients
+            together (each parameter once), as one ``clip_`` over all of them.
+        max_norm (float): the largest norm allowed, >= 0.
+        norm_type (float or str): the p of the p-norm (see :func:`fastnorm.total_norm`).
+            Default: 2.0.
+        skip_nonfinite (bool): skip the step when the norm is NaN or inf
+            (default). False keeps torch's behaviour: every gradient is scaled
+            by the non-finite coefficient (0 for an inf norm, NaN for a NaN
+            one) and the step is applied.
+        strict (bool): raise a ValueError for an optimizer that cannot fold
+            the clip, instead of clipping it with a separate pass. Default: False.
+        group (ProcessGroup, optional): see :func:`fastnorm.total_norm`.
+
+    Attributes:
+        skipped (Tensor or None): a float32 device scalar, 1 when the steps
+            armed by the last :meth:`clip_` skipped (non-finite norm, or a
+            ``GradScaler`` that found an inf), else 0; read it after the steps
+            (a ``GradScaler``'s flag joins it in ``step()``). None before the
+            first :meth:`clip_`.
+
+    Example::
+
+        >>> optimizer = torch.optim.AdamW(model.parameters(), fused=True)
+        >>> clipper = fastnorm.StepClipper(optimizer, max_norm=1.0)
+        >>> for batch in loader:
+        ...     model(batch).mean().backward()
+        ...     norm = clipper.clip_()     # the norm before clipping; nothing written
+        ...     optimizer.step()           # clips and steps in one pass
+        ...     optimizer.zero_grad(set_to_none=True)
+    """
+
+    def __init__(
+        self,
+        optimizers: Optimizers,
+        max_norm: float,
+        norm_type: float | str = 2.0,
+        *,
+        skip_nonfinite: bool = True,
+        strict: bool = False,
+        group: Any = None,
+    ) -> None:
+        self.max_norm = check_max_norm(max_norm, "StepClipper")
+        self.norm_type = check_norm_type(norm_type, "StepClipper")
+        opts = [optimizers] if isinstance(optimizers, Optimizer) else list(optimizers)
+        for opt in opts:
+            if not isinstance(opt, Optimizer):
+                raise TypeError(f"StepClipper: optimizers must be torch Optimizers, got {type(opt).__name__}")
+        if not opts:
+            raise ValueError("StepClipper: optimizers is empty")
+        if len({id(o) for o in opts}) != len(opts):
+            raise ValueError("StepClipper: the same optimizer is given twice")
+        for opt in opts:
+            if opt in _CLIPPER_OF:
+                raise ValueError(
+                    f"StepClipper: this {type(opt).__name__} already has a StepClipper "
+                    "(call its remove() first)"
+                )
+        reasons = {id(o): not_supported_reasons(o) for o in opts}
+        if strict and any(reasons.values()):
+            raise ValueError(
+                "StepClipper(strict=True): these optimizers cannot apply the clip in their step:\n  "
+                + "\n  ".join(r for o in opts for r in reasons[id(o)])
+            )
+        self.optimizers = opts
+        self.skip_nonfinite = bool(skip_nonfinite)
+        self.strict = bool(strict)
+        self.group = group
+        self.skipped: Tensor | None = None
+        self._nonfinite: Tensor | None = None  # the last clip_'s own skip flag
+        self._folding = [o for o in opts if not reasons[id(o)]]
+        self._separate = [o for o in opts if reasons[id(o)]]
+        self._pending: dict[int, Tensor] = {}  # id(optimizer) -> the norm its next step clips by
+        self._installed: dict[int, _Installed] = {}
+        self._handles: list[Any] = []
+        self._removed = False
+        for opt in self._folding:
+            self._handles.append(opt.register_step_pre_hook(self._pre_step))
+            self._handles.append(opt.register_step_post_hook(self._post_step))
+        for opt in opts:
+            _CLIPPER_OF[opt] = self
+        for opt in self._separate:
+            warnings.warn(
+                f"StepClipper: {'; '.join(reasons[id(opt)])}. Its gradients are clipped by "
+                "fastnorm.clip_ in a separate pass, and a step with a non-finite norm is "
+                "applied, as torch does (strict=True makes this an error).",
+                stacklevel=2,
+            )
+
+    # ------------------------------------------------------------------
+    # The loop's side
+    # ------------------------------------------------------------------
+
+    def parameters(self) -> list[Tensor]:
+        """Every parameter of the optimizers, each once, in order."""
+        seen: set[int] = set()
+        params = []
+        for opt in self.optimizers:
+            for g in opt.param_groups:
+                for p in g["params"]:
+                    if id(p) not in seen:
+                        seen.add(id(p))
+                        params.append(p)
+        return params
+
+    def clip_(self, *, total_norm: Tensor | None = None) -> Tensor:
+        r"""Computes the norm and arms each optimizer's next ``step()`` to clip by it.
+
+        Writes no gradient of a folding optimizer and reads nothing on the
+        host. The next ``step()`` of each optimizer applies the clip (and the
+        skip); a ``clip_`` not followed by a step is replaced by the next one.
+
+        Args:
+            total_norm (Tensor, optional): a norm already computed over the
+                same gradients (e.g. by :func:`fastnorm.tensor_norms` for a
+                monitor). It is used as is: no second reduction.
+
+        Returns:
+            Tensor: the total norm before clipping (see :func:`fastnorm.total_norm`).
+        """
+        if self._removed:
+            raise RuntimeError("StepClipper.clip_: this clipper was removed")
+        for opt in self._folding:
+            reasons = not_supported_reasons(opt)
+            if reasons:
+                raise RuntimeError(f"StepClipper.clip_: {'; '.join(reasons)} (changed since construction)")
+        if total_norm is not None and not isinstance(total_norm, Tensor):
+            raise TypeError(
+                f"StepClipper.clip_: total_norm must be a Tensor, got {type(total_norm).__name__}"
+            )
+        if total_norm is not None and total_norm.numel() != 1:
+            raise ValueError(
+                f"StepClipper.clip_: total_norm must hold one value, got shape {tuple(total_norm.shape)}"
+            )
+        for opt in self._folding:
+            self._uninstall(opt)  # left by a step that raised
+        params = self.parameters()
+        norm = (
+            _norm.total_norm(params, self.norm_type, group=self.group) if total_norm is None else total_norm
+        )
+        norm = norm.reshape(())
+        if self.skip_nonfinite:
+            self._nonfinite = torch.isfinite(norm).logical_not_().to(torch.float32)
+            self.skipped = self._nonfinite
+        else:
+            self.skipped = torch.zeros((), dtype=torch.float32, device=norm.device)
+        for opt in self._folding:
+            self._pending[id(opt)] = norm
+        if self._separate:
+            separate = [p for opt in self._separate for g in opt.param_groups for p in g["params"]]
+            _norm.clip_(separate, self.max_norm, self.norm_type, total_norm=norm, group=self.group)
+        return norm
+
+    def remove(self) -> None:
+        """Detaches the clipper from its optimizers (their steps no longer clip)."""
+        self._removed = True
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        for opt in self._folding:
+            self._uninstall(opt)
+        self._pending.clear()
+        for opt in self.optimizers:
+            if _CLIPPER_OF.get(opt) is self:
+                del _CLIPPER_OF[opt]
+
+    def __enter__(self) -> StepClipper:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.remove()
+
+    def __repr__(self) -> str:
+        names = ", ".join(type(o).__name__ for o in self.optimizers)
+        return (
+            f"StepClipper([{names}], max_norm={self.max_norm}, norm_type={self.norm_type}, "
+            f"skip_nonfinite={self.skip_nonfinite}, folding={len(self._folding)}/{len(self.optimizers)})"
+        )
+
+    # ------------------------------------------------------------------
+    # The step's side
+    # ------------------------------------------------------------------
+
+    # Traced by dynamo, the attributes set here are deferred side effects that
+    # the fused step (which torch never traces) does not see: run these eagerly.
+    @torch.compiler.disable
+    def _pre_step(self, opt: Optimizer, args: Any, kwargs: Any) -> None:
+        self._uninstall(opt)
+        norm = self._pending.pop(id(opt), None)
+        if norm is None:
+            return  # a step without clip_: nothing to fold
+        previous = (vars(opt).get("grad_scale", _ABSENT), vars(opt).get("found_inf", _ABSENT))
+        outer_scale, outer_inf = (None if v is _ABSENT else v for v in previous)
+        with torch.no_grad():
+            # 1 / min(1, max_norm / (norm + 1e-6)) in one division; NaN stays NaN.
+            if outer_scale is None:
+                grad_scale = torch.clamp_min((norm + 1e-6) / self.max_norm, 1.0)
+            else:
+                # The gradients (and so the norm) are still multiplied by the
+                # scale the step divides by (GradScaler without unscale_).
+                scale = torch.as_tensor(outer_scale, device=norm.device).to(norm.dtype)
+                grad_scale = torch.clamp_min((norm / scale + 1e-6) / self.max_norm, 1.0) * scale
+            grad_scale = grad_scale.to(torch.float32)  # what the fused kernels read
+            found_inf = self._nonfinite
+            if outer_inf is not None:
+                outer = torch.as_tensor(outer_inf, device=norm.device).to(torch.float32)
+                # The kernels skip only when found_inf == 1 exactly: a sum could make 2.
+                found_inf = outer if found_inf is None else torch.maximum(found_inf, outer)
+                self.skipped = torch.maximum(self.skipped, found_inf)
+        opt.grad_scale = grad_scale
+        if found_inf is None:
+            vars(opt).pop("found_inf", None)
+        else:
+            opt.found_inf = found_inf
+        first_sgd = _sgd_first_step(opt) if found_inf is not None and isinstance(opt, torch.optim.SGD) else []
+        self._installed[id(opt)] = _Installed(previous, (grad_scale, found_inf), first_sgd)
+
+    @torch.compiler.disable
+    def _post_step(self, opt: Optimizer, args: Any, kwargs: Any) -> None:
+        installed = self._installed.get(id(opt))
+        if installed is None:
+            return
+        found_inf = vars(opt).get("found_inf")
+        self._uninstall(opt)
+        for params, dampening in installed.first_sgd:
+            _forget_skipped_first_step(opt, params, dampening, found_inf)
+
+    def _uninstall(self, opt: Optimizer) -> None:
+        """Puts back what the pre-hook replaced, where it is still there.
+
+        After ``step()``, and also after a step that raised (then from the next
+        ``clip_`` or step pre-hook). An attribute someone replaced since (a
+        ``GradScaler`` stepping after a step that raised) is theirs: kept.
+        """
+        installed = self._installed.pop(id(opt), None)
+        if installed is None:
+            return
+        current = tuple(vars(opt).get(a, _ABSENT) for a in _ATTRS)
+        scaler_now = current[1] is not installed.mine[1] and current[1] is not _ABSENT
+        for attr, now, mine, before in zip(_ATTRS, current, installed.mine, installed.previous):
+            if now is not mine:
+                continue
+            if before is not _ABSENT:
+                setattr(opt, attr, before)
+            elif scaler_now:
+                # GradScaler (after unscale_) copied our stale grad_scale and will
+                # delete the attribute after the step: leave what it meant, None.
+                setattr(opt, attr, None)
+            else:
+                vars(opt).pop(attr, None)
+
+
+def _sgd_first_step(opt: Optimizer) -> list[tuple[list[Tensor], float]]:
+    """The fused SGD groups with momentum about to take their first step."""
+    first = []
+    for g in opt.param_groups:
+        if g["momentum"] == 0:
+            continue
+        # torch's own test (every buffer missing), cut short at the first
+        # parameter with a gradient: a buffer there means a later step.
+        lead = next((p for p in g["params"] if p.grad is not None), None)
+        if lead is None or "momentum_buffer" in opt.state.get(lead, {}):
+            continue
+        params = [p for p in g["params"] if p.grad is not None]
+        if all("momentum_buffer" not in opt.state.get(p, {}) for p in params):
+            first.append((params, float(g["dampening"])))
+    return first
+
+
+def _forget_skipped_first_step(
+    opt: Optimizer, params: list[Tensor], dampening: float, found_inf: Tensor
+) -> None:
+    """Undoes what a skipped first step of fused SGD leaves behind.
+
+    torch creates the momentum buffers with ``empty_like`` before the kernel,
+    which then skips, so they hold garbage that the next step would take as
+    momentum. With ``dampening == 0`` a zero buffer is exactly a first step
+    (``0 * momentum + grad``), so they are zeroed on the device; otherwise the
+    buffers must go, which needs the flag on the host (once, at the first step).
+    """
+    buffers = [opt.state[p]["momentum_buffer"] for p in params]
+    if dampening == 0:
+        mask = found_inf.to(torch.bool)
+        with torch.no_grad():
+            for b in buffers:
+                b.masked_fill_(mask.to(b.device), 0)
+    elif bool(found_inf):
+        for p in params:
+            del opt.state[p]["momentum_buffer"]

@@ -1,0 +1,674 @@
+"""StepClipper: the clip and the non-finite skip folded into torch's fused step.
+
+The reference is always what StepClipper replaces: ``fastnorm.clip_`` followed
+by ``optimizer.step()`` (skipped on the host when the norm is not finite, for
+the skip policy), on the same fresh random gradients.
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+import math
+import re
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+import fastnorm
+from fastnorm.optim import StepClipper, not_supported_reasons
+
+SHAPES = [(33, 17), (123,), (4097,), (5, 7, 3), (1,)]
+
+OPTIMIZERS = {
+    "adam": lambda ps: torch.optim.Adam(ps, lr=1e-2, fused=True),
+    "adam-amsgrad": lambda ps: torch.optim.Adam(ps, lr=1e-2, amsgrad=True, weight_decay=0.01, fused=True),
+    "adamw": lambda ps: torch.optim.AdamW(ps, lr=1e-2, weight_decay=0.1, fused=True),
+    "sgd": lambda ps: torch.optim.SGD(ps, lr=0.05, fused=True),
+    "sgd-momentum": lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9, fused=True),
+    "sgd-dampening": lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9, dampening=0.3, fused=True),
+    "sgd-nesterov": lambda ps: torch.optim.SGD(
+        ps, lr=0.05, momentum=0.9, nesterov=True, weight_decay=1e-3, fused=True
+    ),
+    "adagrad": lambda ps: torch.optim.Adagrad(ps, lr=0.05, fused=True),
+}
+
+
+def _params(seed: int = 1, dtype: torch.dtype = torch.float32) -> list[torch.nn.Parameter]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.nn.Parameter(torch.randn(s, generator=g, dtype=dtype)) for s in SHAPES]
+
+
+def _fill_grads(params, g: torch.Generator, step: int, bad: dict[int, float]) -> None:
+    """Fresh gradients as new tensors (as after zero_grad(set_to_none=True)); the
+    second parameter has none every fifth step; ``bad[step]`` goes into one element."""
+    for i, p in enumerate(params):
+        if i == 1 and step % 5 == 4:
+            p.grad = None
+            continue
+        p.grad = torch.randn(p.shape, generator=g, dtype=p.dtype) * 3
+    if step in bad:
+        params[2].grad.view(-1)[17] = bad[step]
+
+
+def _state_tensors(opt) -> list[torch.Tensor]:
+    return [v for s in opt.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
+
+
+def _run(name, max_norm, bad, *, folded, skip_nonfinite=True, steps=50, dtype=torch.float32):
+    params = _params(dtype=dtype)
+    opt = OPTIMIZERS[name](params)
+    clipper = StepClipper(opt, max_norm, skip_nonfinite=skip_nonfinite) if folded else None
+    g = torch.Generator().manual_seed(2)
+    norms, skipped = [], []
+    for step in range(steps):
+        _fill_grads(params, g, step, bad)
+        if folded:
+            norm = clipper.clip_()
+            opt.step()
+            skipped.append(clipper.skipped.item())
+        else:
+            norm = fastnorm.clip_(params, max_norm)
+            if not skip_nonfinite or math.isfinite(norm.item()):
+                opt.step()
+        norms.append(norm.item())
+    return params, opt, norms, skipped
+
+
+def _assert_close(ours, theirs, exact):
+    assert len(ours) == len(theirs)
+    for a, b in zip(ours, theirs):
+        if a is None or b is None:
+            assert a is b
+        elif exact:
+            assert torch.equal(a, b) or torch.allclose(a, b, rtol=0, atol=0, equal_nan=True)
+        else:
+            torch.testing.assert_close(a, b, rtol=2e-5, atol=2e-6, equal_nan=True)
+
+
+@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+@pytest.mark.parametrize("clipping", [True, False], ids=["clip", "noclip"])
+def test_parity_over_50_steps_skipping_nonfinite(name, clipping):
+    # NaN at the first step too: torch's fused SGD leaves uninitialized momentum there.
+    bad = {0: math.nan, 7: math.nan, 8: math.inf, 31: -math.inf}
+    max_norm = 1.0 if clipping else 1e9
+    ours, opt, norms, skipped = _run(name, max_norm, bad, folded=True)
+    theirs, ref, ref_norms, _ = _run(name, max_norm, bad, folded=False)
+    assert all(torch.isfinite(p).all() for p in ours)
+    assert norms == pytest.approx(ref_norms, nan_ok=True)
+    assert skipped == [1.0 if s in bad else 0.0 for s in range(50)]
+    if clipping:
+        assert sum(n > max_norm for n in norms if math.isfinite(n)) > 40  # clipping really was active
+    # Without clipping the step divides by exactly 1: the same bits.
+    _assert_close(ours, theirs, exact=not clipping)
+    _assert_close([p.grad for p in ours], [p.grad for p in theirs], exact=not clipping)
+    _assert_close(_state_tensors(opt), _state_tensors(ref), exact=not clipping)
+
+
+@pytest.mark.parametrize("name", ["adamw", "sgd-momentum", "adagrad"])
+def test_parity_keeping_torch_behaviour(name):
+    # An inf norm clips by 0 (the inf element turns NaN), a NaN norm poisons all: as torch does.
+    bad = {7: math.inf, 20: -math.inf, 45: math.nan}
+    ours, opt, _, skipped = _run(name, 1.0, bad, folded=True, skip_nonfinite=False)
+    theirs, ref, _, _ = _run(name, 1.0, bad, folded=False, skip_nonfinite=False)
+    assert skipped == [0.0] * 50
+    assert all(torch.isnan(p).all() for p in ours)
+    ours, opt, _, _ = _run(name, 1.0, bad, folded=True, skip_nonfinite=False, steps=40)
+    theirs, ref, _, _ = _run(name, 1.0, bad, folded=False, skip_nonfinite=False, steps=40)
+    assert any(torch.isnan(p).any() for p in ours) and not all(torch.isnan(p).all() for p in ours)
+    _assert_close(ours, theirs, exact=False)
+    _assert_close(_state_tensors(opt), _state_tensors(ref), exact=False)
+
+
+def test_parity_float64_parameters():
+    bad = {3: math.nan}
+    ours, opt, _, _ = _run("adamw", 1.0, bad, folded=True, dtype=torch.float64, steps=20)
+    theirs, ref, _, _ = _run("adamw", 1.0, bad, folded=False, dtype=torch.float64, steps=20)
+    # grad_scale is float32 in torch's contract: the coefficient carries float32 rounding.
+    for a, b in zip(ours, theirs):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+
+
+def test_no_gradient_byte_is_written():
+    params = _params()
+    opt = torch.optim.AdamW(params, fused=True)
+    clipper = StepClipper(opt, 0.1)
+    g = torch.Generator().manual_seed(3)
+    _fill_grads(params, g, 0, {})
+    grads = [p.grad for p in params]
+    before = [(t.data_ptr(), t._version, t.clone()) for t in grads]
+    norm = clipper.clip_()
+    assert norm.item() > 1.0  # a clip_ here would rewrite every gradient
+    for t, p, (ptr, version, saved) in zip(grads, params, before):
+        assert p.grad is t and t.data_ptr() == ptr and t._version == version
+        assert torch.equal(t.view(torch.uint8), saved.view(torch.uint8))
+    # The control: the same gradients through fastnorm.clip_ do change.
+    fastnorm.clip_([c for _, _, c in before], 0.1, gradients=True)
+    assert not torch.equal(before[0][2], grads[0])
+
+
+def _spy_fused(monkeypatch):
+    """Records the grad_scale and found_inf each fused Adam step receives."""
+    import torch.optim.adam as adam_module
+
+    seen = []
+    original = adam_module._fused_adam
+
+    def spy(*args, **kwargs):
+        seen.append((kwargs["grad_scale"], kwargs["found_inf"]))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(adam_module, "_fused_adam", spy)
+    return seen
+
+
+def test_attributes_live_only_inside_one_step(monkeypatch):
+    seen = _spy_fused(monkeypatch)
+    params = _params()
+    opt = torch.optim.AdamW(params, fused=True)
+    clipper = StepClipper(opt, 0.5)
+    g = torch.Generator().manual_seed(4)
+    _fill_grads(params, g, 0, {})
+    norm = clipper.clip_()
+    assert not hasattr(opt, "grad_scale") and not hasattr(opt, "found_inf")
+    opt.step()
+    assert not hasattr(opt, "grad_scale") and not hasattr(opt, "found_inf")
+    grad_scale, found_inf = seen[-1]
+    assert grad_scale.dtype == found_inf.dtype == torch.float32
+    assert grad_scale.item() == pytest.approx((norm.item() + 1e-6) / 0.5, rel=1e-6)
+    assert found_inf.item() == 0.0
+    opt.step()  # no clip_ before it: nothing folded
+    assert seen[-1] == (None, None)
+    # Two clip_ calls before one step: the last one is used, once.
+    _fill_grads(params, g, 1, {})
+    clipper.clip_()
+    _fill_grads(params, g, 2, {})
+    norm = clipper.clip_()
+    opt.step()
+    opt.step()
+    assert seen[-2][0].item() == pytest.approx((norm.item() + 1e-6) / 0.5, rel=1e-6)
+    assert seen[-1] == (None, None)
+
+
+def _raising_step(opt) -> None:
+    def closure():
+        raise ZeroDivisionError("in the closure")
+
+    with pytest.raises(ZeroDivisionError):
+        opt.step(closure)  # after the pre-hooks, before the post-hooks
+
+
+@pytest.mark.parametrize("skip_nonfinite", [True, False])
+def test_a_step_that_raises_leaks_nothing(monkeypatch, skip_nonfinite):
+    seen = _spy_fused(monkeypatch)
+    params = _params()
+    opt = torch.optim.Adam(params, fused=True)
+    clipper = StepClipper(opt, 0.5, skip_nonfinite=skip_nonfinite)
+    g = torch.Generator().manual_seed(5)
+    _fill_grads(params, g, 0, {})
+    clipper.clip_()
+    _raising_step(opt)
+    opt.step()
+    assert seen[-1] == (None, None)
+    assert not hasattr(opt, "grad_scale") and not hasattr(opt, "found_inf")
+
+    # The same with a GradScaler stepping next (after unscale_, without clip_):
+    # the scaler copies the stale grad_scale and later deletes the attribute.
+    scaler = torch.amp.GradScaler("cpu")
+    _fill_grads(params, g, 1, {})
+    clipper.clip_()
+    _raising_step(opt)
+    scaler.scale(torch.ones(()))
+    scaler.unscale_(opt)
+    scaler.step(opt)
+    scaler.update()
+    grad_scale, found_inf = seen[-1]
+    assert grad_scale is None and found_inf.item() == 0.0
+    assert not hasattr(opt, "grad_scale") and not hasattr(opt, "found_inf")
+
+    # And with clip_ before the next step, as in a loop: a normal step.
+    _fill_grads(params, g, 2, {})
+    norm = clipper.clip_()
+    _raising_step(opt)
+    norm = clipper.clip_()
+    opt.step()
+    assert seen[-1][0].item() == pytest.approx((norm.item() + 1e-6) / 0.5, rel=1e-6)
+    assert not hasattr(opt, "grad_scale") and not hasattr(opt, "found_inf")
+
+
+def _two_group_run(folded: bool, steps: int = 30):
+    torch.manual_seed(0)
+    body = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 32))
+    head = torch.nn.Linear(32, 3)
+    decay = [p for p in body.parameters() if p.dim() > 1]
+    no_decay = [p for p in body.parameters() if p.dim() <= 1]
+    opt_body = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0, "lr": 3e-3}],
+        lr=1e-2,
+        fused=True,
+    )
+    opt_head = torch.optim.SGD(head.parameters(), lr=0.1, momentum=0.9, fused=True)
+    opts = [opt_body, opt_head]
+    params = [*body.parameters(), *head.parameters()]
+    clipper = StepClipper(opts, 0.3) if folded else None
+    g = torch.Generator().manual_seed(6)
+    for step in range(steps):
+        x = torch.randn(8, 16, generator=g) * (math.inf if step == 11 else 1.0)
+        head(body(x)).pow(2).mean().backward()
+        if folded:
+            clipper.clip_()
+            for opt in opts:
+                opt.step()
+        else:
+            norm = fastnorm.clip_(params, 0.3)
+            if math.isfinite(norm.item()):
+                for opt in opts:
+                    opt.step()
+        for opt in opts:
+            opt.zero_grad(set_to_none=True)
+    return params, opts
+
+
+def test_param_groups_and_several_optimizers():
+    ours, opts = _two_group_run(folded=True)
+    theirs, refs = _two_group_run(folded=False)
+    _assert_close(ours, theirs, exact=False)
+    for o, r in zip(opts, refs):
+        _assert_close(_state_tensors(o), _state_tensors(r), exact=False)
+
+
+def _checkpointed_run(stop_at: int | None, steps: int = 30):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
+    clipper = StepClipper(opt, 0.2)
+    g = torch.Generator().manual_seed(7)
+    for step in range(steps):
+        if step == stop_at:
+            # Saved between clip_ and step would be the worst moment: save there.
+            model(torch.randn(4, 8, generator=g)).sum().backward()
+            clipper.clip_()
+            buffer = io.BytesIO()
+            torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, buffer)
+            saved = opt.state_dict()
+            assert "grad_scale" not in repr(saved) and "found_inf" not in repr(saved)
+            clipper.remove()
+            opt.zero_grad(set_to_none=True)
+            torch.manual_seed(1)  # a fresh process: other initial weights
+            model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
+            buffer.seek(0)
+            checkpoint = torch.load(buffer)
+            model.load_state_dict(checkpoint["model"])
+            opt.load_state_dict(checkpoint["opt"])
+            clipper = StepClipper(opt, 0.2)
+            g = torch.Generator().manual_seed(7)
+            for _ in range(step):
+                torch.randn(4, 8, generator=g)
+        model(torch.randn(4, 8, generator=g) * (math.nan if step == 4 else 1.0)).sum().backward()
+        clipper.clip_()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return list(model.parameters()), opt
+
+
+def test_checkpoint_save_and_load():
+    ours, opt = _checkpointed_run(stop_at=13)
+    theirs, ref = _checkpointed_run(stop_at=None)
+    _assert_close(ours, theirs, exact=True)
+    _assert_close(_state_tensors(opt), _state_tensors(ref), exact=True)
+    assert all(torch.isfinite(p).all() for p in ours)
+
+
+# ----------------------------------------------------------------------------
+# Optimizers that cannot fold: the fallback, and strict
+# ----------------------------------------------------------------------------
+
+
+class _OwnStep(torch.optim.AdamW):
+    """A third-party AdamW that rewrites step(): it may ignore grad_scale."""
+
+    def step(self, closure=None):
+        return super().step(closure)
+
+
+@pytest.mark.parametrize(
+    "make, reason",
+    [
+        (lambda ps: torch.optim.AdamW(ps, lr=1e-2, foreach=True), "not fused"),
+        (lambda ps: torch.optim.AdamW(ps, lr=1e-2, foreach=False), "not fused"),
+        (lambda ps: torch.optim.RMSprop(ps, lr=1e-2), "RMSprop.step() does not take"),
+        (lambda ps: _OwnStep(ps, lr=1e-2, fused=True), "_OwnStep.step() does not take"),
+    ],
+    ids=["foreach", "for-loop", "rmsprop", "own-step"],
+)
+def test_unsupported_optimizers_fall_back_with_one_note(make, reason):
+    params, ref_params = _params(), _params()
+    opt, ref = make(params), make(ref_params)
+    assert any(reason in r for r in not_supported_reasons(opt))
+    with pytest.warns(UserWarning, match="separate pass") as notes:
+        clipper = StepClipper(opt, 0.5)
+    assert len(notes) == 1
+    g, g_ref = torch.Generator().manual_seed(8), torch.Generator().manual_seed(8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the note is not repeated per step
+        for step in range(10):
+            _fill_grads(params, g, step, {})
+            _fill_grads(ref_params, g_ref, step, {})
+            norm = clipper.clip_()
+            opt.step()
+            assert torch.equal(norm, fastnorm.clip_(ref_params, 0.5))
+            ref.step()
+    _assert_close(params, ref_params, exact=True)
+    with pytest.raises(ValueError, match=reason.split("(")[0]):
+        StepClipper(make(_params()), 0.5, strict=True)
+
+
+def test_strict_refuses_before_touching_anything():
+    fused = torch.optim.AdamW(_params(), fused=True)
+    plain = torch.optim.AdamW(_params())
+    with pytest.raises(ValueError, match="not fused"):
+        StepClipper([fused, plain], 1.0, strict=True)
+    assert not fused._optimizer_step_pre_hooks and not fused._optimizer_step_post_hooks
+    StepClipper(fused, 1.0, strict=True).remove()
+
+
+def test_mixed_optimizers_fold_where_they_can():
+    params = _params()
+    folding = torch.optim.AdamW(params[:3], fused=True)
+    separate = torch.optim.SGD(params[3:], lr=0.1)
+    with pytest.warns(UserWarning, match="SGD: param groups \\[0\\] are not fused"):
+        clipper = StepClipper([folding, separate], 0.5)
+    _fill_grads(params, torch.Generator().manual_seed(9), 0, {})
+    grads = [p.grad.clone() for p in params]
+    norm = clipper.clip_()
+    coef = 0.5 / (norm + 1e-6)
+    assert all(torch.equal(p.grad, g) for p, g in zip(params[:3], grads[:3]))  # folded: untouched
+    for p, g in zip(params[3:], grads[3:]):  # clipped now, by the norm of all
+        torch.testing.assert_close(p.grad, g * coef)
+
+
+def test_changes_after_construction_and_removal():
+    params = _params()
+    opt = torch.optim.AdamW(params[:3], fused=True)
+    clipper = StepClipper(opt, 0.5)
+    with pytest.raises(ValueError, match="already has a StepClipper"):
+        StepClipper(opt, 1.0)
+    opt.add_param_group({"params": params[3:], "fused": False})
+    _fill_grads(params, torch.Generator().manual_seed(10), 0, {})
+    with pytest.raises(RuntimeError, match="param groups \\[1\\] are not fused"):
+        clipper.clip_()
+    clipper.remove()
+    assert not opt._optimizer_step_pre_hooks and not opt._optimizer_step_post_hooks
+    with pytest.raises(RuntimeError, match="removed"):
+        clipper.clip_()
+    with pytest.warns(UserWarning):
+        again = StepClipper(opt, 1.0)  # a removed clipper frees its optimizer
+    again.remove()
+    with pytest.raises(RuntimeError, match="removed"):
+        again.clip_()  # nothing folds there, but a removed clipper clips nothing either
+
+
+@pytest.mark.parametrize(
+    "args, error, match",
+    [
+        ((lambda ps: [], 1.0), ValueError, "empty"),
+        ((lambda ps: [ps], 1.0), TypeError, "must be torch Optimizers"),
+        ((lambda ps: torch.optim.AdamW(ps, fused=True), -1.0), ValueError, "max_norm must be >= 0"),
+        ((lambda ps: torch.optim.AdamW(ps, fused=True), math.nan), ValueError, "max_norm"),
+        ((lambda ps: torch.optim.AdamW(ps, fused=True), 1.0, math.nan), ValueError, "norm_type"),
+    ],
+)
+def test_bad_arguments(args, error, match):
+    make, *rest = args
+    with pytest.raises(error, match=match):
+        StepClipper(make(_params()), *rest)
+    opt = torch.optim.AdamW(_params(), fused=True)
+    with pytest.raises(ValueError, match="twice"):
+        StepClipper([opt, opt], 1.0)
+    with StepClipper(opt, 1.0) as clipper:
+        with pytest.raises(TypeError, match="total_norm must be a Tensor"):
+            clipper.clip_(total_norm=1.0)
+        with pytest.raises(ValueError, match="one value"):
+            clipper.clip_(total_norm=torch.ones(2))
+
+
+def test_a_norm_given_is_used_as_is(monkeypatch):
+    seen = _spy_fused(monkeypatch)
+    params = _params()
+    opt = torch.optim.Adam(params, fused=True)
+    clipper = StepClipper(opt, 2.0)
+    _fill_grads(params, torch.Generator().manual_seed(11), 0, {})
+    total, per_param = fastnorm.tensor_norms(params)
+    assert clipper.clip_(total_norm=total) is not None
+    opt.step()
+    assert seen[-1][0].item() == pytest.approx((total.item() + 1e-6) / 2.0, rel=1e-6)
+    assert per_param.numel() == len(params)
+
+
+# ----------------------------------------------------------------------------
+# AMP: GradScaler's unscale, the clip and the skip compose
+# ----------------------------------------------------------------------------
+
+
+def _amp_lockstep(dtype, mode, skip_nonfinite=True, steps=24):
+    """torch's documented AMP recipe with clipping on a model, and StepClipper on
+    its twin ("unscale": the same recipe; "scaled": without ``unscale_``).
+
+    Only the model runs forward and backward; the twin receives copies of its
+    scaled gradients. Each twin running its own fp16 forward would turn the
+    last-bit differences of the two clips into different activations, and
+    those into different gradients: the comparison would measure chaos.
+    """
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    twin = copy.deepcopy(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
+    twin_opt = torch.optim.AdamW(twin.parameters(), lr=1e-2, fused=True)
+    # A large first scale overflows fp16; an inf input at step 9 makes every
+    # dtype's gradients non-finite: steps the scaler skips.
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**24, growth_interval=4)
+    twin_scaler = torch.amp.GradScaler("cpu", init_scale=2.0**24, growth_interval=4)
+    clipper = StepClipper(twin_opt, 0.02, skip_nonfinite=skip_nonfinite)
+    g = torch.Generator().manual_seed(3)
+    traces, norms = ([], []), ([], [])
+    for step in range(steps):
+        x = torch.randn(8, 16, generator=g) * (math.inf if step == 9 else 1.0)
+        with torch.autocast("cpu", dtype=dtype):
+            loss = model(x).float().pow(2).mean()
+        scaler.scale(loss).backward()
+        twin_scaler.scale(loss.detach())  # the twin's scaler follows the same loss
+        for p, q in zip(model.parameters(), twin.parameters()):
+            q.grad = p.grad.clone()
+
+        scaler.unscale_(opt)
+        norms[0].append(torch.nn.utils.clip_grad_norm_(model.parameters(), 0.02).item())
+        scaler.step(opt)
+        scaler.update()
+
+        if mode == "unscale":
+            twin_scaler.unscale_(twin_opt)
+        norms[1].append(clipper.clip_().item())
+        twin_scaler.step(twin_opt)
+        twin_scaler.update()
+
+        for trace, s, o, m in ((traces[0], scaler, opt, model), (traces[1], twin_scaler, twin_opt, twin)):
+            trace.append((s.get_scale(), o.state[m[0].weight]["step"].item()))
+            o.zero_grad(set_to_none=True)
+    return (list(model.parameters()), list(twin.parameters())), traces, norms
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("mode", ["unscale", "scaled"])
+def test_amp_recipe_with_grad_scaler(dtype, mode):
+    (theirs, ours), (their_trace, our_trace), (their_norms, our_norms) = _amp_lockstep(dtype, mode)
+    assert our_trace == their_trace  # the same scales, the same steps skipped
+    steps = [s for _, s in their_trace]
+    assert steps[-1] < len(steps) - (dtype == torch.float16)  # the scaler skipped steps
+    finite = [n for n in their_norms if math.isfinite(n)]
+    assert sum(n > 0.02 for n in finite) > 0.8 * len(finite)  # and clipping was active
+    if mode == "unscale":
+        assert our_norms == pytest.approx(their_norms, rel=1e-5, nan_ok=True)
+    _assert_close(ours, theirs, exact=False)
+
+
+def test_amp_scaler_skips_even_when_keeping_torch_behaviour():
+    (theirs, ours), (their_trace, our_trace), _ = _amp_lockstep(
+        torch.float16, "unscale", skip_nonfinite=False
+    )
+    assert our_trace == their_trace
+    _assert_close(ours, theirs, exact=False)
+
+
+def test_both_flags_skip_once():
+    # The scaler and the norm both find the inf: found_inf must stay 1 (a sum
+    # of 2 would not skip and would step the step counter back).
+    model = torch.nn.Linear(4, 3)
+    opt = torch.optim.AdamW(model.parameters(), fused=True)
+    clipper = StepClipper(opt, 1.0)
+    scaler = torch.amp.GradScaler("cpu")
+    before = [p.detach().clone() for p in model.parameters()]
+    scaler.scale(model(torch.full((2, 4), math.inf)).sum()).backward()
+    scaler.unscale_(opt)
+    clipper.clip_()
+    scaler.step(opt)
+    scaler.update()
+    assert clipper.skipped.item() == 1.0
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), before))
+    assert all(s["step"].item() == 0 for s in opt.state.values())
+    assert not hasattr(opt, "grad_scale") and not hasattr(opt, "found_inf")
+
+
+# ----------------------------------------------------------------------------
+# torch.compile, and no host reads
+# ----------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("what", ["step", "clip-and-step"])
+def test_compiled_step_matches_eager(what):
+    torch._dynamo.reset()
+
+    def make():
+        params = _params()
+        opt = torch.optim.AdamW(params, lr=1e-2, fused=True)
+        return params, opt, StepClipper(opt, 0.5)
+
+    eager, eager_opt, eager_clipper = make()
+    ours, opt, clipper = make()
+    if what == "step":
+        step = torch.compile(opt.step)
+
+        def train_step():
+            clipper.clip_()
+            step()
+    else:
+
+        @torch.compile
+        def train_step():
+            clipper.clip_()
+            opt.step()
+
+    g = torch.Generator().manual_seed(12)
+    for i in range(5):
+        _fill_grads(eager, g, i, {3: math.nan})
+        for p, q in zip(ours, eager):
+            p.grad = None if q.grad is None else q.grad.clone()
+        eager_clipper.clip_()
+        eager_opt.step()
+        train_step()
+        assert torch.equal(clipper.skipped, eager_clipper.skipped)
+    _assert_close(ours, eager, exact=True)
+    _assert_close(_state_tensors(opt), _state_tensors(eager_opt), exact=True)
+
+
+def test_no_value_is_read_on_the_host(monkeypatch):
+    params = _params()
+    opt = torch.optim.AdamW(params, fused=True)
+    clipper = StepClipper(opt, 0.5)
+    g = torch.Generator().manual_seed(13)
+    for step in range(2):  # plans and optimizer state built
+        _fill_grads(params, g, step, {})
+        clipper.clip_()
+        opt.step()
+
+    def read(*args, **kwargs):
+        raise AssertionError("a tensor value was read on the host")
+
+    with monkeypatch.context() as m:
+        for name in ("item", "tolist", "__bool__", "__float__", "__int__", "__index__"):
+            m.setattr(torch.Tensor, name, read)
+        for step in range(2, 5):
+            _fill_grads(params, g, step, {3: math.nan})
+            clipper.clip_()
+            opt.step()
+    assert clipper.skipped.item() == 0.0 and torch.isfinite(params[0]).all()
+
+
+@pytest.mark.cuda
+def test_cuda_no_host_sync():
+    model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.Linear(256, 10)).cuda()
+    opts = [
+        torch.optim.AdamW(model[0].parameters(), fused=True),
+        torch.optim.SGD(model[1].parameters(), lr=0.1, momentum=0.9, fused=True),
+    ]
+    clipper = StepClipper(opts, 0.5)
+    for _ in range(2):  # kernels compiled, state and momentum buffers made
+        model(torch.randn(64, 256, device="cuda")).sum().backward()
+        clipper.clip_()
+        for opt in opts:
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(3):
+            model(torch.randn(64, 256, device="cuda")).sum().backward()
+            clipper.clip_()
+            for opt in opts:
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert clipper.skipped.item() == 0.0
+
+
+def test_readme_loop_runs(capsys):
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    start = text.index("\n## Clipping for free\n")
+    section = text[start : text.index("\n## ", start + 1)]
+    code = re.findall(r"```python\n(.*?)```", section, flags=re.S)[0]
+    exec(compile(code, "README.md", "exec"), {})
+    printed = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0] for line in printed] == ["step 0", "step 1", "step 2"]
+    assert all(line.endswith("skipped=0") for line in printed)
+
+
+def test_monitor_logs_the_pre_clip_norm_and_counts_the_skipped_steps():
+    class Collect(fastnorm.Logger):
+        def __init__(self):
+            self.windows = []
+
+        def log_window(self, window):
+            self.windows.append(window)
+
+    params = _params()
+    opt = torch.optim.AdamW(params, fused=True)
+    clipper = StepClipper(opt, 1.0)
+    logger = Collect()
+    norms, skipped = [], []
+    g = torch.Generator().manual_seed(14)
+    with fastnorm.GradNormMonitor(5, loggers=[logger], max_norm=1.0, diagnose=False) as monitor:
+        for step in range(10):
+            _fill_grads(params, g, step, {2: math.nan, 7: math.inf})
+            norm = clipper.clip_()
+            opt.step()
+            monitor.update(norm)
+            norms.append(norm.item())
+            skipped.append(clipper.skipped.item())
+    values = [v for w in logger.windows for v in w.values]
+    assert values == pytest.approx(norms, nan_ok=True) and min(n for n in norms if math.isfinite(n)) > 1.0
+    for i, window in enumerate(logger.windows):
+        assert window.stats["nonfinite_steps"] == sum(skipped[5 * i : 5 * i + 5]) == 1

@@ -1,0 +1,363 @@
+"""PyTorch's own clip tests, ported, run on torch and on fastnorm side by side.
+
+A port of ``test_clip_grad_norm``, ``test_clip_grad_norm_error_if_nonfinite``
+and ``test_clip_grad_norm_multi_device`` from PyTorch's ``test/test_nn.py``.
+Every test takes ``impl``: torch's own functions, or fastnorm's on each
+backend. fastnorm passes them all except where the README lists a deliberate
+difference; each of those has its own test at the end of this file, which also
+shows that torch differs there.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import warnings
+from dataclasses import dataclass
+from itertools import product
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+import torch
+
+import fastnorm
+import reference
+from harness import use_backend
+
+inf, nan = math.inf, math.nan
+
+
+@dataclass(frozen=True)
+class Impl:
+    name: str
+    clip_grad_norm_: Callable[..., torch.Tensor]
+    get_total_norm: Callable[..., torch.Tensor]
+    clip_grads_with_norm_: Callable[..., Any]
+
+
+def _fastnorm_clip_with_norm(parameters, max_norm, total_norm, foreach=None):
+    fastnorm.clip_(parameters, max_norm, foreach=foreach, total_norm=total_norm)
+
+
+TORCH = Impl(
+    "torch",
+    torch.nn.utils.clip_grad_norm_,
+    torch.nn.utils.get_total_norm,
+    torch.nn.utils.clip_grads_with_norm_,
+)
+FASTNORM = Impl("fastnorm", fastnorm.clip_, fastnorm.total_norm, _fastnorm_clip_with_norm)
+
+
+@pytest.fixture(params=["torch", "fastnorm-cpp", "fastnorm-triton", "fastnorm-torch"])
+def impl(request, monkeypatch) -> Impl:
+    if request.param == "torch":
+        return TORCH
+    use_backend(request.param.split("-")[1], monkeypatch)
+    return FASTNORM
+
+
+def assert_equal(actual, expected):
+    """``TestCase.assertEqual`` for tensors and numbers: the tolerance of the tensors' dtype."""
+    dtype = next(x.dtype for x in (actual, expected) if isinstance(x, torch.Tensor))
+    actual, expected = (torch.as_tensor(x).to(dtype).cpu() for x in (actual, expected))
+    torch.testing.assert_close(actual, expected)
+
+
+# ----------------------------------------------------------------------------
+# test_clip_grad_norm
+# ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("foreach", [False, True])
+@pytest.mark.parametrize("norm_type", [0.5, 1.5, 2, 4, "inf"])
+def test_clip_grad_norm(impl, norm_type, foreach):
+    layer = torch.nn.Linear(10, 10)
+    max_norm = 2
+
+    def compute_norm(norm_type):
+        norm_type = float(norm_type)
+        if norm_type != inf:
+            total = 0
+            for p in layer.parameters():
+                total += p.grad.data.abs().pow(norm_type).sum()
+            return pow(total, 1.0 / norm_type)
+        return max(p.grad.data.abs().max() for p in layer.parameters())
+
+    def compare_scaling(grads):
+        p_scale = [p.grad.data.div(g).view(-1) for p, g in zip(layer.parameters(), grads)]
+        scale = torch.cat(p_scale)
+        assert_equal(scale.std(), 0)
+        return scale[0]
+
+    def set_large_grads():
+        grads = torch.arange(1.0, 101).view(10, 10), torch.ones(10).div(1000)
+        for p, g in zip(layer.parameters(), grads):
+            p._grad = g.clone().view_as(p)
+        return grads
+
+    def check_clipped(norm, norm_before, norm_after, grads):
+        assert_equal(norm, norm_before)
+        assert_equal(norm_after, max_norm)
+        assert norm_after <= norm_before
+        compare_scaling(grads)
+
+    grads = set_large_grads()
+    norm_before = compute_norm(norm_type)
+    norm = impl.clip_grad_norm_(layer.parameters(), max_norm, norm_type=norm_type, foreach=foreach)
+    check_clipped(norm, norm_before, compute_norm(norm_type), grads)
+
+    # The decomposed functions
+    set_large_grads()
+    norm_before = compute_norm(norm_type)
+    grads = [p.grad for p in layer.parameters()]
+    total_norm = impl.get_total_norm(grads, norm_type=norm_type, foreach=foreach)
+    impl.clip_grads_with_norm_(layer.parameters(), max_norm, total_norm, foreach=foreach)
+    check_clipped(total_norm, norm_before, compute_norm(norm_type), grads)
+
+    # Small gradients are left unchanged
+    grads = torch.rand(10, 10).div(10000), torch.ones(10).div(500)
+    for p, g in zip(layer.parameters(), grads):
+        p.grad.data.copy_(g)
+    norm_before = compute_norm(norm_type)
+    norm = impl.clip_grad_norm_(layer.parameters(), max_norm, norm_type=norm_type, foreach=foreach)
+    norm_after = compute_norm(norm_type)
+    assert_equal(norm, norm_before)
+    assert_equal(norm_before, norm_after)
+    assert norm_after <= max_norm
+    scale = compare_scaling(grads)
+    assert_equal(scale, 1)
+
+    # A single Tensor (here a plain one, with a .grad) is accepted
+    p1, p2 = torch.randn(10, 10), torch.randn(10, 10)
+    g = torch.arange(1.0, 101).view(10, 10)
+    p1._grad = g.clone()
+    p2._grad = g.clone()
+    impl.clip_grad_norm_(p1, max_norm, norm_type=norm_type, foreach=foreach)
+    impl.clip_grad_norm_([p2], max_norm, norm_type=norm_type, foreach=foreach)
+    assert_equal(p1.grad, p2.grad)
+    assert not torch.equal(p1.grad, g)
+
+    # An exhausted generator warns
+    params = layer.parameters()
+    for _ in params:
+        pass
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        impl.clip_grad_norm_(params, max_norm, norm_type=norm_type, foreach=foreach)
+    assert len(w) == 1
+    assert str(w[0].message) == "`parameters` is an empty generator, no gradient clipping will occur."
+
+
+# ----------------------------------------------------------------------------
+# test_clip_grad_norm_error_if_nonfinite
+# ----------------------------------------------------------------------------
+
+NORMS_POS = [0.1, 1, 2, 3.5, inf]
+NORMS_NEG = [-0.1, -1, -2, -3.5]
+NORMS_EXCEPT_0 = NORMS_POS + NORMS_NEG
+NORMS_ALL = NORMS_EXCEPT_0 + [0]
+
+# (grad_only_one_elem, prefix_finite_grad_param, scalars, torch's non-finite norm
+# types, torch's finite norm types), as in PyTorch's table.
+CASES = [
+    # an infinite gradient
+    (False, False, [inf, -inf], NORMS_EXCEPT_0, [0]),
+    (False, True, [inf, -inf], NORMS_POS, NORMS_NEG + [0]),
+    (True, False, [inf, -inf], NORMS_POS, NORMS_NEG + [0]),
+    (True, True, [inf, -inf], NORMS_POS, NORMS_NEG + [0]),
+    # a NaN gradient
+    (False, False, [nan], NORMS_EXCEPT_0, [0]),
+    (False, True, [nan], NORMS_EXCEPT_0, [0]),
+    (True, False, [nan], NORMS_EXCEPT_0, [0]),
+    (True, True, [nan], NORMS_EXCEPT_0, [0]),
+    # a gradient that never errors
+    (False, False, [2e22, -2e22], [], NORMS_ALL),
+    (False, True, [2e22, -2e22], [], NORMS_ALL),
+    (True, False, [2e22, -2e22], [], NORMS_ALL),
+    (True, True, [2e22, -2e22], [], NORMS_ALL),
+    # a gradient whose powers overflow (or vanish) in torch for some norm types
+    (False, False, [2e200, -2e200], [3.5, 2, -2, -3.5], [inf, 1, 0.1, 0, -1, -0.1]),
+    (False, True, [2e200, -2e200], [3.5, 2], NORMS_NEG + [inf, 1, 0.1, 0]),
+    (True, False, [2e200, -2e200], [3.5, 2], NORMS_NEG + [inf, 1, 0.1, 0]),
+    (True, True, [2e200, -2e200], [3.5, 2], NORMS_NEG + [inf, 1, 0.1, 0]),
+]
+
+
+def _nonfinite_parameters(scalar, grad_only_one_elem, prefix_finite_grad_param):
+    param = torch.ones(10, dtype=torch.float64, requires_grad=True)
+    if grad_only_one_elem:
+        param[1].mul(scalar).sum().backward()
+    else:
+        param.mul(scalar).sum().backward()
+    if not prefix_finite_grad_param:
+        return [param]
+    prefix_param = torch.ones(1, dtype=torch.float64, requires_grad=True)
+    prefix_param.mul(1).sum().backward()
+    return [prefix_param, param]
+
+
+def finite_where_torch_overflows(case: tuple, norm_type: float) -> bool:
+    """The deliberate difference: torch's norm is inf though the true norm is finite
+    (fastnorm's powers do not overflow), so fastnorm neither errors nor returns inf."""
+    grad_only_one_elem, prefix, scalars, _, _ = case
+    grads = [p.grad for p in _nonfinite_parameters(scalars[0], grad_only_one_elem, prefix)]
+    return math.isfinite(reference.total_norm(grads, float(norm_type)))
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"case{i}" for i in range(len(CASES))])
+def test_clip_grad_norm_error_if_nonfinite(impl, case):
+    grad_only_one_elem, prefix_finite_grad_param, scalars, norms_nonfinite, norms_finite = case
+
+    def run_test_case(norm_type, error_if_nonfinite, scalar, is_norm_nonfinite):
+        msg = (
+            f"norm_type: {norm_type}, error_if_nonfinite: {error_if_nonfinite}, scalar: {scalar}, "
+            f"grad_only_one_elem: {grad_only_one_elem}, prefix_finite_grad_param: "
+            f"{prefix_finite_grad_param}, is_norm_nonfinite: {is_norm_nonfinite}"
+        )
+        parameters = _nonfinite_parameters(scalar, grad_only_one_elem, prefix_finite_grad_param)
+        # Only raises when the total norm is non-finite and error_if_nonfinite=True
+        if is_norm_nonfinite and error_if_nonfinite:
+            error_msg = f"The total norm of order {float(norm_type)} for gradients"
+            grads_before = [p.grad.clone() for p in parameters]
+            with pytest.raises(RuntimeError, match=error_msg):
+                impl.clip_grad_norm_(parameters, 1, norm_type=norm_type, error_if_nonfinite=True)
+            # No gradient changes when it raises
+            for before, p in zip(grads_before, parameters):
+                torch.testing.assert_close(p.grad, before, equal_nan=True, msg=msg)
+        else:
+            norm = impl.clip_grad_norm_(
+                parameters, 1, norm_type=norm_type, error_if_nonfinite=error_if_nonfinite
+            )
+            if not is_norm_nonfinite:
+                assert math.isfinite(norm.item()), msg
+
+    for error_if_nonfinite in [False, True]:
+        for norm_type, scalar in product(norms_nonfinite, scalars):
+            nonfinite = not (impl is FASTNORM and finite_where_torch_overflows(case, norm_type))
+            run_test_case(norm_type, error_if_nonfinite, scalar, nonfinite)
+        for norm_type, scalar in product(norms_finite, scalars):
+            run_test_case(norm_type, error_if_nonfinite, scalar, False)
+
+
+# ----------------------------------------------------------------------------
+# test_clip_grad_norm_multi_device (needs two devices: CUDA and the CPU, or two GPUs)
+# ----------------------------------------------------------------------------
+
+
+def _device_pairs() -> list[tuple[str, str]]:
+    pairs = []
+    if torch.cuda.is_available():
+        pairs.append(("cuda:0", "cpu"))
+        if torch.cuda.device_count() >= 2:
+            pairs.append(("cuda:0", "cuda:1"))
+    return pairs or [pytest.param(None, marks=pytest.mark.skip(reason="needs two devices"))]
+
+
+@pytest.mark.parametrize("devices", _device_pairs())
+@pytest.mark.parametrize("foreach", [False, True])
+@pytest.mark.parametrize("impl", [TORCH, FASTNORM], ids=["torch", "fastnorm"])
+def test_clip_grad_norm_multi_device(impl, devices, foreach):
+    class TestModel(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer1 = torch.nn.Linear(10, 10)
+            self.layer2 = torch.nn.Linear(10, 10)
+
+    test_model = TestModel()
+    test_model.layer1.to(devices[0])
+    test_model.layer2.to(devices[1])
+    ref_model = TestModel().to(devices[0])
+    for norm_type in [2.0, math.inf]:
+        for p in test_model.parameters():
+            p.grad = torch.ones_like(p)
+        for p in ref_model.parameters():
+            p.grad = torch.ones_like(p)
+        norm = impl.clip_grad_norm_(test_model.parameters(), 0.5, norm_type=norm_type, foreach=foreach)
+        expected = impl.clip_grad_norm_(ref_model.parameters(), 0.5, norm_type=norm_type, foreach=foreach)
+        assert_equal(norm, expected)
+        assert norm.device == torch.device(devices[0])
+        for p, pe in zip(test_model.parameters(), ref_model.parameters()):
+            assert_equal(p.grad.to(devices[0]), pe.grad)
+
+
+# ----------------------------------------------------------------------------
+# The deliberate differences (README, "API"), one test each
+# ----------------------------------------------------------------------------
+
+
+@pytest.fixture(params=["cpp", "triton", "torch"])
+def fastnorm_backend(request, monkeypatch):
+    return use_backend(request.param, monkeypatch)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_difference_16bit_gradients_give_a_float32_norm(fastnorm_backend, dtype):
+    grads = [torch.full((3,), 60000.0, dtype=dtype), torch.full((5,), 2.0, dtype=dtype)]
+    theirs = torch.nn.utils.get_total_norm(grads)
+    ours = fastnorm.total_norm(grads)
+    assert theirs.dtype == dtype and ours.dtype == torch.float32
+    assert reference.rel_err(ours.item(), reference.norm(grads, 2.0)) <= 1e-6
+    if dtype == torch.float16:
+        assert theirs.item() == inf  # past 65504
+
+
+@pytest.mark.parametrize(
+    "grads, p",
+    [
+        ([torch.full((10,), 2e200, dtype=torch.float64)], 2.0),
+        ([torch.full((10,), 2e200, dtype=torch.float64)], 3.5),
+        ([torch.full((10,), 2e200, dtype=torch.float64)], -2.0),
+        ([torch.full((10,), 1e20)], 2.0),
+        ([torch.full((10,), 1e20)], 100.0),
+        ([torch.full((10,), 1e-310, dtype=torch.float64)], 2.0),
+    ],
+    ids=["f64-2e200-p2", "f64-2e200-p3.5", "f64-2e200-p-2", "f32-1e20-p2", "f32-1e20-p100", "f64-1e-310-p2"],
+)
+def test_difference_a_finite_norm_where_torchs_overflows(fastnorm_backend, grads, p):
+    theirs = torch.nn.utils.get_total_norm(grads, p).item()
+    ours = fastnorm.total_norm(grads, p).item()
+    assert theirs in (inf, 0.0)  # an overflow, or a sum of squares that vanished
+    expected = reference.total_norm(grads, p)
+    tolerance = 1e-12 if grads[0].dtype == torch.float64 else 1e-6
+    assert math.isfinite(ours) and reference.rel_err(ours, expected) <= tolerance
+
+
+@pytest.mark.parametrize("max_norm", [-1.0, nan])
+def test_difference_a_negative_or_nan_max_norm_raises(fastnorm_backend, max_norm):
+    def params():
+        p = torch.nn.Parameter(torch.zeros(4))
+        p.grad = torch.tensor([3.0, -4.0, 0.0, 12.0])
+        return [p]
+
+    theirs = params()
+    torch.nn.utils.clip_grad_norm_(theirs, max_norm)
+    flipped = theirs[0].grad  # torch flips (negative) or poisons (NaN) every gradient
+    assert bool(flipped.isnan().all()) or bool((flipped * params()[0].grad <= 0).all())
+    ours = params()
+    with pytest.raises(ValueError, match="max_norm"):
+        fastnorm.clip_(ours, max_norm)
+    assert torch.equal(ours[0].grad, params()[0].grad)
+
+
+def test_difference_a_repeated_tensor_counts_once(fastnorm_backend):
+    def params():
+        p = torch.nn.Parameter(torch.zeros(4))
+        p.grad = torch.tensor([3.0, -4.0, 0.0, 12.0])  # norm 13
+        return [p, p]
+
+    theirs = params()
+    assert torch.nn.utils.clip_grad_norm_(theirs, 1.0).item() == pytest.approx(13 * 2**0.5)
+    ours = params()
+    assert fastnorm.clip_(ours, 1.0).item() == pytest.approx(13.0)
+    assert fastnorm.total_norm(ours[0].grad).item() == pytest.approx(1.0, rel=1e-5)  # scaled once
+    # torch scales the same gradient twice: 13 / (13 * sqrt(2))^2
+    assert torch.nn.utils.get_total_norm([theirs[0].grad]).item() == pytest.approx(1 / 26, rel=1e-4)
+
+
+def test_the_readme_lists_each_deliberate_difference_tested_here():
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme[readme.index("### Deliberate differences from torch") :]
+    listed = re.findall(r"^\d\. \*\*(.+?)\*\*", section[: section.index("\n## ")], flags=re.M)
+    tested = [name for name in globals() if name.startswith("test_difference_")]
+    assert len(listed) == len(tested) == 4, (listed, tested)
