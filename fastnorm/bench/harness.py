@@ -12,10 +12,12 @@ For each workload and dtype:
    quick workloads), in a new random order every round, so that the machine's
    noise (frequency, the memory controller, interrupts) falls on all
    of them alike. A round during which other processes kept the CPUs busy is
-   replaced (see :class:`LoadMeter`);
+   replaced (see :class:`LoadMeter`), within a time budget;
 5. summarize: median, min, quartiles, GB/s over the least bytes each kind must
    move, % of the roofline (the fastest plain read / read-write of the same
    bytes in the same rounds) and the speedup over the contender's baseline.
+   Figures from too few quiet rounds, or faster than the roofline of the same
+   rounds (which cannot be), are marked ``disturbed``: not results.
 
 On CUDA each call is timed with CUDA events from an idle device (launches and
 kernels), and the host time until the call returns is kept separately; on the
