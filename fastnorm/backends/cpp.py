@@ -102,11 +102,15 @@ def _import_extension() -> tuple[Any, ImportError | None, str | None]:
         del sys.modules["fastnorm._C"]
         others.append(f"{path.parent} (built from other sources)")
     found = f"; the installed fastnorm cannot stand in: {', '.join(others)}" if others else ""
-    return None, ImportError(
-        f"this source tree ({_TREE}) has no build of fastnorm._C{found}; run `pip install -e .` "
-        "there (it builds the kernels in place), or run from another directory to use an "
-        "installed fastnorm"
-    ), None
+    return (
+        None,
+        ImportError(
+            f"this source tree ({_TREE}) has no build of fastnorm._C{found}; run `pip install -e .` "
+            "there (it builds the kernels in place), or run from another directory to use an "
+            "installed fastnorm"
+        ),
+        None,
+    )
 
 
 # Built without the extension, a broken build, or an unsupported FASTNORM_ISA.
