@@ -11,9 +11,19 @@ no torch. Environment switches:
 
 import os
 import sys
+from importlib.util import module_from_spec, spec_from_file_location
+from pathlib import Path
 
 from pybind11.setup_helpers import Pybind11Extension, build_ext
 from setuptools import setup
+
+
+def _source_hash() -> str:
+    """fastnorm/_build.py's fingerprint of csrc/, loaded without importing fastnorm (and torch)."""
+    spec = spec_from_file_location("_fastnorm_build", Path(__file__).parent / "fastnorm" / "_build.py")
+    module = module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.source_hash(Path(__file__).parent / "csrc")
 
 
 def _flag(name: str) -> bool:
@@ -39,7 +49,8 @@ class OptionalBuildExt(build_ext):
 if sys.platform == "win32":
     extra_compile_args = ["/O2"]
 else:
-    # -ffp-contract=off: no fused multiply-add, so every instruction set rounds alike.
+    # -ffp-contract=off: the compiler fuses no multiply-add of its own accord; the kernels fuse
+    # only where that is exact (csrc/isa_avx2.h), so every instruction set rounds alike.
     extra_compile_args = ["-O3", "-ffp-contract=off", "-fvisibility=hidden"]
 
 ext_modules = []
@@ -47,9 +58,10 @@ if not _flag("FASTNORM_SKIP_CPP_BUILD"):
     ext_modules.append(
         Pybind11Extension(
             "fastnorm._C",
-            ["csrc/bindings.cpp", "csrc/kernels.cpp"],
-            depends=["csrc/convert.h", "csrc/fastnorm.h", "csrc/kernels_impl.h", "csrc/thread_pool.h"],
+            ["csrc/bindings.cpp", "csrc/kernels.cpp", "csrc/snapshot.cpp"],
+            depends=sorted(str(p) for p in Path("csrc").glob("*.h")),
             cxx_std=17,
+            define_macros=[("FASTNORM_SOURCE_HASH", f'"{_source_hash()}"')],
             extra_compile_args=extra_compile_args,
             # dlopen/dlsym (in libc itself from glibc 2.34, in libdl before)
             libraries=["dl"] if sys.platform.startswith("linux") else [],

@@ -25,7 +25,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("fastnorm bench")
     group.addoption("--bench-device", choices=("cpu", "cuda"), help="default: cuda when present, else cpu")
     group.addoption("--bench-workloads", help="comma list (default: the device's defaults)")
-    group.addoption("--bench-dtypes", default="fp32,bf16", help="comma list (default: fp32,bf16)")
+    group.addoption("--bench-dtypes", help="comma list (default: each workload's, fp32,bf16 for most)")
     group.addoption("--bench-contenders", help="comma list of name prefixes (default: the device's defaults)")
     group.addoption("--bench-quick", action="store_true", help="the small --quick shapes")
 
@@ -46,9 +46,15 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     device = bench_device(config)
     names = _split(config.getoption("--bench-workloads")) or workloads.defaults(device)
     dtypes = _split(config.getoption("--bench-dtypes"))
-    chosen, _ = contenders.select(device, _split(config.getoption("--bench-contenders")))
+    prefixes = _split(config.getoption("--bench-contenders"))
+    wanted = contenders.by_prefix(prefixes) if prefixes else contenders.default_wanted(device)
     # Workload-major order: the session fixture keeps one prepared workload at a time.
-    cases = [(w, d, c.name) for w in names for d in dtypes for c in chosen]
+    cases = []
+    for name in names:
+        workload = workloads.WORKLOADS[name]
+        chosen, _ = contenders.for_workload(workload, device, wanted)
+        for d in dtypes or workload.dtypes or ["fp32", "bf16"]:
+            cases += [(name, d, c.name) for c in chosen]
     metafunc.parametrize("case", cases, ids=[f"{w}-{d}-{c}" for w, d, c in cases])
 
 

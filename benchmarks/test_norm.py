@@ -7,9 +7,21 @@ import torch
 
 from fastnorm.bench.contenders import CONTENDERS
 from fastnorm.bench.harness import check
+from fastnorm.bench.workloads import WORKLOADS
 
 
-def test_norm(benchmark, case, prepared_workloads) -> None:
+@pytest.fixture
+def threads(case):
+    """torch's thread count as the workload asks (1 for the single-core one)."""
+    wanted = WORKLOADS[case[0]].threads
+    before = torch.get_num_threads()
+    if wanted is not None:
+        torch.set_num_threads(wanted)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_norm(benchmark, case, prepared_workloads, threads) -> None:
     workload, dtype, name = case
     w = prepared_workloads.get(workload, dtype)
     contender = CONTENDERS[name]

@@ -2,11 +2,48 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <iterator>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
 #include "fastnorm.h"
+#include "snapshot.h"
 #include "thread_pool.h"
 
+#if !defined(FASTNORM_SOURCE_HASH)
+#define FASTNORM_SOURCE_HASH "unknown"
+#endif
+
 namespace py = pybind11;
+using fastnorm::Attr;
 using fastnorm::Plan;
+using fastnorm::Snapshot;
+using fastnorm::TensorAccess;
+
+namespace {
+
+// (owner, name, descriptor, is_method) for each of TensorAccess's attributes, in order.
+TensorAccess access_from(const py::tuple& attrs) {
+  TensorAccess access;
+  Attr* fields[] = {&access.grad,  &access.tensor_grad,   &access.requires_grad,
+                    &access.data_ptr, &access.nbytes, &access.dtype,
+                    &access.is_contiguous, &access.shape, &access.stride};
+  if (attrs.size() != std::size(fields)) {
+    throw std::invalid_argument("fastnorm._C.Snapshot: access must list " +
+                                std::to_string(std::size(fields)) + " attributes");
+  }
+  for (size_t i = 0; i < std::size(fields); ++i) {
+    const auto spec = attrs[i].cast<py::tuple>();
+    fields[i]->owner = spec[0];
+    fields[i]->name = spec[1].cast<py::str>();
+    fields[i]->descriptor = spec[2];
+    fields[i]->method = spec[3].cast<bool>();
+  }
+  return access;
+}
+
+}  // namespace
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "fastnorm CPU kernels (raw addresses in, no libtorch)";
@@ -21,6 +58,15 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("numel", &Plan::numel)
       .def_property_readonly("nbytes", &Plan::nbytes);
 
+  py::class_<Snapshot>(m, "Snapshot")
+      .def(py::init([](int kind, const py::list& items, const py::list& grads, const py::tuple& access) {
+             return new Snapshot(kind, items, grads, access_from(access));
+           }),
+           py::arg("kind"), py::arg("items"), py::arg("grads"), py::arg("access"))
+      .def("matches", &Snapshot::matches, py::arg("items"), py::arg("grads") = py::none(),
+           "Whether the items are the same objects whose gradients have the same facts.")
+      .def("__len__", &Snapshot::size);
+
   m.def("reduce", &fastnorm::reduce, py::arg("plan"), py::arg("mode"), py::arg("p"),
         py::arg("partial_addr"), py::arg("root_addr"), py::arg("root_is_double"),
         py::arg("per_tensor_addr"), py::arg("num_threads"),
@@ -28,7 +74,17 @@ PYBIND11_MODULE(_C, m) {
   m.def("scale_by_norm", &fastnorm::scale_by_norm, py::arg("plan"), py::arg("norm_addr"),
         py::arg("norm_is_double"), py::arg("max_norm"), py::arg("num_threads"),
         py::call_guard<py::gil_scoped_release>());
-  m.def("isa", &fastnorm::isa);
+  // An unknown or unsupported FASTNORM_ISA fails the import, with its reason.
+  fastnorm::isa();
+  m.def("isa", &fastnorm::isa, "The instruction set the kernels run with.");
+  m.def("supported_isas", &fastnorm::supported_isas,
+        "The instruction sets this build can run on this CPU, narrowest first.");
+  m.def("use_isa", &fastnorm::use_isa, py::arg("name"),
+        "Runs the calls that start afterwards with another instruction set (same bits).");
+  m.def("clock_hz", &fastnorm::clock_hz, py::arg("seconds") = 0.05,
+        "The core clock in Hz, from a timed chain of dependent additions (0 where unknown).");
+  m.def("source_hash", [] { return std::string(FASTNORM_SOURCE_HASH); },
+        "The fingerprint of the sources this build was compiled from (fastnorm/_build.py).");
   m.def("attach_openmp", &fastnorm::ThreadPool::attach_openmp, py::arg("path"),
         "Run parallel tasks on the threads of the OpenMP runtime loaded from `path`.");
   m.def("uses_openmp", &fastnorm::ThreadPool::uses_openmp);

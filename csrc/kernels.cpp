@@ -1,4 +1,6 @@
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <cstdint>
@@ -9,34 +11,29 @@
 #include <vector>
 
 #if defined(__x86_64__)
+#if defined(__GNUC__) && !defined(__clang__)
+// GCC's AVX-512 headers fill don't-care inputs with self-initialized values
+// (_mm512_undefined_*), which its own -Wmaybe-uninitialized then reports.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #include <immintrin.h>
 #endif
 
 #include "convert.h"
+#include "elements.h"
 #include "fastnorm.h"
+#include "lanes.h"
 #include "thread_pool.h"
 
 namespace fastnorm {
 
 namespace generic {
-FASTNORM_INLINE void half_block_to_float(const uint16_t* x, float* out) {
-  for (int j = 0; j < kLanes; ++j) out[j] = half_to_float(x[j]);
-}
-FASTNORM_INLINE void float_block_to_half(const float* x, uint16_t* out) {
-  for (int j = 0; j < kLanes; ++j) out[j] = float_to_half(x[j]);
-}
-FASTNORM_INLINE void half_block_to_double(const uint16_t* x, double* out) {
-  for (int j = 0; j < kLanes; ++j) out[j] = double(half_to_float(x[j]));
-}
-FASTNORM_INLINE void bf16_block_to_double(const uint16_t* x, double* out) {
-  for (int j = 0; j < kLanes; ++j) out[j] = double(bf16_to_float(x[j]));
-}
-FASTNORM_INLINE double muladd(double a, double b, double c) { return a * b + c; }
+#include "isa_generic.h"
 #include "kernels_impl.h"
 }  // namespace generic
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define FASTNORM_HAVE_AVX2 1
+#define FASTNORM_HAVE_X86 1
 #if defined(__clang__)
 #pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
 #else
@@ -44,42 +41,22 @@ FASTNORM_INLINE double muladd(double a, double b, double c) { return a * b + c; 
 #pragma GCC target("avx2,fma,f16c")
 #endif
 namespace avx2 {
-static_assert(kLanes == 16, "the F16C hooks convert two groups of 8");
-FASTNORM_INLINE void half_block_to_float(const uint16_t* x, float* out) {
-  for (int k = 0; k < kLanes; k += 8) {
-    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x + k));
-    _mm256_storeu_ps(out + k, _mm256_cvtph_ps(h));
-  }
-}
-FASTNORM_INLINE void float_block_to_half(const float* x, uint16_t* out) {
-  for (int k = 0; k < kLanes; k += 8) {
-    const __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(x + k), _MM_FROUND_TO_NEAREST_INT);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + k), h);
-  }
-}
-// 8 floats -> two groups of 4 doubles, stored as whole vectors.
-FASTNORM_INLINE void store_as_doubles(__m256 f, double* out) {
-  _mm256_storeu_pd(out, _mm256_cvtps_pd(_mm256_castps256_ps128(f)));
-  _mm256_storeu_pd(out + 4, _mm256_cvtps_pd(_mm256_extractf128_ps(f, 1)));
-}
-FASTNORM_INLINE void half_block_to_double(const uint16_t* x, double* out) {
-  for (int k = 0; k < kLanes; k += 8) {
-    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x + k));
-    store_as_doubles(_mm256_cvtph_ps(h), out + k);
-  }
-}
-FASTNORM_INLINE void bf16_block_to_double(const uint16_t* x, double* out) {
-  for (int k = 0; k < kLanes; k += 8) {
-    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x + k));
-    const __m256i w = _mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16);
-    store_as_doubles(_mm256_castsi256_ps(w), out + k);
-  }
-}
-// Exact for squares of float32/16-bit values (the product fits a double), so
-// fusing changes no result there; it only saves an instruction per lane.
-FASTNORM_INLINE double muladd(double a, double b, double c) { return std::fma(a, b, c); }
+#include "isa_avx2.h"
 #include "kernels_impl.h"
 }  // namespace avx2
+#if defined(__clang__)
+#pragma clang attribute pop
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c"))), \
+                             apply_to = function)
+#else
+#pragma GCC pop_options
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")
+#endif
+namespace avx512 {
+#include "isa_avx512.h"
+#include "kernels_impl.h"
+}  // namespace avx512
 #if defined(__clang__)
 #pragma clang attribute pop
 #else
@@ -89,36 +66,81 @@ FASTNORM_INLINE double muladd(double a, double b, double c) { return std::fma(a,
 
 namespace {
 
-using ReduceFn = void (*)(int, int, double, const void*, int64_t, Acc&);
+using ReduceFn = void (*)(int, int, double, const void*, int64_t, Partial&);
 using ScaleFn = void (*)(int, void*, int64_t, float, double);
 
 struct Kernels {
+  const char* name;
   ReduceFn reduce;
   ScaleFn scale;
-  const char* isa;
+  bool (*supported)();
 };
 
-// FASTNORM_CPU_ISA=generic forces the portable loops (to test them, or to rule
-// out the vector path when chasing a problem).
-Kernels select_kernels() {
-  const char* forced = std::getenv("FASTNORM_CPU_ISA");
-  if (forced != nullptr && std::string(forced) == "generic") {
-    return {generic::reduce_piece, generic::scale_piece, "generic"};
-  }
-#if defined(FASTNORM_HAVE_AVX2)
+bool always() { return true; }
+
+#if defined(FASTNORM_HAVE_X86)
+bool cpu_has_avx2() {
   __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-      __builtin_cpu_supports("f16c")) {
-    return {avx2::reduce_piece, avx2::scale_piece, "avx2"};
-  }
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+}
+// __builtin_cpu_supports also checks that the OS saves the AVX-512 registers.
+bool cpu_has_avx512() {
+  return cpu_has_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+}
 #endif
-  return {generic::reduce_piece, generic::scale_piece, "generic"};
+
+// Narrowest first.
+const Kernels kAll[] = {
+    {"generic", generic::reduce_piece, generic::scale_piece, always},
+#if defined(FASTNORM_HAVE_X86)
+    {"avx2", avx2::reduce_piece, avx2::scale_piece, cpu_has_avx2},
+    {"avx512", avx512::reduce_piece, avx512::scale_piece, cpu_has_avx512},
+#endif
+};
+
+const Kernels* find(const std::string& name) {
+  for (const Kernels& k : kAll) {
+    if (name == k.name) return &k;
+  }
+  return nullptr;
 }
 
-const Kernels& kernels() {
-  static const Kernels k = select_kernels();
-  return k;
+std::string supported_list() {
+  std::string out;
+  for (const std::string& name : supported_isas()) out += (out.empty() ? "" : ", ") + name;
+  return out;
 }
+
+const Kernels* select_kernels() {
+  const char* forced = std::getenv("FASTNORM_ISA");
+  const char* variable = "FASTNORM_ISA";
+  if (forced == nullptr || *forced == 0) {
+    forced = std::getenv("FASTNORM_CPU_ISA");
+    variable = "FASTNORM_CPU_ISA";
+  }
+  if (forced != nullptr && *forced != 0) {
+    const Kernels* k = find(forced);
+    if (k == nullptr || !k->supported()) {
+      const char* why = k == nullptr ? " is unknown" : " is not supported here";
+      throw std::runtime_error(std::string(variable) + "=" + forced + why +
+                               "; this CPU and build support: " + supported_list());
+    }
+    return k;
+  }
+  const Kernels* best = &kAll[0];
+  for (const Kernels& k : kAll) {
+    if (k.supported()) best = &k;
+  }
+  return best;
+}
+
+std::atomic<const Kernels*>& current() {
+  static std::atomic<const Kernels*> chosen{select_kernels()};
+  return chosen;
+}
+
+const Kernels& kernels() { return *current().load(std::memory_order_acquire); }
 
 int64_t element_size(int dtype) {
   switch (dtype) {
@@ -161,7 +183,7 @@ Plan::Plan(const std::vector<uintptr_t>& addrs, const std::vector<int64_t>& nume
     while (done < numels[i]) {
       const int64_t room = std::max<int64_t>(1, (task_bytes - filled) / size);
       const int64_t take = std::min(room, numels[i] - done);
-      pieces_.push_back({addrs[i] + uintptr_t(done * size), take, dtypes[i], int64_t(i)});
+      pieces_.push_back({addrs[i] + uintptr_t(done * size), take, take * size, dtypes[i], int64_t(i)});
       done += take;
       filled += take * size;
       if (filled >= task_bytes) {
@@ -178,9 +200,11 @@ namespace {
 
 // Merges b into a for the given mode, the same way at every level (pieces into
 // tasks, tasks into the total, pieces into their tensor).
-void merge(Acc& a, const Acc& b, int mode, double p) {
+void merge(Partial& a, const Partial& b, int mode, double p) {
   switch (mode) {
     case kL2:
+      merge_l2(a, b);
+      break;
     case kL1:
       a.s += b.s;
       break;
@@ -192,10 +216,10 @@ void merge(Acc& a, const Acc& b, int mode, double p) {
   }
 }
 
-double root_of(const Acc& acc, int mode, double p) {
+double root_of(const Partial& acc, int mode, double p) {
   switch (mode) {
     case kL2:
-      return std::sqrt(acc.s);
+      return acc.m > 0.0 ? std::sqrt(acc.s) * acc.m : std::sqrt(acc.s);
     case kL1:
       return acc.s;
     case kLinf:
@@ -207,16 +231,42 @@ double root_of(const Acc& acc, int mode, double p) {
 
 }  // namespace
 
+void merge_l2_rescaled(Partial& a, const Partial& b) {
+  // An empty partial (s == 0) takes no part in choosing the scale.
+  if (b.s == 0.0) return;
+  if (a.s == 0.0) {
+    a = b;
+    return;
+  }
+  const double scale_a = a.m > 0.0 ? a.m : 1.0;
+  const double scale_b = b.m > 0.0 ? b.m : 1.0;
+  if (scale_a == scale_b) {
+    // Two plain sums that overflowed together: both move to the scale 2^512.
+    a.m = 0x1p512;
+    a.s = std::ldexp(a.s, -1024) + std::ldexp(b.s, -1024);
+    return;
+  }
+  // The smaller scale's sum moves to the larger one. The scales are powers of
+  // two, so ldexp does it with one rounding, keeps inf and NaN as they are and
+  // never makes inf * 0.
+  const Partial& big = scale_a > scale_b ? a : b;
+  const Partial& small = scale_a > scale_b ? b : a;
+  const int shift = 2 * (std::ilogb(small.m > 0.0 ? small.m : 1.0) - std::ilogb(big.m > 0.0 ? big.m : 1.0));
+  const double s = big.s + std::ldexp(small.s, shift);
+  a.m = big.m;
+  a.s = s;
+}
+
 void reduce(const Plan& plan, int mode, double p, uintptr_t partial_addr, uintptr_t root_addr,
             bool root_is_double, uintptr_t per_tensor_addr, int num_threads) {
   if (mode < kL2 || mode > kLp) throw std::invalid_argument("fastnorm._C.reduce: unknown mode");
   const ReduceFn reduce_piece = kernels().reduce;
-  std::vector<Acc> partial(size_t(plan.num_tasks()));
-  std::vector<Acc> pieces(per_tensor_addr != 0 ? size_t(plan.num_pieces()) : 0);
+  std::vector<Partial> partial(size_t(plan.num_tasks()));
+  std::vector<Partial> pieces(per_tensor_addr != 0 ? size_t(plan.num_pieces()) : 0);
   ThreadPool::instance().run(plan.num_tasks(), threads_for(plan, num_threads), [&](int64_t task) {
-    Acc acc;
+    Partial acc;
     plan.for_each_piece(task, [&](int64_t index, const Plan::Piece& piece) {
-      Acc own;
+      Partial own;
       reduce_piece(piece.dtype, mode, p, reinterpret_cast<const void*>(piece.addr), piece.numel,
                    own);
       merge(acc, own, mode, p);
@@ -225,8 +275,8 @@ void reduce(const Plan& plan, int mode, double p, uintptr_t partial_addr, uintpt
     partial[size_t(task)] = acc;
   });
 
-  Acc total;
-  for (const Acc& acc : partial) merge(total, acc, mode, p);
+  Partial total;
+  for (const Partial& acc : partial) merge(total, acc, mode, p);
   auto* out = reinterpret_cast<double*>(partial_addr);
   out[0] = total.m;
   out[1] = total.s;
@@ -241,7 +291,7 @@ void reduce(const Plan& plan, int mode, double p, uintptr_t partial_addr, uintpt
   }
 
   if (per_tensor_addr != 0) {
-    std::vector<Acc> tensors(size_t(plan.num_tensors()));
+    std::vector<Partial> tensors(size_t(plan.num_tensors()));
     for (int64_t i = 0; i < plan.num_pieces(); ++i) {
       merge(tensors[size_t(plan.piece(i).tensor)], pieces[size_t(i)], mode, p);
     }
@@ -279,6 +329,53 @@ bool scale_by_norm(const Plan& plan, uintptr_t norm_addr, bool norm_is_double, d
   return true;
 }
 
-const char* isa() { return kernels().isa; }
+const char* isa() { return kernels().name; }
+
+std::vector<std::string> supported_isas() {
+  std::vector<std::string> names;
+  for (const Kernels& k : kAll) {
+    if (k.supported()) names.emplace_back(k.name);
+  }
+  return names;
+}
+
+void use_isa(const std::string& name) {
+  const Kernels* k = find(name);
+  if (k == nullptr || !k->supported()) {
+    throw std::invalid_argument("fastnorm._C.use_isa: " + name + " is not one of " + supported_list());
+  }
+  current().store(k, std::memory_order_release);
+}
+
+}  // namespace fastnorm
+
+namespace fastnorm {
+
+double clock_hz(double seconds) {
+#if defined(FASTNORM_HAVE_X86)
+  // A chain of dependent register additions retires one per cycle on every
+  // x86-64 core (register-register adds are neither fused nor eliminated).
+  using clock = std::chrono::steady_clock;
+  constexpr int64_t kAdds = 1 << 20;
+  double best = 0.0;
+  const auto stop = clock::now() + std::chrono::duration<double>(seconds);
+  do {
+    uint64_t x = 1;
+    const auto t0 = clock::now();
+    for (int64_t i = 0; i < kAdds; i += 8) {
+      asm volatile(
+          "add %0, %0\n\tadd %0, %0\n\tadd %0, %0\n\tadd %0, %0\n\t"
+          "add %0, %0\n\tadd %0, %0\n\tadd %0, %0\n\tadd %0, %0"
+          : "+r"(x));
+    }
+    const double elapsed = std::chrono::duration<double>(clock::now() - t0).count();
+    best = std::max(best, double(kAdds) / elapsed);
+  } while (clock::now() < stop);
+  return best;
+#else
+  (void)seconds;
+  return 0.0;
+#endif
+}
 
 }  // namespace fastnorm

@@ -11,13 +11,14 @@ not cached, so the cache never keeps a gradient alive.
 
 from __future__ import annotations
 
+import operator
 import threading
 import weakref
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from functools import cached_property
 from itertools import compress, repeat
-from operator import attrgetter, is_not
+from operator import attrgetter
 from typing import Any
 
 import torch
@@ -25,7 +26,7 @@ from torch import Tensor
 from torch.nn import Parameter
 
 from fastnorm._collect import Gradients, collect
-from fastnorm.backends import Backend, choose, requested, warn_if_slow
+from fastnorm.backends import Backend, choose, cpp, requested, warn_if_slow
 from fastnorm.distributed import Domain, DTensor, collective_device
 
 _get_grad = attrgetter("grad")
@@ -125,6 +126,9 @@ def build(grads: Gradients, request: str) -> Plan:
     )
 
 
+_KINDS = {"tensors": 0, "params": 1, "dtensor_params": 2}  # Snapshot.Kind in csrc/snapshot.h
+
+
 def _signature(tensors: list[Tensor]) -> tuple[list[Any], ...]:
     """What a plan depends on, per tensor: address, size, dtype and layout."""
     return (
@@ -135,88 +139,124 @@ def _signature(tensors: list[Tensor]) -> tuple[list[Any], ...]:
     )
 
 
-class _Entry:
-    __slots__ = (
-        "kind",
-        "item_ids",
-        "present",
-        "missing",
-        "signature",
-        "layouts",
-        "plan",
-        "alive",
-        "refs",
-        "__weakref__",
-    )
+class _PySnapshot:
+    """The facts of ``csrc/snapshot.h``, read from Python: for builds without
+    ``fastnorm._C`` (a CUDA machine without a compiler, say)."""
 
-    def __init__(self, kind: str, item_ids: list[int], grads: list[Tensor | None], plan: Plan) -> None:
-        # "params": every item is a Parameter; "dtensor_params": every item is a
-        # DTensor parameter; "tensors": no item requires grad or has a .grad.
+    __slots__ = ("kind", "items", "present", "signature", "layouts")
+
+    def __init__(self, kind: str, items: list[Any], grads: list[Tensor | None]) -> None:
         self.kind = kind
-        self.item_ids = item_ids
+        self.items = items  # compared by identity only (the entry dies with any of them)
         self.present = [g is not None for g in grads]
-        self.missing = [i for i, g in enumerate(grads) if g is None]
-        tensors = self.tensors(grads)
+        tensors = self._tensors(grads)
         self.signature = _signature(tensors)
         # Tensors read as flat without being contiguous (channels_last, permuted):
         # their strides must stay the same too.
         self.layouts = {i: (t.shape, t.stride()) for i, t in enumerate(tensors) if not t.is_contiguous()}
-        self.plan = plan
-        self.alive = True
-        self.refs: list[weakref.ref] = []
 
-    def tensors(self, grads: list[Any]) -> list[Tensor]:
+    def _tensors(self, grads: list[Any]) -> list[Tensor]:
         """The present gradients as the plan reads them (a DTensor's local shard)."""
         present = compress(grads, self.present)
         return list(map(_get_local, present) if self.kind == "dtensor_params" else present)
 
-    def matches(self, grads: list[Any]) -> bool:
-        """Whether the plan still describes these gradients exactly."""
+    def matches(self, items: list[Any], grads: list[Any] | None = None) -> bool:
+        if len(items) != len(self.items) or any(map(operator.is_not, items, self.items)):
+            return False
+        if self.kind == "tensors":
+            # An item that starts requiring grad, or gets a .grad, is a parameter now.
+            if any(map(_get_requires_grad, items)) or any(
+                map(operator.is_not, map(_get_grad, items), repeat(None))
+            ):
+                return False
+            grads = items
+        else:
+            grads = list(map(_get_grad, items)) if grads is None else grads
+            if [g is not None for g in grads] != self.present:
+                return False
         try:
-            tensors = self.tensors(grads)
+            tensors = self._tensors(grads)
             if _signature(tensors) != self.signature:
                 return False
-        except (TypeError, RuntimeError, AttributeError):  # a gradient now missing, sparse, or not sharded
+        except (TypeError, RuntimeError, AttributeError):  # a gradient now sparse, or not sharded
             return False
         return all((tensors[i].shape, tensors[i].stride()) == layout for i, layout in self.layouts.items())
 
 
+def _descriptor(owner: type, name: str) -> Any:
+    """What ``getattr(obj, name)`` finds on the class of an ``owner`` instance."""
+    for klass in owner.__mro__:
+        if name in vars(klass):
+            return vars(klass)[name]
+    raise AttributeError(f"{owner.__name__} has no attribute {name!r}")
+
+
+# The order of TensorAccess in csrc/snapshot.h: (owner, name, descriptor, is_method).
+_ACCESS = tuple(
+    (owner, name, _descriptor(owner, name), method)
+    for owner, name, method in (
+        (Parameter, "grad", False),
+        (Tensor, "grad", False),
+        (Tensor, "requires_grad", False),
+        (Tensor, "data_ptr", True),
+        (Tensor, "nbytes", False),
+        (Tensor, "dtype", False),
+        (Tensor, "is_contiguous", True),
+        (Tensor, "shape", False),
+        (Tensor, "stride", True),
+    )
+)
+
+
+def _snapshot(kind: str, items: list[Any], grads: list[Tensor | None]) -> Any:
+    """The facts a plan depends on, read in the extension where it is built."""
+    if cpp._C is None:
+        return _PySnapshot(kind, items, grads)
+    return cpp._C.Snapshot(_KINDS[kind], items, grads, _ACCESS)
+
+
+class _Entry:
+    __slots__ = ("snapshot", "plan", "alive", "refs", "__weakref__")
+
+    def __init__(self, kind: str, items: list[Any], grads: list[Tensor | None], plan: Plan) -> None:
+        # "params": every item is a Parameter; "dtensor_params": every item is a
+        # DTensor parameter; "tensors": no item requires grad or has a .grad.
+        self.snapshot = _snapshot(kind, items, grads)
+        self.plan = plan
+        self.alive = True
+        self.refs: list[weakref.ref] = []
+
+
 class _Cache:
-    """A few plans keyed by (backend request, group, number of items, first and
-    last item's id); a hit also compares every item's id (a list comparison
-    costs far less than hashing a tuple of thousands of ids).
+    """Plans keyed by (backend request, group, number of items, first and last
+    item's id); a hit also checks that every item is the same object.
 
     A plan stays valid while every gradient has the same address, size, dtype
     and layout, also as a new tensor (``zero_grad(set_to_none=True)`` makes new
     ones, often at the old addresses). Anything else (a resize, a new dtype at
-    the same address, a sparse or missing gradient) rebuilds it.
+    the same address, a sparse or missing gradient) rebuilds it. Those facts
+    are read on every call, in the extension (``csrc/snapshot.h``).
+
+    It holds the ``size`` lists used last, so that clipping many lists per step
+    (per parameter group, per expert) keeps hitting: an entry costs a few bytes
+    per tensor and holds no tensor.
     """
 
-    def __init__(self, size: int = 8) -> None:
+    def __init__(self, size: int = 128) -> None:
         self._entries: OrderedDict[tuple[Any, ...], _Entry] = OrderedDict()
         self._size = size
         self._lock = threading.Lock()
 
-    def lookup(
-        self, key: tuple[Any, ...], items: list[Any], item_ids: list[int], grads: list[Any] | None = None
-    ) -> Plan | None:
+    def lookup(self, key: tuple[Any, ...], items: list[Any], grads: list[Any] | None = None) -> Plan | None:
+        """The cached plan of ``items`` if it still describes them; ``grads``: their
+        ``.grad``, when the caller has read them already (then those are checked)."""
         entry = self._entries.get(key)
-        if entry is None or not entry.alive or item_ids != entry.item_ids:
+        if entry is None or not entry.alive or not entry.snapshot.matches(items, grads):
             return None
-        if entry.kind == "tensors":
-            # An item that starts requiring grad, or gets a .grad, is a parameter now.
-            if any(map(_get_requires_grad, items)) or any(map(is_not, map(_get_grad, items), repeat(None))):
-                return None
-            grads = items
-        else:
-            grads = list(map(_get_grad, items)) if grads is None else grads
-            if any(grads[i] is not None for i in entry.missing):
-                return None
-        if not entry.matches(grads):
-            return None
-        with self._lock:
-            if key in self._entries:
-                self._entries.move_to_end(key)
+        try:
+            self._entries.move_to_end(key)  # atomic under the GIL, as are the dict's reads
+        except KeyError:  # evicted or cleared by another thread meanwhile: the plan stays valid
+            pass
         return entry.plan
 
     def store(
@@ -224,11 +264,10 @@ class _Cache:
         key: tuple[Any, ...],
         kind: str,
         items: list[Any],
-        item_ids: list[int],
         grads: list[Tensor | None],
         plan: Plan,
     ) -> None:
-        entry = _Entry(kind, item_ids, grads, plan)
+        entry = _Entry(kind, items, grads, plan)
         entry_ref = weakref.ref(entry)
 
         def expire(_: object) -> None:
@@ -267,16 +306,15 @@ def plan_for(items: list[Any], p: float, fn: str, group: Any = None, grads: list
     """The plan for ``items``, from the cache when still valid. ``grads``: the
     items' ``.grad``, when the caller has read them already (read once per call)."""
     request = requested()
-    item_ids = list(map(id, items))
-    key = (request, id(group), len(items), item_ids[0] if items else 0, item_ids[-1] if items else 0)
-    plan = _CACHE.lookup(key, items, item_ids, grads)
+    key = (request, id(group), len(items), id(items[0]) if items else 0, id(items[-1]) if items else 0)
+    plan = _CACHE.lookup(key, items, grads)
     if plan is not None:
         return plan
     grads = collect(items, p, fn, group)
     plan = build(grads, request)
     kind = _kind(items)
     if plan.cacheable and kind is not None:
-        _CACHE.store(key, kind, items, item_ids, grads.per_item, plan)
+        _CACHE.store(key, kind, items, grads.per_item, plan)
     return plan
 
 

@@ -27,8 +27,8 @@ def _info(args: argparse.Namespace) -> int:
         print(json.dumps(rows, indent=2))
         return 0
     print(f"fastnorm {__version__}, torch {torch.__version__}")
-    threads = f"{torch.get_num_threads()} threads from {cpp.threads_source()}"
-    print(f"C++ kernels: {cpp.isa() or 'not built'}; {threads}")
+    print(cpp.kernels_line())
+    print(f"CPU threads: {torch.get_num_threads()}, from {cpp.threads_source()}")
     for row in rows:
         print(f"\n{row['device']} (FASTNORM_BACKEND={row['requested']}): runs {row['selected']}")
         for name, reasons in row["backends"].items():

@@ -128,8 +128,10 @@ class StepClipper:
         skipped (Tensor or None): a float32 device scalar, 1 when the steps
             armed by the last :meth:`clip_` skipped (non-finite norm, or a
             ``GradScaler`` that found an inf), else 0; read it after the steps
-            (a ``GradScaler``'s flag joins it in ``step()``). None before the
-            first :meth:`clip_`.
+            (a ``GradScaler``'s flag joins it in ``step()``), e.g. for
+            ``GradNormMonitor.update(norm, skipped=clipper.skipped)``. An
+            optimizer that cannot fold applies its step: once its ``step()``
+            has run, ``skipped`` is 0. None before the first :meth:`clip_`.
 
     Example::
 
@@ -183,12 +185,16 @@ class StepClipper:
         self._folding = [o for o in opts if not reasons[id(o)]]
         self._separate = [o for o in opts if reasons[id(o)]]
         self._pending: dict[int, Tensor] = {}  # id(optimizer) -> the norm its next step clips by
+        self._armed_separate: set[int] = set()  # the optimizers that cannot fold, armed by clip_
+        self._separate_applied = False  # one of them stepped since clip_: not every step was skipped
         self._installed: dict[int, _Installed] = {}
         self._handles: list[Any] = []
         self._removed = False
         for opt in self._folding:
             self._handles.append(opt.register_step_pre_hook(self._pre_step))
             self._handles.append(opt.register_step_post_hook(self._post_step))
+        for opt in self._separate:
+            self._handles.append(opt.register_step_pre_hook(self._separate_step))
         for opt in opts:
             _CLIPPER_OF[opt] = self
         for opt in self._separate:
@@ -258,6 +264,8 @@ class StepClipper:
             self.skipped = torch.zeros((), dtype=torch.float32, device=norm.device)
         for opt in self._folding:
             self._pending[id(opt)] = norm
+        self._armed_separate = {id(opt) for opt in self._separate}
+        self._separate_applied = False
         if self._separate:
             separate = [p for opt in self._separate for g in opt.param_groups for p in g["params"]]
             _norm.clip_(separate, self.max_norm, self.norm_type, total_norm=norm, group=self.group)
@@ -272,6 +280,7 @@ class StepClipper:
         for opt in self._folding:
             self._uninstall(opt)
         self._pending.clear()
+        self._armed_separate.clear()
         for opt in self.optimizers:
             if _CLIPPER_OF.get(opt) is self:
                 del _CLIPPER_OF[opt]
@@ -318,7 +327,8 @@ class StepClipper:
                 outer = torch.as_tensor(outer_inf, device=norm.device).to(torch.float32)
                 # The kernels skip only when found_inf == 1 exactly: a sum could make 2.
                 found_inf = outer if found_inf is None else torch.maximum(found_inf, outer)
-                self.skipped = torch.maximum(self.skipped, found_inf)
+                if not self._separate_applied:
+                    self.skipped = torch.maximum(self.skipped, found_inf)
         opt.grad_scale = grad_scale
         if found_inf is None:
             vars(opt).pop("found_inf", None)
@@ -326,6 +336,16 @@ class StepClipper:
             opt.found_inf = found_inf
         first_sgd = _sgd_first_step(opt) if found_inf is not None and isinstance(opt, torch.optim.SGD) else []
         self._installed[id(opt)] = _Installed(previous, (grad_scale, found_inf), first_sgd)
+
+    @torch.compiler.disable
+    def _separate_step(self, opt: Optimizer, args: Any, kwargs: Any) -> None:
+        """An optimizer that cannot fold applies its step, whatever the norm: not every step skipped."""
+        if id(opt) not in self._armed_separate:
+            return
+        self._armed_separate.discard(id(opt))
+        if not self._separate_applied:
+            self._separate_applied = True
+            self.skipped = torch.zeros_like(self.skipped)
 
     @torch.compiler.disable
     def _post_step(self, opt: Optimizer, args: Any, kwargs: Any) -> None:

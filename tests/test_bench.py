@@ -10,9 +10,10 @@ import math
 import pytest
 import torch
 
+import fastnorm
 from fastnorm.bench import contenders as C
 from fastnorm.bench import goals, harness, plot, report
-from fastnorm.bench.workloads import WORKLOADS, prepare
+from fastnorm.bench.workloads import WORKLOADS, Workload, prepare
 from fastnorm.cli import main
 
 CPU = torch.device("cpu")
@@ -282,9 +283,16 @@ def test_list(capsys):
 # ----------------------------------------------------------------------------
 
 
-def _record(workload, dtype, ms, read_ms=10.0, rw_ms=20.0, nbytes=500e6, extra=0):
+def _record(workload, dtype, ms, read_ms=10.0, rw_ms=20.0, nbytes=500e6, extra=0, host=None):
     results = [
-        {"contender": name, "ms": value, "group": name.split(".")[0], "extra_bytes": extra}
+        {
+            "contender": name,
+            "ms": value,
+            "group": name.split(".")[0],
+            "kind": "clip" if "clips" in name else "norm",
+            "extra_bytes": extra,
+            "host_us_per_tensor": host,
+        }
         for name, value in ms.items()
     ]
     return {
@@ -304,22 +312,43 @@ def test_goals():
         "fastnorm.clip_/noop": 11.5,
         "fastnorm.clip_/clips": 33.0,
     }
+    kernel = {"fastnorm.total_norm/avx2": 9.0, "roofline.read/sum": 10.0}
     run = {
-        "environment": {"device": "cpu"},
+        "environment": {"device": "cpu", "cpp_isa": "avx2"},
         "workloads": [
             _record("gpt2-small", "fp32", fast),
             _record("gpt2-small", "bf16", {**fast, "fastnorm.total_norm": 12.0}, extra=100e6),
+            _record("kernel-1t", "fp32", kernel),
+            _record("kernel-1t", "bf16", {**kernel, "fastnorm.total_norm/avx2": 11.0}),
+            _record("tiny", "fp32", {"fastnorm.total_norm": 1.0, "torch.get_total_norm": 9.0}, host=0.3),
         ],
     }
-    by_goal = {(g["dtype"], g["goal"]): g for g in goals.evaluate(run)}
-    assert by_goal[("fp32", "total_norm / read roofline")]["pass"]  # 10/11 = 0.91
-    assert by_goal[("fp32", "speedup over torch.get_total_norm")]["pass"]  # 2.7x
-    assert by_goal[("fp32", "clip_ (no clip) / total_norm")]["pass"]
-    assert by_goal[("fp32", "clip_ (clips) / (total_norm + read-write roofline)")]["pass"]  # 33/31
-    assert not by_goal[("bf16", "bf16 / fp32 elements per second")]["pass"]  # 11/12
-    assert not by_goal[("bf16", "extra memory of fastnorm.total_norm / gradient bytes")]["pass"]
+    by_goal = {(g["workload"], g["dtype"], g["goal"]): g for g in goals.evaluate(run)}
+    assert by_goal[("gpt2-small", "fp32", "total_norm / read roofline")]["pass"]  # 10/11 = 0.91
+    assert by_goal[("gpt2-small", "fp32", "speedup over torch.get_total_norm")]["pass"]  # 2.7x
+    assert by_goal[("gpt2-small", "fp32", "clip_ (no clip) / total_norm")]["pass"]
+    clips = by_goal[("gpt2-small", "fp32", "clip_ (clips) / (read roofline + read-write roofline)")]
+    assert clips["pass"] and clips["value"] == pytest.approx(1.1)  # 33 / (10 + 20)
+    assert not by_goal[("gpt2-small", "bf16", "bf16 / fp32 elements per second")]["pass"]  # 11/12
+    assert not by_goal[("gpt2-small", "bf16", "extra memory of fastnorm.total_norm / gradient bytes")]["pass"]
+    assert by_goal[("kernel-1t", "fp32", "1 core: total_norm (avx2) / torch.sum, same tensor")]["pass"]
+    assert not by_goal[("kernel-1t", "bf16", "1 core: total_norm (avx2) / torch.sum, same tensor")]["pass"]
+    assert not by_goal[("kernel-1t", "bf16", "bf16 / fp32 elements per second")]["pass"]
+    assert by_goal[("tiny", "fp32", "speedup over torch.get_total_norm")]["pass"]  # 9x >= 8x
+    assert not by_goal[("tiny", "fp32", "host time per tensor of fastnorm.total_norm (us)")]["pass"]
     assert "MISS" in goals.summary(list(by_goal.values()))
     assert goals.evaluate({**run, "environment": {"device": "cuda"}}) == []
+
+
+def test_goals_leave_disturbed_figures_out():
+    fast = {"fastnorm.total_norm": 11.0, "torch.get_total_norm": 30.0}
+    record = _record("gpt2-small", "fp32", fast)
+    record["disturbed"] = "other processes kept up to 1.50 cores busy in 7 of 7 rounds"
+    run = {"environment": {"device": "cpu"}, "workloads": [record]}
+    evaluated = goals.evaluate(run)
+    assert evaluated and all(g["pass"] is None and "1.50 cores" in g["disturbed"] for g in evaluated)
+    text = goals.summary(evaluated)
+    assert "0 of 0 met" in text and "DIST" in text and "MISS" not in text
 
 
 def test_time_format():
@@ -372,3 +401,164 @@ def test_distributed_workload_runs_on_two_ranks_in_lockstep(tmp_path, capsys):
         if r["norm_error"] is not None:
             assert r["norm_error"] < (1e-4 if r["group"] == "fastnorm" else 2e-2)
     capsys.readouterr()
+
+
+# ----------------------------------------------------------------------------
+# A run for people: the default subset, progress, results kept as they come
+# ----------------------------------------------------------------------------
+
+
+def test_the_default_run_is_a_subset_that_speaks_to_every_cpu_target():
+    from fastnorm.bench import cli
+
+    names = cli._default_workloads(CPU)
+    assert names == list(cli.DEFAULT_CPU)
+    # every CPU target has its workload in the default run
+    assert {"kernel-1t", "gpt2-small", "llama-300m", "many-small", "tiny", "tiny-groups-24"} <= set(names)
+    full = cli._full_workloads(CPU)
+    assert set(names) < set(full) and "resnet50" in full and "llama-7b" not in full
+
+
+def test_progress_says_where_it_is_and_how_long_is_left():
+    import io
+
+    from fastnorm.bench.cli import Progress
+
+    out = io.StringIO()
+    progress = Progress([1.0, 1.0, 2.0], stream=out)
+    for index, label in enumerate(["a fp32", "a bf16", "b fp32"]):
+        progress.begin(index, label)
+        progress.round(1, 3)  # off a terminal: nothing per round
+        progress.end()
+    progress.close()
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith("[") and "0/3 a fp32" in lines[0] and "left" not in lines[0]
+    assert "1/3 a bf16" in lines[1] and "left" in lines[1]  # estimated from the first step
+    assert "3/3 done" in lines[-1]
+
+
+def _interrupting(w, max_norm):
+    def call():
+        if w.name == "resnet50":
+            raise KeyboardInterrupt
+        return torch.nn.utils.get_total_norm(w.grads)
+
+    return call
+
+
+def test_results_are_written_after_each_workload_and_ctrl_c_keeps_them(registered, tmp_path, capsys):
+    registered(C.Contender("interrupts", "norm", _interrupting))
+    argv = [
+        "bench",
+        "--quick",
+        "--workloads",
+        "tiny,resnet50",
+        "--dtypes",
+        "fp32",
+        "--contenders",
+        "interrupts",
+    ]
+    assert main(argv + ["--out", str(tmp_path)]) == 130
+    err = capsys.readouterr().err
+    assert (
+        err.strip().splitlines()[-1]
+        == f"fastnorm bench: interrupted after 1 of 2 workloads; kept in {tmp_path}/"
+    )
+    run = json.loads((tmp_path / "cpu.json").read_text())
+    assert [r["workload"] for r in run["workloads"]] == ["tiny"]
+    with (tmp_path / "results.csv").open() as f:
+        assert {row["workload"] for row in csv.DictReader(f)} == {"tiny"}
+    assert "| tiny | fp32 |" in (tmp_path / "cpu.md").read_text()
+
+
+def test_rounds_taken_under_load_are_marked_disturbed_not_printed(monkeypatch, tmp_path, capsys):
+    _fake_load(monkeypatch, [2.0] * 1000)
+    argv = ["bench", "--quick", "--workloads", "tiny", "--dtypes", "fp32", "--no-plot"]
+    assert main(argv + ["--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "DISTURBED: other processes kept up to 2.00 cores busy" in out
+    assert " us " not in out.split("DISTURBED")[1].split("wrote")[0]  # no times printed for it
+    (record,) = json.loads((tmp_path / "cpu.json").read_text())["workloads"]
+    assert "2.00 cores" in record["disturbed"]
+    assert "disturbed" in (tmp_path / "cpu.md").read_text()
+
+
+def test_faster_than_the_roofline_is_disturbed():
+    w = prepare(WORKLOADS["many-small"], torch.float32, CPU, quick=True)  # 1.6 MB
+    chosen = [C.CONTENDERS["fastnorm.total_norm"], C.CONTENDERS["roofline.read/sum"]]
+    timings = harness.Timings(
+        elapsed={"fastnorm.total_norm": [0.5e-3] * 3, "roofline.read/sum": [1e-3] * 3},
+        host={"fastnorm.total_norm": [0.5e-3] * 3, "roofline.read/sum": [1e-3] * 3},
+        rounds=3,
+        kept=3,
+        others_busy=[0.0] * 3,
+    )
+    record = harness._record(WORKLOADS["many-small"], w, chosen, timings, harness.Checked(), True)
+    record.update(dtype="fp32", skipped={})
+    fast = record["results"][0]
+    assert fast["roofline_pct"] == pytest.approx(200) and "200% of the roofline" in fast["disturbed"]
+    assert "fastnorm.total_norm  disturbed" in report.table(record).replace("   ", "  ")
+
+
+def test_the_single_core_workload_runs_every_instruction_set(tmp_path):
+    from fastnorm.backends import cpp
+
+    if cpp._C is None:
+        pytest.skip("the C++ kernels are not built")
+    argv = ["bench", "--quick", "--workloads", "kernel-1t", "--no-plot", "--out", str(tmp_path)]
+    assert main(argv) == 0
+    run = json.loads((tmp_path / "cpu.json").read_text())
+    assert [r["dtype"] for r in run["workloads"]] == ["fp32", "bf16", "fp16"]
+    for record in run["workloads"]:
+        assert record["threads"] == 1 and record["clock_hz"] > 1e8
+        by_name = {r["contender"]: r for r in record["results"]}
+        for isa in cpp._C.supported_isas():
+            r = by_name[f"fastnorm.total_norm/{isa}"]
+            assert r["baseline"] == "roofline.read/sum" and r["elements_per_cycle"] > 0
+    assert "| bf16 | " + cpp._C.isa() + " |" in (tmp_path / "cpu.md").read_text()
+
+
+def test_per_group_clipping_is_one_call_per_group(tmp_path):
+    argv = ["bench", "--quick", "--workloads", "tiny-groups-24", "--dtypes", "fp32", "--no-plot"]
+    assert main(argv + ["--out", str(tmp_path)]) == 0
+    (record,) = json.loads((tmp_path / "cpu.json").read_text())["workloads"]
+    assert record["groups"] == 24
+    by_name = {r["contender"]: r for r in record["results"]}
+    assert by_name["fastnorm.clip_/clips"]["host_us_per_tensor"] > 0
+    assert by_name["torch.clip_grad_norm_/clips"]["baseline"] is None
+    assert "Per-group clipping" in (tmp_path / "cpu.md").read_text()
+
+
+def test_a_wrong_group_norm_aborts(registered):
+    def wrong(w, max_norm):
+        return lambda: [fastnorm.total_norm(g) * (1.5 if i == 3 else 1.0) for i, g in enumerate(w.groups)]
+
+    broken = registered(C.Contender("broken-groups", "norm", wrong))
+    grouped = Workload("groups", "4 groups of 10", lambda: [(16,)] * 40, lambda: [(16,)] * 40, groups=4)
+    with pytest.raises(harness.CorrectnessError, match="reference"):
+        harness.run_workload(
+            grouped,
+            torch.float32,
+            CPU,
+            [broken],
+            repeats=1,
+            warmup=0,
+            quick=True,
+            min_time_s=0,
+        )
+
+
+def test_bench_without_the_kernels_says_why_in_one_line(monkeypatch, tmp_path, capsys):
+    from fastnorm.backends import cpp
+
+    monkeypatch.delenv("FASTNORM_BACKEND", raising=False)
+    monkeypatch.setattr(cpp, "_C", None)
+    monkeypatch.setattr(
+        cpp, "_IMPORT_ERROR", ImportError("this source tree has no build; run `pip install -e .`")
+    )
+    assert main(["bench", "--quick", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        "fastnorm bench: error: the C++ kernels are not available: this source tree has no build; "
+        "run `pip install -e .`"
+    ]

@@ -83,6 +83,25 @@ def test_text_report_with_the_loss_and_max_norm(tmp_path, capsys):
     assert out[4].startswith("    - Tighten the gradient clipping: max_norm=5 is set")
 
 
+def test_the_skip_flags_in_the_file_make_nonfinite_steps_skipped_steps(tmp_path, capsys):
+    values = case("stable", seed=3)[0]
+    bad = {K, K + 1, N - 1}
+    for i in bad:
+        values[i] = math.nan
+    for skip_last, verdict in ((True, "stable"), (False, "nonfinite")):
+        path = tmp_path / f"{skip_last}.jsonl"
+        with GradNormMonitor(50, [JsonlLogger(path)], diagnose=False) as monitor:
+            for i, v in enumerate(values):
+                monitor.update(v, skipped=i in bad and (skip_last or i != N - 1))
+        code, out = run_json(capsys, path, "--fail-on-unstable")
+        assert out["verdict"] == verdict and code == (verdict != "stable")
+        assert out["skipped_steps"] == (3 if skip_last else 2) and "skipped" in out["signals"]
+    assert main(["diagnose", str(tmp_path / "True.jsonl")]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == f"{tmp_path / 'True.jsonl'}: {N} values of 'gradient_norm', with 'gradient_norm_skipped'"
+    assert out[2].startswith(f"  skipped   3 steps ({K}-{K + 1}, {N - 1}): steps the optimizer skipped")
+
+
 def test_a_folder_is_searched_for_a_file_that_holds_a_norm(tmp_path, capsys):
     run = tmp_path / "run"
     path = write("jsonl", run.mkdir() or run, case("vanishing", seed=1)[0])

@@ -389,6 +389,98 @@ def test_nonfinite_to_the_end_or_in_the_loss_is_a_collapse():
     assert (e.start_step, e.end_step) == (100, 100) and "the loss is non-finite" in e.detail
 
 
+def flags(skipped, applied=(), n=N):
+    """The optimizer's skip flags: 1 at ``skipped``, 0 at ``applied`` and everywhere else."""
+    return list(range(n)), [1.0 if i in skipped else 0.0 for i in range(n)]
+
+
+def test_nonfinite_norms_the_optimizer_skipped_are_skipped_steps_even_at_the_end():
+    values = noise(14)
+    bad = [40, 41, 200, N - 2, N - 1]
+    for i in bad:
+        values[i] = math.nan if i % 2 else math.inf
+    # Without the flags and without a loss, NaN at the last step reads as a collapse.
+    assert diagnose(range(N), values).verdict == "nonfinite"
+    d = diagnose(range(N), values, skipped=flags(bad))
+    assert d.verdict == "stable", d.report()
+    assert [(e.start_step, e.end_step, e.count) for e in d.events if e.kind == "skipped"] == [
+        (40, 41, 2),
+        (200, 200, 1),
+        (N - 2, N - 1, 2),
+    ]
+    assert d.skipped_steps == 5 and d.signals == ("skipped",)
+    assert "steps the optimizer skipped" in d.events[0].detail
+    assert "skipped   5 steps (40-41, 200, 598-599)" in d.report()
+    assert "the optimizer's skip flags" in d.report()
+    # With the loss too: the same.
+    assert diagnose(range(N), values, skipped=flags(bad), loss=losses(14, learning)).verdict == "stable"
+    # Flags given as a mapping of the skipped steps only, True/False: the same events.
+    mapping = {i: i in bad for i in range(N)}
+    assert diagnose(range(N), values, skipped=mapping).events == d.events
+
+
+def test_an_applied_nonfinite_step_at_the_end_is_a_collapse_whatever_the_loss():
+    values = noise(15)
+    values[N - 3 :] = [math.nan] * 3
+    loss = losses(15, learning)  # finite: computed before the step that applied the NaN
+    # Without the flags a finite loss suggests a scaler that skipped: 3 steps are not enough to tell.
+    assert diagnose(range(N), values, loss=loss).verdict == "stable"
+    d = diagnose(range(N), values, loss=loss, skipped=flags(()))
+    assert d.verdict == "nonfinite", d.report()
+    e = only(d, "nonfinite")
+    assert (e.start_step, e.end_step) == (N - 3, N - 1)
+    assert "the optimizer applied 3 of these steps" in e.detail
+    assert any("fastnorm.StepClipper" in a for a in e.actions)
+    # One skipped step earlier does not change that.
+    values[100] = math.nan
+    d = diagnose(range(N), values, loss=loss, skipped=flags([100]))
+    assert d.verdict == "nonfinite" and d.skipped_steps == 1
+
+
+def test_a_nonfinite_loss_at_skipped_steps_is_a_bad_batch_not_a_collapse():
+    values = noise(16)
+    loss = losses(16, learning)
+    for i in (150, 151):
+        values[i] = math.nan
+        loss[1][i] = math.nan
+    assert diagnose(range(N), values, loss=loss).verdict == "nonfinite"  # without the flags
+    d = diagnose(range(N), values, loss=loss, skipped=flags([150, 151]))
+    assert d.verdict == "stable", d.report()
+    e = only(d, "skipped")
+    assert (e.start_step, e.end_step, e.count) == (150, 151, 2) and "bad batches" in e.detail
+
+
+def test_skipping_every_step_to_the_end_is_a_collapse():
+    values = noise(17)
+    values[K:] = [math.nan] * (N - K)
+    d = diagnose(range(N), values, skipped=flags(range(K, N)))
+    assert d.verdict == "nonfinite", d.report()
+    e = only(d, "nonfinite")
+    assert e.start_step == K and "nothing has been learned since" in e.detail
+    short = diagnose(range(K + 5), values[: K + 5], skipped=flags(range(K, K + 5), n=K + 5))
+    assert short.verdict == "stable" and short.skipped_steps == 5  # within max_skip_run
+
+
+def test_flags_before_or_after_the_norms_read_the_same():
+    values = noise(18)
+    bad = [30, 31, 32, 250, 251, N - 1]
+    for i in bad:
+        values[i] = math.nan
+    skipped = flags(bad[:-1])  # the last one applied
+    expected = diagnose(range(N), values, skipped=skipped)
+    assert expected.verdict == "nonfinite" and expected.skipped_steps == 5
+    for flags_first in (True, False):
+        online = Diagnoser()
+        for start in range(0, N, 50):
+            window = range(start, min(start + 50, N))
+            if flags_first:
+                online.update_skipped(window, skipped[1][start : start + 50])
+            online.update(window, values[start : start + 50])
+            if not flags_first:
+                online.update_skipped(window, skipped[1][start : start + 50])
+        assert online.result() == expected, flags_first
+
+
 def layer_norms(spread_at, steps=range(9, N, 10)):
     """Per-layer norms of a 6-layer model every 10 steps; the first layers fall away from ``spread_at``."""
     out = {}

@@ -100,6 +100,21 @@ def test_the_loss_is_logged_at_its_step():
     assert rows[3]["gradient_norm_loss"] == 1.5
 
 
+def skipped_window():
+    values, skipped = (0.5, math.nan, 2.5, 1.25), (False, True, None, False)
+    return Window((10, 11, 12, 13), values, window_stats(list(values), 1.0, skipped), skipped=skipped)
+
+
+def test_the_skip_flags_are_logged_at_their_step_and_counted_last():
+    rows = dict(skipped_window().metrics())
+    assert rows[10] == {"gradient_norm": 0.5, "gradient_norm_skipped": 0.0}
+    assert rows[11]["gradient_norm_skipped"] == 1.0 and "gradient_norm_skipped" not in rows[12]
+    assert rows[13]["gradient_norm_skipped"] == 0.0
+    assert rows[13]["gradient_norm_skipped_steps"] == 1.0
+    assert rows[13]["gradient_norm_nonfinite_steps"] == 1.0
+    assert rows[13]["gradient_norm_clipped_fraction"] == pytest.approx(2 / 3)  # of 0.5, 2.5, 1.25
+
+
 def test_tensorboard_writes_scalars_that_tensorboard_reads(tmp_path):
     pytest.importorskip("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -113,6 +128,17 @@ def test_tensorboard_writes_scalars_that_tensorboard_reads(tmp_path):
     assert [s for s, _ in norms] == [10, 11, 12, 13]
     assert norms[0][1] == 0.5 and math.isnan(norms[1][1]) and norms[2][1] == 2.5
     assert [(e.step, e.value) for e in acc.Scalars("gradient_norm_max")] == [(13, 2.5)]
+    logger = TensorBoardLogger(str(tmp_path / "skipped"))
+    logger.log_window(skipped_window())
+    logger.close()
+    acc = EventAccumulator(str(tmp_path / "skipped"))
+    acc.Reload()
+    assert [(e.step, e.value) for e in acc.Scalars("gradient_norm_skipped")] == [
+        (10, 0.0),
+        (11, 1.0),
+        (13, 0.0),
+    ]
+    assert [(e.step, e.value) for e in acc.Scalars("gradient_norm_skipped_steps")] == [(13, 1.0)]
 
 
 def test_tensorboard_leaves_a_given_writer_open(tmp_path):
@@ -165,6 +191,16 @@ def test_console_line():
     assert out.getvalue() == (
         "step 13: grad_norm=1.25 (4 steps: min 0.5, mean 1.417, max 2.5; 1 non-finite; 50% clipped at 1)\n"
     )
+
+
+def test_console_line_counts_the_skipped_steps_when_there_are_any():
+    assert ConsoleLogger.line(skipped_window()) == (
+        "step 13: grad_norm=1.25 (4 steps: min 0.5, mean 1.417, max 2.5; 1 non-finite; 1 skipped; "
+        "67% clipped at 1)"
+    )
+    values = (0.5, 2.5)
+    none = Window((1, 2), values, window_stats(list(values), 1.0, (False, False)), skipped=(False, False))
+    assert "skipped" not in ConsoleLogger.line(none)
 
 
 def test_console_line_names_an_unstable_verdict():

@@ -44,11 +44,10 @@ def norms(n, seed=0):
     return (torch.rand(n, generator=g, dtype=torch.float64) * 3).tolist()
 
 
-def test_every_step_reaches_the_loggers_in_one_transfer_per_window(monkeypatch):
-    expected = norms(5 * 8 + 3)
-    given = [torch.tensor(v, dtype=torch.float32) for v in expected]
-    reads = {"tolist": 0, "item": 0, "__float__": 0, "__bool__": 0}
-    for name in reads:
+def count_reads(monkeypatch, names):
+    """Counts each call of these Tensor methods (the ways a value reaches the host)."""
+    reads = dict.fromkeys(names, 0)
+    for name in names:
         original = getattr(torch.Tensor, name)
 
         def counted(self, *args, _name=name, _original=original):
@@ -56,6 +55,13 @@ def test_every_step_reaches_the_loggers_in_one_transfer_per_window(monkeypatch):
             return _original(self, *args)
 
         monkeypatch.setattr(torch.Tensor, name, counted)
+    return reads
+
+
+def test_every_step_reaches_the_loggers_in_one_transfer_per_window(monkeypatch):
+    expected = norms(5 * 8 + 3)
+    given = [torch.tensor(v, dtype=torch.float32) for v in expected]
+    reads = count_reads(monkeypatch, ["tolist", "item", "__float__", "__bool__"])
     rec = Recorder()
     monitor = GradNormMonitor(8, [rec], diagnose=False)
     for i, norm in enumerate(given):
@@ -75,9 +81,9 @@ def test_buffer_is_preallocated_and_never_grows():
     buffer = monitor._rec.buffer
     address = buffer.data_ptr()
     for i in range(5000):
-        monitor.update(torch.tensor(float(i)), loss=torch.tensor(1.0))
+        monitor.update(torch.tensor(float(i)), loss=torch.tensor(1.0), skipped=torch.tensor(i % 7 == 0))
     assert monitor._rec.buffer is buffer and buffer.data_ptr() == address
-    assert buffer.numel() == 2 * 16  # the norm and the loss of each step
+    assert buffer.numel() == 3 * 16  # the norm, the loss and the skip flag of each step
     monitor.close()
 
 
@@ -149,6 +155,63 @@ def test_window_statistics(max_norm):
         # clip_ scales when max_norm / (norm + 1e-6) < 1: 2.0, inf, 1 - 1e-9 and 3.0.
         assert stats["clipped_fraction"] == pytest.approx(4 / 7)
         assert stats["max_norm"] == max_norm
+
+
+def test_skip_flags_cross_in_the_same_transfer_and_are_counted(monkeypatch, tmp_path):
+    expected = norms(2 * 6 + 4, seed=4)
+    flags = [i % 3 == 1 for i in range(len(expected))]
+    flags[5] = None  # a step without a flag
+    # As a StepClipper gives it (a float32 0-dim tensor), as a bool tensor, and as a bool.
+    kinds = [lambda f: torch.tensor(float(f)), torch.tensor, bool, lambda f: torch.tensor(float(f))]
+    given = [None if f is None else kinds[i % 4](f) for i, f in enumerate(flags)]
+    reads = count_reads(monkeypatch, ["tolist", "item", "__float__", "__bool__", "__int__", "__index__"])
+    rec = Recorder()
+    path = tmp_path / "metrics.jsonl"
+    with GradNormMonitor(6, [rec, JsonlLogger(path)], max_norm=1.5) as monitor:
+        for norm, flag in zip(expected, given):
+            monitor.update(torch.tensor(norm, dtype=torch.float64), skipped=flag)
+        assert reads == {"tolist": 2, "item": 0, "__float__": 0, "__bool__": 0, "__int__": 0, "__index__": 0}
+    monkeypatch.undo()
+    assert [f for w in rec.windows for f in w.skipped] == flags
+    assert rec.values == expected  # the norms as given
+    for w, start in zip(rec.windows, range(0, len(expected), 6)):
+        window_flags = flags[start : start + 6]
+        assert w.stats["skipped_steps"] == sum(f is True for f in window_flags)
+        applied = [v for v, f in zip(expected[start : start + 6], window_flags) if not f]
+        assert w.stats["clipped_fraction"] == sum(v > 1.5 - 1e-6 for v in applied) / len(applied)
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [line.get("gradient_norm_skipped") for line in lines] == [
+        None if f is None else float(f) for f in flags
+    ]
+    counts = [line["gradient_norm_skipped_steps"] for line in lines if "gradient_norm_skipped_steps" in line]
+    assert counts == [sum(f is True for f in flags[i : i + 6]) for i in (0, 6, 12)] == [2, 2, 1]
+    assert "skipped" in monitor.diagnosis.signals
+
+
+def test_without_skip_flags_nothing_about_skips_is_logged(tmp_path):
+    rec = Recorder()
+    with GradNormMonitor(4, [rec], max_norm=1.0, diagnose=False) as monitor:
+        for v in norms(6, seed=5):
+            monitor.update(v)
+    assert all(w.skipped == () and "skipped_steps" not in w.stats for w in rec.windows)
+    assert all(name != "gradient_norm_skipped" for w in rec.windows for _, m in w.metrics() for name in m)
+
+
+def test_a_skipped_step_is_not_clipped():
+    # An inf norm that is skipped clips nothing; one that is applied is clipped (by 0, as torch does).
+    values = [0.5, math.inf, 3.0, math.inf, 2.0, 0.25]
+    skipped = [False, True, True, False, False, False]
+    rec = Recorder()
+    with GradNormMonitor(len(values), [rec], max_norm=1.0, diagnose=False) as monitor:
+        for v, f in zip(values, skipped):
+            monitor.update(v, skipped=f)
+    stats = rec.windows[0].stats
+    assert stats["skipped_steps"] == 2 and stats["nonfinite_steps"] == 2
+    assert stats["clipped_fraction"] == 2 / 4  # inf and 2.0, of the 4 applied steps
+    with GradNormMonitor(2, [rec], max_norm=1.0, diagnose=False) as monitor:
+        monitor.update(math.nan, skipped=True)
+        monitor.update(math.inf, skipped=torch.tensor(1.0))
+    assert rec.windows[1].stats["clipped_fraction"] == 0.0 and rec.windows[1].stats["skipped_steps"] == 2
 
 
 def test_clipped_fraction_matches_what_clip_did():
@@ -231,6 +294,11 @@ def test_bad_updates_raise_before_recording_anything():
             ({"norm": True}, TypeError, "norm must be a Tensor or a number"),
             ({"norm": torch.tensor(True)}, TypeError, "norm must be real"),
             ({"norm": 1.0, "loss": "low"}, TypeError, "loss must be a Tensor or a number"),
+            ({"norm": 1.0, "skipped": "yes"}, TypeError, "skipped must be a one-value Tensor"),
+            ({"norm": 1.0, "skipped": 0.5}, ValueError, "skipped must be True/False"),
+            ({"norm": 1.0, "skipped": math.nan}, ValueError, "skipped must be True/False"),
+            ({"norm": 1.0, "skipped": torch.zeros(2)}, ValueError, "skipped must hold one value"),
+            ({"norm": 1.0, "skipped": torch.zeros((), dtype=torch.complex64)}, TypeError, "must be real"),
             ({"norm": 1.0, "step": 2.0}, TypeError, "step must be an int"),
             ({"norm": 1.0, "layers": torch.ones(3)}, ValueError, "layer_names"),
             ({"norm": 1.0, "layers": [1.0, 2.0]}, ValueError, "layers must be a tensor of shape"),
@@ -566,14 +634,16 @@ def test_cuda_updates_never_synchronize():
     losses = norms(2 * 16 + 5, seed=3)
     given = [torch.tensor(v, device="cuda") for v in expected]
     given_losses = [torch.tensor(v, device="cuda") for v in losses]
+    flags = [i % 4 == 2 for i in range(len(expected))]
+    given_flags = [torch.tensor(float(f), device="cuda") for f in flags]
     rec = Recorder()
     monitor = GradNormMonitor(16, [rec], diagnose=False)
-    monitor.update(given[0], loss=given_losses[0])  # allocates the buffers
+    monitor.update(given[0], loss=given_losses[0], skipped=given_flags[0])  # allocates the buffers
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        for norm, loss in zip(given[1:], given_losses[1:]):
-            monitor.update(norm, loss=loss)
+        for norm, loss, flag in zip(given[1:], given_losses[1:], given_flags[1:]):
+            monitor.update(norm, loss=loss, skipped=flag)
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert monitor.transfers == 2
@@ -581,6 +651,7 @@ def test_cuda_updates_never_synchronize():
     assert monitor.transfers == 3
     assert rec.values == pytest.approx(expected, rel=1e-6)
     assert [v for w in rec.windows for v in w.losses] == pytest.approx(losses, rel=1e-6)
+    assert [f for w in rec.windows for f in w.skipped] == flags
     assert rec.steps == list(range(len(expected)))
 
 

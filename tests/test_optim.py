@@ -18,6 +18,7 @@ import pytest
 import torch
 
 import fastnorm
+from fastnorm.monitoring.command import diagnose_series
 from fastnorm.optim import StepClipper, not_supported_reasons
 
 SHAPES = [(33, 17), (123,), (4097,), (5, 7, 3), (1,)]
@@ -390,6 +391,48 @@ def test_mixed_optimizers_fold_where_they_can():
         torch.testing.assert_close(p.grad, g * coef)
 
 
+def test_skipped_says_0_once_an_optimizer_that_cannot_fold_applied_its_step():
+    # Only the folding steps skip a NaN norm; the others apply it (as torch does),
+    # so the steps were not all skipped, whatever order they run in.
+    for order in ("folding first", "separate first"):
+        params = _params()
+        folding = torch.optim.AdamW(params[:3], fused=True)
+        separate = torch.optim.SGD(params[3:], lr=0.1)
+        with pytest.warns(UserWarning, match="separate pass"):
+            clipper = StepClipper([folding, separate], 0.5)
+        _fill_grads(params, torch.Generator().manual_seed(11), 0, {0: math.nan})
+        clipper.clip_()
+        assert clipper.skipped.item() == 1.0  # armed: the folding step will skip
+        for opt in (folding, separate) if order == "folding first" else (separate, folding):
+            opt.step()
+        assert clipper.skipped.item() == 0.0, order
+        assert torch.isnan(params[3]).all() and torch.isfinite(params[0]).all()
+        clipper.remove()
+
+
+def test_skipped_stays_1_when_a_scaler_skips_the_step_of_an_optimizer_that_cannot_fold():
+    model = torch.nn.Linear(4, 3)
+    opt = torch.optim.AdamW(model.parameters(), foreach=True)
+    with pytest.warns(UserWarning, match="separate pass"):
+        clipper = StepClipper(opt, 1.0)
+    scaler = torch.amp.GradScaler("cpu")
+    before = [p.detach().clone() for p in model.parameters()]
+    scaler.scale(model(torch.full((2, 4), math.inf)).sum()).backward()
+    scaler.unscale_(opt)
+    clipper.clip_()
+    scaler.step(opt)  # found an inf: never calls opt.step()
+    scaler.update()
+    assert clipper.skipped.item() == 1.0
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), before))
+    model.zero_grad(set_to_none=True)
+    scaler.scale(model(torch.randn(2, 4)).sum()).backward()
+    scaler.unscale_(opt)
+    clipper.clip_()
+    scaler.step(opt)
+    assert clipper.skipped.item() == 0.0
+    assert not all(torch.equal(a, b) for a, b in zip(model.parameters(), before))
+
+
 def test_changes_after_construction_and_removal():
     params = _params()
     opt = torch.optim.AdamW(params[:3], fused=True)
@@ -635,40 +678,174 @@ def test_cuda_no_host_sync():
     assert clipper.skipped.item() == 0.0
 
 
-def test_readme_loop_runs(capsys):
+def test_readme_loop_runs(capsys, tmp_path, monkeypatch):
     text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     start = text.index("\n## Clipping for free\n")
     section = text[start : text.index("\n## ", start + 1)]
     code = re.findall(r"```python\n(.*?)```", section, flags=re.S)[0]
+    monkeypatch.chdir(tmp_path)
     exec(compile(code, "README.md", "exec"), {})
     printed = capsys.readouterr().out.splitlines()
     assert [line.split(":")[0] for line in printed] == ["step 0", "step 1", "step 2"]
     assert all(line.endswith("skipped=0") for line in printed)
+    series = fastnorm.read_series(tmp_path / "run" / "metrics.jsonl")
+    assert series.values == pytest.approx(
+        [float(line.split("=")[1].split()[0]) for line in printed], rel=1e-3
+    )
+    assert series.skipped.pair() == ((0, 1, 2), (0.0, 0.0, 0.0))
 
 
-def test_monitor_logs_the_pre_clip_norm_and_counts_the_skipped_steps():
-    class Collect(fastnorm.Logger):
-        def __init__(self):
-            self.windows = []
+# ----------------------------------------------------------------------------
+# With the monitor: the pre-clip norm logged, the skipped steps counted
+# ----------------------------------------------------------------------------
 
-        def log_window(self, window):
-            self.windows.append(window)
 
-    params = _params()
-    opt = torch.optim.AdamW(params, fused=True)
-    clipper = StepClipper(opt, 1.0)
-    logger = Collect()
-    norms, skipped = [], []
-    g = torch.Generator().manual_seed(14)
-    with fastnorm.GradNormMonitor(5, loggers=[logger], max_norm=1.0, diagnose=False) as monitor:
-        for step in range(10):
-            _fill_grads(params, g, step, {2: math.nan, 7: math.inf})
+class _Collect(fastnorm.Logger):
+    def __init__(self):
+        self.windows = []
+
+    def log_window(self, window):
+        self.windows.append(window)
+
+
+def _monitored_run(path, bad, *, skip_nonfinite=True, max_norm=0.8, steps=50):
+    """A real 50-step training loop, fused AdamW + StepClipper + GradNormMonitor, with a NaN or inf
+    put into one gradient at the steps of ``bad``. Per step: the norm fastnorm.total_norm gives
+    before the clip, a float64 reference of it, the norm of the gradients after the step, and
+    whether the step moved the parameters."""
+    torch.manual_seed(20)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4))
+    params = list(model.parameters())
+    opt = torch.optim.AdamW(params, lr=1e-2, fused=True)
+    clipper = StepClipper(opt, max_norm, skip_nonfinite=skip_nonfinite)
+    collect = _Collect()
+    g = torch.Generator().manual_seed(21)
+    seen = []
+    with fastnorm.GradNormMonitor(10, [collect, fastnorm.JsonlLogger(path)], max_norm=max_norm) as monitor:
+        for step in range(steps):
+            x, y = torch.randn(64, 16, generator=g), torch.randn(64, 4, generator=g) * (1 + step % 3)
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            if step in bad:
+                params[2].grad[3, 5] = bad[step]
+            before_clip = fastnorm.total_norm(params).item()
+            reference = torch.linalg.vector_norm(
+                torch.cat([p.grad.double().flatten() for p in params])
+            ).item()
+            before = [p.detach().clone() for p in params]
             norm = clipper.clip_()
             opt.step()
-            monitor.update(norm)
-            norms.append(norm.item())
-            skipped.append(clipper.skipped.item())
-    values = [v for w in logger.windows for v in w.values]
-    assert values == pytest.approx(norms, nan_ok=True) and min(n for n in norms if math.isfinite(n)) > 1.0
-    for i, window in enumerate(logger.windows):
-        assert window.stats["nonfinite_steps"] == sum(skipped[5 * i : 5 * i + 5]) == 1
+            monitor.update(norm, loss=loss, skipped=clipper.skipped)
+            after_step = fastnorm.total_norm(params).item()
+            moved = not all(torch.equal(a, p) for a, p in zip(before, params))
+            seen.append((before_clip, reference, after_step, moved))
+            opt.zero_grad(set_to_none=True)
+    return monitor, collect.windows, seen, params
+
+
+def test_monitor_logs_the_pre_clip_norm_and_counts_the_skipped_steps(tmp_path):
+    bad = {7: math.nan, 8: math.inf, 23: math.nan, 49: -math.inf}  # the last step too
+    max_norm = 0.8
+    monitor, windows, seen, params = _monitored_run(tmp_path / "metrics.jsonl", bad, max_norm=max_norm)
+    before_clip, reference, after_step, moved = (list(c) for c in zip(*seen))
+    assert all(torch.isfinite(p).all() for p in params)
+    assert moved == [s not in bad for s in range(50)]  # skipped steps left the weights alone
+    # What is logged is the norm before the clip, as total_norm computes it on its own, bit for bit.
+    logged = [v for w in windows for v in w.values]
+    assert logged == pytest.approx(before_clip, rel=0, abs=0, nan_ok=True)
+    assert logged == pytest.approx(reference, rel=1e-6, nan_ok=True)
+    clipped = [s for s in range(50) if s not in bad and before_clip[s] > max_norm]
+    assert 10 < len(clipped) < 40  # clipping was active, and not at every step
+    for s in clipped:  # after the step the gradients are the clipped ones: not what was logged
+        assert after_step[s] == pytest.approx(max_norm, rel=1e-5) and logged[s] > max_norm
+    # The window statistics: skipped steps counted, the clipped share taken over the applied steps.
+    assert [s for w in windows for s, f in zip(w.steps, w.skipped) if f] == sorted(bad)
+    for w in windows:
+        in_window = [s for s in w.steps if s in bad]
+        applied = [s for s in w.steps if s not in bad]
+        assert w.stats["skipped_steps"] == w.stats["nonfinite_steps"] == len(in_window)
+        share = sum(max_norm < before_clip[s] + 1e-6 for s in applied) / len(applied)
+        assert w.stats["clipped_fraction"] == share
+    # The diagnosis, online and from the file: skipped steps, not a collapse.
+    assert monitor.diagnosis.verdict != "nonfinite" and monitor.diagnosis.skipped_steps == 4
+    series = fastnorm.read_series(tmp_path / "metrics.jsonl")
+    offline = diagnose_series(series)
+    assert offline.verdict != "nonfinite" and offline.skipped_steps == 4
+    assert series.skipped.pair() == (tuple(range(50)), tuple(float(s in bad) for s in range(50)))
+
+
+def test_monitor_reports_a_nonfinite_step_applied_at_the_end_as_a_collapse(tmp_path):
+    # skip_nonfinite=False: the NaN reaches the weights at the last step, while the loss logged
+    # there is still finite (computed before the step).
+    with pytest.warns(fastnorm.UnstableGradientWarning, match="non-finite values appeared"):
+        monitor, windows, seen, params = _monitored_run(
+            tmp_path / "metrics.jsonl", {49: math.nan}, skip_nonfinite=False
+        )
+    assert seen[-1][3] and all(torch.isnan(p).all() for p in params)
+    assert windows[-1].stats["skipped_steps"] == 0 and windows[-1].stats["nonfinite_steps"] == 1
+    assert monitor.diagnosis.verdict == "nonfinite"
+    d = diagnose_series(fastnorm.read_series(tmp_path / "metrics.jsonl"))
+    assert d.verdict == "nonfinite" and "the optimizer applied 1 of these steps" in d.events[-1].detail
+
+
+def test_monitor_update_with_the_skip_flag_reads_nothing_on_the_host(monkeypatch):
+    params = _params()
+    opt = torch.optim.AdamW(params, fused=True)
+    clipper = StepClipper(opt, 0.5)
+    collect = _Collect()
+    monitor = fastnorm.GradNormMonitor(5, [collect], max_norm=0.5)
+    g = torch.Generator().manual_seed(15)
+    for step in range(2):  # plans, optimizer state and the monitor's buffer made
+        _fill_grads(params, g, step, {})
+        monitor.update(clipper.clip_(), skipped=clipper.skipped)
+        opt.step()
+    transfers = []
+
+    def read(*args, **kwargs):
+        raise AssertionError("a tensor value was read on the host")
+
+    with monkeypatch.context() as m:
+        for name in ("item", "__bool__", "__float__", "__int__", "__index__"):
+            m.setattr(torch.Tensor, name, read)
+        tolist = torch.Tensor.tolist
+        m.setattr(torch.Tensor, "tolist", lambda t: transfers.append(t.numel()) or tolist(t))
+        for step in range(2, 12):
+            _fill_grads(params, g, step, {4: math.nan, 9: math.inf})
+            norm = clipper.clip_()
+            opt.step()
+            monitor.update(norm, skipped=clipper.skipped)
+    assert len(transfers) == 2  # the two windows that filled, one transfer each
+    monitor.close()
+    assert [s for w in collect.windows for s, f in zip(w.steps, w.skipped) if f] == [4, 9]
+
+
+@pytest.mark.cuda
+def test_cuda_monitor_with_the_skip_flag_never_synchronizes():
+    model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.Linear(256, 10)).cuda()
+    opt = torch.optim.AdamW(model.parameters(), fused=True)
+    clipper = StepClipper(opt, 0.5)
+    collect = _Collect()
+    monitor = fastnorm.GradNormMonitor(4, [collect], max_norm=0.5)
+    for _ in range(2):  # kernels compiled, state made, the monitor's buffers allocated
+        model(torch.randn(64, 256, device="cuda")).sum().backward()
+        norm = clipper.clip_()
+        opt.step()
+        monitor.update(norm, skipped=clipper.skipped)
+        opt.zero_grad(set_to_none=True)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for step in range(2, 11):
+            model(torch.randn(64, 256, device="cuda")).sum().backward()
+            if step in (5, 6):
+                model[0].weight.grad[3, 7] = math.nan
+            norm = clipper.clip_()
+            opt.step()
+            monitor.update(norm, skipped=clipper.skipped)
+            opt.zero_grad(set_to_none=True)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    monitor.close()
+    assert [s for w in collect.windows for s, f in zip(w.steps, w.skipped) if f] == [5, 6]
+    assert sum(w.stats["skipped_steps"] for w in collect.windows) == 2
+    assert all(torch.isfinite(p).all() for p in model.parameters())

@@ -152,6 +152,31 @@ def test_tensorboard_event_files(tmp_path):
         assert series.layers == {s: {"head": 0.25} for s in range(5)}
 
 
+def test_the_skip_flags_the_monitor_logged(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    values = [0.5, math.nan, 3.0, math.inf, 0.25]
+    flags = [False, True, False, None, True]
+    with GradNormMonitor(2, [JsonlLogger(path)], diagnose=False) as monitor:
+        for v, f in zip(values, flags):
+            monitor.update(v, skipped=f)
+    series = read_series(path)
+    assert series.skipped == Track("gradient_norm_skipped", (0, 1, 2, 4), (0.0, 1.0, 0.0, 1.0))
+    csv = tmp_path / "metrics.csv"
+    csv.write_text("step,gradient_norm,gradient_norm_skipped\n0,0.5,0\n1,nan,1\n2,3.0,\n")
+    assert read_series(csv).skipped.pair() == ((0, 1), (0.0, 1.0))
+    assert read_series(tmp_path / "metrics.jsonl").loss is None
+
+
+def test_tensorboard_skip_flags(tmp_path):
+    pytest.importorskip("tensorboard")
+    from fastnorm import TensorBoardLogger
+
+    with GradNormMonitor(3, [TensorBoardLogger(str(tmp_path))], diagnose=False) as monitor:
+        for i in range(5):
+            monitor.update(math.nan if i == 3 else 1.0, skipped=i == 3)
+    assert read_series(tmp_path).skipped.pair() == ((0, 1, 2, 3, 4), (0.0, 0.0, 0.0, 1.0, 0.0))
+
+
 def test_folder_means_its_newest_metrics_file(tmp_path):
     old, new = tmp_path / "a" / "metrics.jsonl", tmp_path / "b" / "metrics.jsonl"
     for path, value in ((old, 1.0), (new, 2.0)):

@@ -10,7 +10,7 @@ norm       -                            one read (N)         the norm
 clip-noop  ``NOOP_MAX_NORM`` (1e9)      one read (N)         the norm; no gradient
                                                              changed, bit for bit
 clip       half the gradients' norm     N + a read and a     the norm; every
-                                        write (3N)           gradient scaled by ~0.5
+           (of the smallest group's)    write (3N)           gradient scaled by ~0.5
 read       -                            N (flat buffer)      - (a roofline kernel)
 read-write -                            2N (flat buffer)     - (a roofline kernel)
 ========== ============================ ==================== ======================
@@ -18,6 +18,10 @@ read-write -                            2N (flat buffer)     - (a roofline kerne
 The references (kinds ``read`` and ``read-write`` and the one-flat-tensor
 fastnorm row) run on ``Prepared.flat`` and are timed in the same rounds as the
 contenders, so that the roofline sees the same machine.
+
+On a workload of several parameter groups, the fastnorm and torch contenders
+make one call per group, as per-group clipping does, and return the list of
+the groups' norms.
 
 Other modules add contenders with :func:`register_contender`.
 """
@@ -32,7 +36,8 @@ from typing import Any
 import torch
 
 import fastnorm
-from fastnorm.bench.workloads import Prepared
+from fastnorm.backends import cpp
+from fastnorm.bench.workloads import ISAS, Prepared
 
 KINDS = ("norm", "clip-noop", "clip", "read", "read-write")
 
@@ -63,6 +68,7 @@ class Contender:
         optional: an exception in its correctness call skips it (with the
             reason) instead of aborting the run: for third-party code.
         roofline: a read (or read-write) kernel that competes for the roofline.
+        only_listed: runs only on workloads that name it in their ``contenders``.
     """
 
     name: str
@@ -74,6 +80,7 @@ class Contender:
     reasons: Callable[[torch.device], list[str]] = field(default=lambda device: [])
     optional: bool = False
     roofline: bool = False
+    only_listed: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -83,7 +90,7 @@ class Contender:
         if self.kind == "clip-noop":
             return NOOP_MAX_NORM
         if self.kind == "clip":
-            return CLIP_FRACTION * workload.ref_norm
+            return CLIP_FRACTION * min(workload.ref_norms)
         return None
 
     def bytes_moved(self, workload: Prepared) -> int:
@@ -111,19 +118,47 @@ def unregister_contender(name: str) -> None:
 # ----------------------------------------------------------------------------
 
 
+def _per_group(w: Prepared, fn: Callable[[list[Any]], Any]) -> Call:
+    """One call of ``fn`` on all parameters, or one per group, as the workload has them."""
+    if len(w.groups) == 1:
+        params = w.params
+        return lambda: fn(params)
+    groups = w.groups
+    return lambda: [fn(group) for group in groups]
+
+
 def _fastnorm_norm(w: Prepared, max_norm: float | None) -> Call:
-    params = w.params
-    return lambda: fastnorm.total_norm(params)
+    return _per_group(w, fastnorm.total_norm)
 
 
 def _fastnorm_clip(w: Prepared, max_norm: float | None) -> Call:
-    params = w.params
-    return lambda: fastnorm.clip_(params, max_norm)
+    clip = fastnorm.clip_
+    return _per_group(w, lambda params: clip(params, max_norm))
 
 
 def _fastnorm_flat(w: Prepared, max_norm: float | None) -> Call:
     flat = [w.flat]
     return lambda: fastnorm.total_norm(flat)
+
+
+def _fastnorm_isa(isa: str) -> Callable[[Prepared, float | None], Call]:
+    """fastnorm.total_norm with the CPU kernels of one instruction set (same bits)."""
+
+    def make(w: Prepared, max_norm: float | None) -> Call:
+        params = w.params
+        use_isa, current = cpp._C.use_isa, cpp._C.isa
+
+        def call() -> torch.Tensor:
+            default = current()
+            use_isa(isa)
+            try:
+                return fastnorm.total_norm(params)
+            finally:
+                use_isa(default)
+
+        return call
+
+    return make
 
 
 # ----------------------------------------------------------------------------
@@ -133,16 +168,14 @@ def _fastnorm_flat(w: Prepared, max_norm: float | None) -> Call:
 
 
 def _torch_norm(w: Prepared, max_norm: float | None) -> Call:
-    params = w.params
     get_total_norm = torch.nn.utils.get_total_norm
     # As clip_grad_norm_ does it: the list of gradients is built in the call.
-    return lambda: get_total_norm([p.grad for p in params if p.grad is not None])
+    return _per_group(w, lambda params: get_total_norm([p.grad for p in params if p.grad is not None]))
 
 
 def _torch_clip(w: Prepared, max_norm: float | None) -> Call:
-    params = w.params
     clip = torch.nn.utils.clip_grad_norm_
-    return lambda: clip(params, max_norm)
+    return _per_group(w, lambda params: clip(params, max_norm))
 
 
 def _loop(w: Prepared, max_norm: float | None) -> Call:
@@ -275,6 +308,69 @@ for _contender in (
     register_contender(_contender)
 
 
+def _isa_reasons(isa: str) -> Callable[[torch.device], list[str]]:
+    def reasons(device: torch.device) -> list[str]:
+        if device.type != "cpu":
+            return ["the CPU kernels run on CPU tensors"]
+        if cpp._C is None:
+            return [f"the C++ kernels are not available: {cpp._IMPORT_ERROR}"]
+        if isa not in cpp._C.supported_isas():
+            return [f"this CPU does not run {isa} (it runs {', '.join(cpp._C.supported_isas())})"]
+        return []
+
+    return reasons
+
+
+# The kernel of each instruction set, on the single-core workload (baseline:
+# torch.sum of the same flat tensor).
+for _isa in ISAS:
+    register_contender(
+        Contender(
+            f"fastnorm.total_norm/{_isa}",
+            "norm",
+            _fastnorm_isa(_isa),
+            "roofline.read/sum",
+            "fastnorm",
+            default_on=("cpu",),
+            reasons=_isa_reasons(_isa),
+            only_listed=True,
+        )
+    )
+
+
+def for_workload(
+    workload: Any, device: torch.device, wanted: Callable[[Contender], bool] | None = None
+) -> tuple[list[Contender], dict[str, list[str]]]:
+    """The contenders of one workload: among those it names (a workload that lists
+    its own runs them whether or not they run by default), else among all, the
+    ``wanted`` ones (default: those that run by default on the device), with
+    why each wanted one cannot run."""
+    if wanted is None:
+        wanted = default_wanted(device)
+    if workload.contenders is not None:
+        pool = [CONTENDERS[n] for n in workload.contenders if n in CONTENDERS and wanted(CONTENDERS[n])]
+    else:
+        pool = [c for c in CONTENDERS.values() if wanted(c) and not c.only_listed]
+    chosen, skipped = [], {}
+    for c in pool:
+        reasons = c.reasons(device)
+        if reasons:
+            skipped[c.name] = reasons
+        else:
+            chosen.append(c)
+    return chosen, skipped
+
+
+def default_wanted(device: torch.device) -> Callable[[Contender], bool]:
+    """Those that run by default on ``device``, and every reference."""
+    return lambda c: c.group == "reference" or device.type in c.default_on
+
+
+def by_prefix(prefixes: list[str]) -> Callable[[Contender], bool]:
+    """Those whose name starts with one of ``prefixes``, and the roofline kernels."""
+    return lambda c: c.roofline or c.name.startswith(tuple(prefixes))
+
+
 def select(
     device: torch.device, prefixes: list[str] | None = None
 ) -> tuple[list[Contender], dict[str, list[str]]]:
@@ -285,6 +381,8 @@ def select(
     """
     chosen, skipped = [], {}
     for c in CONTENDERS.values():
+        if c.only_listed:
+            continue
         wanted = (
             c.group == "reference"
             or (prefixes is None and device.type in c.default_on)

@@ -61,6 +61,7 @@ def build_sharded(
     flat = torch.cat([t.reshape(-1) for t in locals_])
     prepared = Prepared(name, dtype, device, params, flat)
     prepared.ref_norm = math.sqrt(total)  # the whole model's, not this rank's
+    prepared.ref_norms = [prepared.ref_norm]
     return prepared
 
 

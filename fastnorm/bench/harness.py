@@ -12,10 +12,12 @@ For each workload and dtype:
    quick workloads), in a new random order every round, so that the machine's
    noise (frequency, the memory controller, interrupts) falls on all
    of them alike. A round during which other processes kept the CPUs busy is
-   replaced (see :class:`LoadMeter`);
+   replaced (see :class:`LoadMeter`), within a time budget;
 5. summarize: median, min, quartiles, GB/s over the least bytes each kind must
    move, % of the roofline (the fastest plain read / read-write of the same
    bytes in the same rounds) and the speedup over the contender's baseline.
+   Figures from too few quiet rounds, or faster than the roofline of the same
+   rounds (which cannot be), are marked ``disturbed``: not results.
 
 On CUDA each call is timed with CUDA events from an idle device (launches and
 kernels), and the host time until the call returns is kept separately; on the
@@ -47,6 +49,10 @@ ROUND_BUDGET = 2
 # in timed rounds, and at most MAX_ROUNDS_FACTOR times the rounds asked for.
 MIN_TIMING_S = 1.0
 MAX_ROUNDS_FACTOR = 10
+
+# Below this many bytes the gradients sit in the caches and the host cost
+# dominates: the roofline (a read of memory) does not bound the time there.
+ROOFLINE_MIN_BYTES = 1e6
 
 # How far a norm may be from the float64 reference. fastnorm accumulates in
 # float64 and returns float32 whatever the gradients' dtype. The others only
@@ -194,24 +200,37 @@ def norm_rtol(c: Contender, dtype: torch.dtype) -> float:
     return NORM_RTOL_OTHERS.get(dtype, NORM_RTOL_OTHERS_DEFAULT)
 
 
+def _norms(result: Any) -> list[float] | None:
+    """The norm(s) a call returned: one tensor, or a list of them (one per group)."""
+    parts = result if isinstance(result, (list, tuple)) else [result]
+    if not parts or not all(isinstance(t, torch.Tensor) and t.numel() == 1 for t in parts):
+        return None
+    return [float(t.reshape(()).item()) for t in parts]
+
+
 def _check(c: Contender, result: Any, w: Prepared, max_norm: float | None) -> tuple[float | None, str | None]:
     """The relative error of the contender's first call, and why it is wrong (or None)."""
     if c.kind in ("read", "read-write"):
         return None, None
-    if not isinstance(result, torch.Tensor) or result.numel() != 1:
+    got = _norms(result)
+    refs = w.ref_norms if got is not None and len(got) > 1 else [w.ref_norm]
+    if got is None or len(got) != len(refs):
         shape = getattr(result, "shape", "")
-        return None, f"returned {type(result).__name__} {shape}, not a one-element norm tensor"
-    got = float(result.reshape(()).item())
-    error = abs(got - w.ref_norm) / w.ref_norm if math.isfinite(got) else math.inf
+        want = "one norm tensor" if len(w.groups) == 1 else f"one norm or {len(w.groups)} (one per group)"
+        return None, f"returned {type(result).__name__} {shape}, not {want}"
+    errors = [abs(g - r) / r if math.isfinite(g) else math.inf for g, r in zip(got, refs)]
+    error = max(errors)
     rtol = norm_rtol(c, w.dtype)
     if not error <= rtol:
-        return error, f"norm {got!r}, float64 reference {w.ref_norm!r} (rtol {rtol:g})"
+        worst = errors.index(error)
+        return error, f"norm {got[worst]!r}, float64 reference {refs[worst]!r} (rtol {rtol:g})"
     if c.kind == "clip-noop":
         return error, w.compare(1.0, 0.0)
     if c.kind == "clip":
         # The gradients must be scaled by the coefficient of the norm it returned.
-        coef = min(1.0, max_norm / (got + 1e-6))
-        return error, w.compare(coef, SCALE_RTOL.get(w.dtype, SCALE_RTOL_DEFAULT))
+        coefs = [min(1.0, max_norm / (g + 1e-6)) for g in got]
+        rtol = SCALE_RTOL.get(w.dtype, SCALE_RTOL_DEFAULT)
+        return error, w.compare(coefs if len(coefs) > 1 else coefs[0], rtol)
     return error, None
 
 
@@ -274,6 +293,11 @@ class Timings:
     rounds: int  # timed
     kept: int  # used for the statistics
     others_busy: list[float | None]  # cores busy with other processes, per round
+    busy_kept: int = 0  # rounds kept although other processes were busy: the figures are disturbed
+
+
+# Fewer quiet rounds than this and the statistics use every round (disturbed).
+MIN_QUIET_ROUNDS = 3
 
 
 def time_rounds(
@@ -285,6 +309,8 @@ def time_rounds(
     warmup: int,
     min_time_s: float = MIN_TIMING_S,
     lockstep: bool = False,
+    max_time_s: float | None = None,
+    on_round: Callable[[int, int], None] | None = None,
 ) -> Timings:
     """Warm-up, then rounds of one call of each contender, until enough quiet rounds.
 
@@ -293,8 +319,11 @@ def time_rounds(
     its own previous call. Enough means ``repeats`` rounds, or more when they
     are quick (``min_time_s`` in all, up to ``MAX_ROUNDS_FACTOR * repeats``). A round
     during which other processes kept more than ``QUIET_CORES`` busy is
-    replaced by another, up to ``ROUND_BUDGET`` times the rounds wanted; if too
-    few were quiet, the statistics use every round and the record says so.
+    replaced by another, up to ``ROUND_BUDGET`` times the rounds wanted, and
+    no longer than ``max_time_s`` (once ``MIN_QUIET_ROUNDS`` rounds are done).
+    The statistics use the quiet rounds; with fewer than ``MIN_QUIET_ROUNDS``
+    of them, every round, and ``busy_kept`` says how many were not quiet.
+    ``on_round(done, wanted)`` is called after every round (a progress bar).
 
     ``lockstep`` (ranks of a process group, whose calls include collectives):
     exactly ``repeats`` rounds, in the same order on every rank, none replaced.
@@ -314,10 +343,18 @@ def time_rounds(
     order = random.Random(0)
     want = repeats
     quiet = 0
+    start = time.perf_counter()
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
         while quiet < want and len(rounds) < ROUND_BUDGET * want:
+            if (
+                not lockstep
+                and max_time_s is not None
+                and len(rounds) >= MIN_QUIET_ROUNDS
+                and time.perf_counter() - start > max_time_s
+            ):
+                break
             shuffled = order.sample(contenders, len(contenders))
             meter = LoadMeter()
             t0 = time.perf_counter()
@@ -329,18 +366,23 @@ def time_rounds(
             busy = None if load is None else load["other_cores_busy"]
             rounds.append((samples, busy))
             quiet += busy is None or busy <= QUIET_CORES
+            if on_round is not None:
+                on_round(quiet, want)
     finally:
         if gc_was_enabled:
             gc.enable()
     kept = [samples for samples, busy in rounds if busy is None or busy <= QUIET_CORES]
-    if len(kept) < want:
+    busy_kept = 0
+    if len(kept) < min(MIN_QUIET_ROUNDS, len(rounds)):
         kept = [samples for samples, _ in rounds]
+        busy_kept = len(rounds) - quiet
     return Timings(
         elapsed={c.name: [k[c.name][0] for k in kept] for c in contenders},
         host={c.name: [k[c.name][1] for k in kept] for c in contenders},
         rounds=len(rounds),
         kept=len(kept),
         others_busy=[busy for _, busy in rounds],
+        busy_kept=busy_kept,
     )
 
 
@@ -385,6 +427,15 @@ def _roofline(contenders: list[Contender], medians: dict[str, float], kind: str)
     return name, seconds
 
 
+def _clock_hz(device: torch.device) -> float | None:
+    """The core clock (CPU workloads), for elements per cycle; None where unknown."""
+    from fastnorm.backends import cpp
+
+    if device.type != "cpu" or cpp._C is None:
+        return None
+    return cpp._C.clock_hz(0.05) or None
+
+
 def run_workload(
     workload: Workload,
     dtype: torch.dtype,
@@ -398,8 +449,17 @@ def run_workload(
     skipped: dict[str, list[str]] | None = None,
     dtype_name: str | None = None,
     lockstep: bool = False,
+    max_time_s: float | None = None,
+    on_round: Callable[[int, int], None] | None = None,
 ) -> dict[str, Any]:
-    """Checks, then times every contender on one workload; returns its JSON record."""
+    """Checks, then times every contender on one workload; returns its JSON record.
+
+    ``max_time_s`` bounds the timed rounds (see :func:`time_rounds`); the
+    workload's ``threads``, when set, is torch's thread count meanwhile.
+    """
+    threads = torch.get_num_threads()
+    if workload.threads is not None:
+        torch.set_num_threads(workload.threads)
     w = prepare(workload, dtype, device, quick=quick)
     if workload.contenders is not None:
         contenders = [c for c in contenders if c.name in workload.contenders]
@@ -408,15 +468,28 @@ def run_workload(
         checked = check(contenders, w, calls)
         live = [c for c in contenders if c.name not in checked.dropped]
         load = LoadMeter()
-        timings = time_rounds(live, w, calls, Clock(device), repeats, warmup, min_time_s, lockstep)
-        record = _record(workload, w, live, timings, checked, quick)
+        hz = _clock_hz(device)
+        timings = time_rounds(
+            live, w, calls, Clock(device), repeats, warmup, min_time_s, lockstep, max_time_s, on_round
+        )
+        if hz is not None:  # the clock may have changed while the rounds ran: the faster reading
+            hz = max(hz, _clock_hz(device) or 0.0)
+        record = _record(workload, w, live, timings, checked, quick, hz)
         record["load"] = load.stop()
+        record["threads"] = torch.get_num_threads()
         record["rounds"] = {
             "timed": timings.rounds,
             "kept": timings.kept,
+            "busy_kept": timings.busy_kept,
             "quiet_cores": QUIET_CORES,
             "others_busy": timings.others_busy,
         }
+        if timings.busy_kept:
+            busiest = max(b for b in timings.others_busy if b is not None)
+            record["disturbed"] = (
+                f"other processes kept up to {busiest:.2f} cores busy in {timings.busy_kept} of "
+                f"{timings.rounds} rounds"
+            )
         record["dtype"] = dtype_name or str(dtype).replace("torch.", "")
         record["skipped"] = {**(skipped or {}), **checked.dropped}
         return record
@@ -425,6 +498,7 @@ def run_workload(
         gc.collect()
         if device.type == "cuda":
             torch.cuda.empty_cache()
+        torch.set_num_threads(threads)
 
 
 def _record(
@@ -434,6 +508,7 @@ def _record(
     timings: Timings,
     checked: Checked,
     quick: bool,
+    clock_hz: float | None = None,
 ) -> dict[str, Any]:
     elapsed = timings.elapsed
     stats = {name: _summary(samples) for name, samples in elapsed.items()}
@@ -447,33 +522,48 @@ def _record(
         "read-write": read_write[1] if read_write else None,
         "clip": read[1] + read_write[1] if read and read_write else None,
     }
+    tensors = sum(1 for p in w.params if p.grad is not None)
+    # Elements per cycle of one core: for the workloads that run on one thread.
+    per_cycle = clock_hz if workload.threads == 1 else None
     results = []
     for c in contenders:
         s = stats[c.name]
         moved = c.bytes_moved(w)
         roof = roof_seconds[c.kind]
         base = medians.get(c.baseline) if c.baseline else None
-        results.append(
-            {
-                "contender": c.name,
-                "kind": c.kind,
-                "group": c.group,
-                "ms": s["median"] * 1e3,
-                "ms_min": s["min"] * 1e3,
-                "ms_q1": s["q1"] * 1e3,
-                "ms_q3": s["q3"] * 1e3,
-                "spread_pct": 100 * (s["q3"] - s["q1"]) / s["median"],
-                "host_us": statistics.median(timings.host[c.name]) * 1e6,
-                "bytes_moved": moved,
-                "gbps": moved / s["median"] / 1e9,
-                "roofline_pct": 100 * roof / s["median"] if roof else None,
-                "baseline": c.baseline if base else None,
-                "speedup": base / s["median"] if base else None,
-                "norm_error": checked.errors.get(c.name),
-                "extra_bytes": checked.extra_bytes.get(c.name),
-                "samples_ms": [round(x * 1e3, 6) for x in elapsed[c.name]],
-            }
-        )
+        roofline_pct = 100 * roof / s["median"] if roof else None
+        host_us = statistics.median(timings.host[c.name]) * 1e6
+        result = {
+            "contender": c.name,
+            "kind": c.kind,
+            "group": c.group,
+            "ms": s["median"] * 1e3,
+            "ms_min": s["min"] * 1e3,
+            "ms_q1": s["q1"] * 1e3,
+            "ms_q3": s["q3"] * 1e3,
+            "spread_pct": 100 * (s["q3"] - s["q1"]) / s["median"],
+            "host_us": host_us,
+            "host_us_per_tensor": (
+                host_us / tensors if workload.host_cost and c.group != "reference" else None
+            ),
+            "bytes_moved": moved,
+            "gbps": moved / s["median"] / 1e9,
+            "roofline_pct": roofline_pct,
+            "baseline": c.baseline if base else None,
+            "speedup": base / s["median"] if base else None,
+            "elements_per_cycle": (
+                w.numel / s["median"] / per_cycle if per_cycle and c.kind in ("norm", "read") else None
+            ),
+            "norm_error": checked.errors.get(c.name),
+            "extra_bytes": checked.extra_bytes.get(c.name),
+            "samples_ms": [round(x * 1e3, 6) for x in elapsed[c.name]],
+        }
+        # Faster than a plain read of the same bytes in the same rounds cannot
+        # be: the rounds of one of them were disturbed.
+        impossible = roofline_pct is not None and roofline_pct > 100 and w.nbytes >= ROOFLINE_MIN_BYTES
+        if impossible and not c.roofline:
+            result["disturbed"] = f"{roofline_pct:.0f}% of the roofline measured in the same rounds"
+        results.append(result)
 
     def roof_entry(found: tuple[str, float] | None, factor: int) -> dict[str, Any] | None:
         if found is None:
@@ -485,10 +575,12 @@ def _record(
         "workload": workload.name,
         "description": workload.description,
         "quick": quick,
-        "tensors": len(w.grads),
+        "tensors": tensors,
+        "groups": len(w.groups),
         "numel": w.numel,
         "bytes": w.nbytes,
         "ref_norm": w.ref_norm,
+        "clock_hz": clock_hz,
         "memory_method": checked.memory_method,
         "roofline": {"read": roof_entry(read, 1), "read_write": roof_entry(read_write, 2)},
         "results": results,

@@ -59,6 +59,10 @@ CSV_FIELDS = [
     "speedup",
     "baseline",
     "extra_bytes",
+    "cpp_isa",
+    "host_us_per_tensor",
+    "elements_per_cycle",
+    "disturbed",
 ]
 
 
@@ -70,14 +74,22 @@ def _version(package: str) -> str | None:
 
 
 def _cpu_name() -> str:
+    """The CPU's model name, with its family and model numbers where Linux gives them
+    (a virtual machine often names only the vendor)."""
+    fields: dict[str, str] = {}
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
+                key, _, value = line.partition(":")
+                if not key.strip():
+                    break  # the first processor is enough
+                fields.setdefault(key.strip(), value.strip())
     except OSError:
         pass
-    return platform.processor() or platform.machine()
+    name = fields.get("model name") or platform.processor() or platform.machine()
+    if "cpu family" in fields and "model" in fields:
+        name += f" (family {fields['cpu family']}, model {fields['model']})"
+    return name
 
 
 def environment(device: torch.device) -> dict[str, Any]:
@@ -100,6 +112,7 @@ def environment(device: torch.device) -> dict[str, Any]:
         "platform": platform.platform(),
         "backend": row.get("selected"),
         "cpp_isa": cpp.isa(),
+        "cpp_isas": cpp._C.supported_isas() if cpp._C is not None else [],
     }
     if device.type == "cuda":
         env["cuda"] = torch.version.cuda
@@ -146,56 +159,81 @@ def _opt(value: float | None, fmt: str, missing: str = "-") -> str:
     return missing if value is None else format(value, fmt)
 
 
+def disturbed(record: dict[str, Any], result: dict[str, Any] | None = None) -> str | None:
+    """Why a record's figures (or one result's) are not results, or None."""
+    return record.get("disturbed") or (result or {}).get("disturbed")
+
+
 def headline(record: dict[str, Any]) -> str:
     """One line: the workload, its size and its roofline."""
     roof = record["roofline"]
     parts = [
-        f"{record['workload']} {record['dtype']}: {record['tensors']} tensors, "
-        f"{record['numel'] / 1e6:.4g}M elements, {fmt_bytes(record['bytes'])}"
+        f"{record['workload']} {record['dtype']}: {record['tensors']} tensors"
+        + (f" in {record['groups']} groups" if record.get("groups", 1) > 1 else "")
+        + f", {record['numel'] / 1e6:.4g}M elements, {fmt_bytes(record['bytes'])}"
     ]
+    if record.get("threads") == 1:
+        parts.append("1 thread")
     if roof["read"]:
         parts.append(f"read roofline {roof['read']['gbps']:.1f} GB/s ({roof['read']['kernel']})")
     if roof["read_write"]:
         parts.append(f"read+write {roof['read_write']['gbps']:.1f} GB/s ({roof['read_write']['kernel']})")
+    if record.get("clock_hz"):
+        parts.append(f"core clock {record['clock_hz'] / 1e9:.2f} GHz")
     line = "; ".join(parts)
     rounds = record.get("rounds")
-    if rounds and rounds["timed"] > rounds["kept"]:
+    if record.get("disturbed"):
+        line += (
+            f"\n  DISTURBED: {record['disturbed']}; too few quiet rounds, so these figures are not "
+            "results: rerun on a quiet machine"
+        )
+    elif rounds and rounds["timed"] > rounds["kept"]:
         line += (
             f"\n  ({rounds['timed'] - rounds['kept']} of {rounds['timed']} rounds dropped: other processes "
             f"kept more than {rounds['quiet_cores']:g} cores busy)"
-        )
-    elif rounds and any(b is not None and b > rounds["quiet_cores"] for b in rounds["others_busy"]):
-        line += (
-            f"\n  WARNING: other processes kept the CPUs busy in most rounds (up to "
-            f"{max(b for b in rounds['others_busy'] if b is not None):.2f} cores): parallel kernels waited "
-            "for the scheduler; rerun on a quiet machine"
         )
     return line
 
 
 def table(record: dict[str, Any]) -> str:
-    """The terminal table of one workload."""
-    header = ("contender", "time", "spread", "GB/s", "% roof", "vs base", "host", "extra mem", "norm err")
+    """The terminal table of one workload. Disturbed figures are named, not shown."""
+    per_tensor = any(r.get("host_us_per_tensor") is not None for r in record["results"])
+    per_cycle = any(r.get("elements_per_cycle") is not None for r in record["results"])
+    header = ["contender", "time", "spread", "GB/s", "% roof", "vs base", "host"]
+    header += ["host/tensor"] * per_tensor + ["elem/cycle"] * per_cycle + ["extra mem", "norm err"]
+    if record.get("disturbed"):
+        names = ", ".join(r["contender"] for r in record["results"])
+        return f"{headline(record)}\n  (timed: {names}; the figures are in the JSON, marked disturbed)"
     rows = [header]
     for r in record["results"]:
-        rows.append(
-            (
-                r["contender"],
-                fmt_time(r["ms"]),
-                f"{r['spread_pct']:.0f}%",
-                f"{r['gbps']:.3g}",
-                _opt(r["roofline_pct"], ".0f"),
-                _opt(r["speedup"], ".2f") + ("x" if r["speedup"] is not None else ""),
-                fmt_time(r["host_us"] / 1e3),
-                "-" if r["extra_bytes"] is None else fmt_bytes(r["extra_bytes"]),
-                _opt(r["norm_error"], ".0e"),
-            )
-        )
+        if disturbed(record, r) is not None:
+            rows.append([r["contender"], "disturbed"] + [""] * (len(header) - 2))
+            continue
+        row = [
+            r["contender"],
+            fmt_time(r["ms"]),
+            f"{r['spread_pct']:.0f}%",
+            f"{r['gbps']:.3g}",
+            _opt(r["roofline_pct"], ".0f"),
+            _opt(r["speedup"], ".2f") + ("x" if r["speedup"] is not None else ""),
+            fmt_time(r["host_us"] / 1e3),
+        ]
+        if per_tensor:
+            value = r.get("host_us_per_tensor")
+            row.append("-" if value is None else f"{value * 1e3:.0f} ns")
+        if per_cycle:
+            row.append(_opt(r.get("elements_per_cycle"), ".2f"))
+        extra = "-" if r["extra_bytes"] is None else fmt_bytes(r["extra_bytes"])
+        row += [extra, _opt(r["norm_error"], ".0e")]
+        rows.append(row)
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines = [headline(record)]
     for row in rows:
         cells = [row[0].ljust(widths[0])] + [cell.rjust(w) for cell, w in zip(row[1:], widths[1:])]
-        lines.append("  " + "  ".join(cells))
+        lines.append("  " + "  ".join(cells).rstrip())
+    for r in record["results"]:
+        if r.get("disturbed") and not record.get("disturbed"):
+            lines.append(f"  ({r['contender']} disturbed: {r['disturbed']})")
     for name, reasons in record.get("skipped", {}).items():
         lines.append(f"  (skipped {name}: {'; '.join(reasons)})")
     return "\n".join(lines)
@@ -205,47 +243,104 @@ def _result(record: dict[str, Any], name: str) -> dict[str, Any] | None:
     return next((r for r in record["results"] if r["contender"] == name), None)
 
 
+def _time_cell(record: dict[str, Any], name: str) -> str:
+    r = _result(record, name)
+    if r is None:
+        return "-"
+    return "disturbed" if disturbed(record, r) else fmt_time(r["ms"])
+
+
 def markdown(run: dict[str, Any]) -> str:
-    """The short table for the README: fastnorm against torch and the roofline."""
+    """The tables for the README: fastnorm against torch and the roofline, the
+    single-core kernels, and the host cost."""
     env = run["environment"]
+    isa = f", C++ kernels {env['cpp_isa']}" if env.get("cpp_isa") else ""
     lines = [
-        f"{env['device_name']} ({env['device']}, {env['threads']} threads), torch {env['torch']}, "
-        f"fastnorm {env['fastnorm']} ({env['backend']} backend), {run['timestamp'][:10]}: "
-        f"`{run['command']}`. Median of interleaved rounds; GB/s over one read of the gradients, "
-        "% of the read roofline (the fastest plain torch read of the same bytes, same run).",
+        f"{env['device_name']} ({env['device']}, {env['cores']} cores, {env['threads']} threads{isa}), "
+        f"torch {env['torch']}, fastnorm {env['fastnorm']} ({env['backend']} backend), "
+        f"{run['timestamp'][:10]}: `{run['command']}`. Median of interleaved rounds; GB/s over one "
+        "read of the gradients, % of the read roofline (the fastest plain torch read of the same "
+        "bytes, same run). `disturbed`: too few rounds free of other processes, or faster than the "
+        "roofline, so not a result.",
         "",
-        "| workload | dtype | read roofline GB/s | fastnorm total_norm | torch get_total_norm | "
-        "speedup | fastnorm clip_ (no clip / clips) | torch clip_grad_norm_ (no clip / clips) |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
+    main = [rec for rec in run["workloads"] if rec["workload"] != "kernel-1t" and rec.get("groups", 1) == 1]
+    if main:
+        lines += [
+            "| workload | dtype | read roofline GB/s | fastnorm total_norm | torch get_total_norm | "
+            "speedup | fastnorm clip_ (no clip / clips) | torch clip_grad_norm_ (no clip / clips) |",
+            "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        ]
 
     def cell(record: dict[str, Any], name: str) -> str:
         r = _result(record, name)
-        if r is None:
-            return "-"
+        if r is None or disturbed(record, r):
+            return _time_cell(record, name)
         text = fmt_time(r["ms"])
         # Below a megabyte the time is the per-call host cost: GB/s means nothing.
         if record["bytes"] >= 1e6 and r["roofline_pct"] is not None:
             text += f", {r['gbps']:.3g} GB/s ({r['roofline_pct']:.0f}%)"
+        elif r.get("host_us_per_tensor") is not None:
+            text += f" ({r['host_us_per_tensor'] * 1e3:.0f} ns/tensor)"
         return text
 
-    for rec in run["workloads"]:
+    for rec in main:
         roof = rec["roofline"]["read"]
         fast = _result(rec, "fastnorm.total_norm")
-        speedup = f"{fast['speedup']:.2f}x" if fast and fast["speedup"] else "-"
-        clip_f = " / ".join(
-            fmt_time(r["ms"]) if (r := _result(rec, n)) else "-"
-            for n in ("fastnorm.clip_/noop", "fastnorm.clip_/clips")
-        )
+        ok = fast is not None and fast["speedup"] and not disturbed(rec, fast)
+        speedup = f"{fast['speedup']:.2f}x" if ok else "-"
+        clip_f = " / ".join(_time_cell(rec, n) for n in ("fastnorm.clip_/noop", "fastnorm.clip_/clips"))
         clip_t = " / ".join(
-            fmt_time(r["ms"]) if (r := _result(rec, n)) else "-"
-            for n in ("torch.clip_grad_norm_/noop", "torch.clip_grad_norm_/clips")
+            _time_cell(rec, n) for n in ("torch.clip_grad_norm_/noop", "torch.clip_grad_norm_/clips")
         )
         lines.append(
             f"| {rec['workload']} | {rec['dtype']} | {roof['gbps']:.1f} | "
             f"{cell(rec, 'fastnorm.total_norm')} | {cell(rec, 'torch.get_total_norm')} | {speedup} | "
             f"{clip_f} | {clip_t} |"
         )
+
+    kernel = [rec for rec in run["workloads"] if rec["workload"] == "kernel-1t"]
+    if kernel:
+        lines += [
+            "",
+            "One core (`kernel-1t`: one flat tensor, 1 thread), each instruction set of the C++ "
+            "kernels against `torch.sum` of the same tensor; elements per cycle at the core clock "
+            "measured in the same run:",
+            "",
+            "| dtype | kernels | time | GB/s | elements/cycle | vs torch.sum |",
+            "| --- | --- | ---: | ---: | ---: | ---: |",
+        ]
+        for rec in kernel:
+            for r in rec["results"]:
+                if r["group"] == "reference" and r["contender"] != "roofline.read/sum":
+                    continue
+                label = r["contender"].rsplit("/", 1)[-1] if r["group"] == "fastnorm" else "torch.sum"
+                if disturbed(rec, r):
+                    lines.append(f"| {rec['dtype']} | {label} | disturbed | | | |")
+                    continue
+                speedup = f"{r['speedup']:.2f}x" if r["speedup"] else "-"
+                lines.append(
+                    f"| {rec['dtype']} | {label} | {fmt_time(r['ms'])} | {r['gbps']:.3g} | "
+                    f"{_opt(r.get('elements_per_cycle'), '.2f')} | {speedup} |"
+                )
+
+    grouped = [rec for rec in run["workloads"] if rec.get("groups", 1) > 1]
+    if grouped:
+        lines += [
+            "",
+            "Per-group clipping (one call per group, every step; host cost per tensor):",
+            "",
+            "| workload | dtype | fastnorm clip_ (clips) | torch clip_grad_norm_ (clips) | speedup |",
+            "| --- | --- | ---: | ---: | ---: |",
+        ]
+        for rec in grouped:
+            fast = _result(rec, "fastnorm.clip_/clips")
+            ok = fast is not None and fast["speedup"] and not disturbed(rec, fast)
+            speedup = f"{fast['speedup']:.2f}x" if ok else "-"
+            lines.append(
+                f"| {rec['workload']} | {rec['dtype']} | {cell(rec, 'fastnorm.clip_/clips')} | "
+                f"{cell(rec, 'torch.clip_grad_norm_/clips')} | {speedup} |"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -261,15 +356,26 @@ def write_json(run: dict[str, Any], path: Path) -> None:
     path.write_text(text + "\n")
 
 
-def append_csv(run: dict[str, Any], path: Path) -> None:
-    """One row per workload and contender, appended (the header once)."""
+def append_csv(run: dict[str, Any], path: Path, records: list[dict[str, Any]] | None = None) -> None:
+    """One row per workload and contender of ``records`` (default: all of the run's),
+    appended; the header once. A file with an older header is rewritten with
+    this one first, its rows kept."""
     env = run["environment"]
+    if path.exists() and path.stat().st_size > 0:
+        with path.open(newline="") as f:
+            reader = csv.DictReader(f)
+            if reader.fieldnames != CSV_FIELDS:
+                old = list(reader)
+                with path.open("w", newline="") as out:
+                    writer = csv.DictWriter(out, fieldnames=CSV_FIELDS, extrasaction="ignore")
+                    writer.writeheader()
+                    writer.writerows(old)
     new = not path.exists() or path.stat().st_size == 0
     with path.open("a", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=CSV_FIELDS, extrasaction="ignore")
         if new:
             writer.writeheader()
-        for rec in run["workloads"]:
+        for rec in run["workloads"] if records is None else records:
             read = rec["roofline"]["read"] or {}
             for r in rec["results"]:
                 writer.writerow(
@@ -280,8 +386,20 @@ def append_csv(run: dict[str, Any], path: Path) -> None:
                         **{k: _round(r.get(k)) for k in CSV_FIELDS if k in r},
                         "roofline_read_gbps": _round(read.get("gbps")),
                         "roofline_read_kernel": read.get("kernel"),
+                        "disturbed": disturbed(rec, r),
                     }
                 )
+
+
+def write(run: dict[str, Any], out: Path, new_records: list[dict[str, Any]]) -> list[Path]:
+    """Writes the run so far under ``out``: DEVICE.json and DEVICE.md anew, the rows
+    of ``new_records`` appended to results.csv. Returns the paths."""
+    out.mkdir(parents=True, exist_ok=True)
+    stem = out / run["environment"]["device"]
+    write_json(run, stem.with_suffix(".json"))
+    stem.with_suffix(".md").write_text(markdown(run))
+    append_csv(run, out / "results.csv", new_records)
+    return [stem.with_suffix(".json"), stem.with_suffix(".md"), out / "results.csv"]
 
 
 def _round(value: Any) -> Any:

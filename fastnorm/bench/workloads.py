@@ -125,7 +125,13 @@ class Workload:
     :func:`prepare` (for gradients that are not plain tensors on one device).
     ``ranks`` > 1: it runs on that many processes of a process group, each
     timing the same rounds in lockstep (fastnorm/bench/distributed.py).
-    ``contenders``, when set: the only contenders that apply to it.
+    ``contenders``, when set: the only contenders that apply to it (also ones
+    not run by default). ``groups`` > 1: the tensors form that many equal
+    parameter groups, each reduced or clipped by its own call, as per-group
+    clipping does. ``threads``: torch's thread count while it runs (1 for
+    the single-core kernel workload). ``dtypes``: the dtypes it runs in when
+    ``--dtypes`` is not given. ``host_cost``: the tensors are tiny, so its
+    time is the host's: the table shows it per tensor.
     """
 
     name: str
@@ -137,6 +143,10 @@ class Workload:
     build: Callable[..., Prepared] | None = None
     ranks: int = 1
     contenders: tuple[str, ...] | None = None
+    groups: int = 1
+    threads: int | None = None
+    dtypes: tuple[str, ...] | None = None
+    host_cost: bool = False
 
     def shapes(self, quick: bool = False) -> list[Shape]:
         return self.quick() if quick else self.full()
@@ -166,15 +176,46 @@ def defaults(device: torch.device) -> list[str]:
     return [w.name for w in WORKLOADS.values() if device.type in w.default_on]
 
 
-def _tiny(count: int, what: str, default_on: tuple[str, ...] = ("cpu", "cuda")) -> Workload:
+# Per-group calls: fastnorm's and torch's, and the roofline of the same bytes.
+GROUPED_CONTENDERS = (
+    "fastnorm.total_norm",
+    "fastnorm.clip_/noop",
+    "fastnorm.clip_/clips",
+    "torch.get_total_norm",
+    "torch.clip_grad_norm_/noop",
+    "torch.clip_grad_norm_/clips",
+    "roofline.read/sum",
+    "roofline.read/dot",
+    "roofline.rw/mul_",
+)
+
+
+def _tiny(count: int, what: str, default_on: tuple[str, ...] = ("cpu", "cuda"), groups: int = 1) -> Workload:
     """``count`` tensors of 16 elements (a tenth of them with --quick)."""
+    name = "tiny" if count == 2000 else f"tiny-{count}"
+    grouped = f" in {groups} groups, one call per group" if groups > 1 else ""
     return Workload(
-        "tiny" if count == 2000 else f"tiny-{count}",
-        f"{count} tensors of 16 elements: {what}",
+        name if groups == 1 else f"tiny-groups-{groups}",
+        f"{count} tensors of 16 elements{grouped}: {what}",
         lambda: [(16,)] * count,
-        lambda: [(16,)] * (count // 10),
+        lambda: [(16,)] * (count // 10 // groups * groups),
         default_on=default_on,
+        groups=groups,
+        host_cost=True,
+        contenders=None if groups == 1 else GROUPED_CONTENDERS,
     )
+
+
+# One flat tensor, 128 MB in float32: four times the last-level cache of most
+# CPUs, so it streams from memory.
+FLAT_NUMEL = 1 << 25
+
+# The instruction sets of the CPU kernels: the single-core workload runs each
+# one the CPU has against torch.sum of the same tensor.
+ISAS = ("generic", "avx2", "avx512")
+KERNEL_CONTENDERS = ("roofline.read/sum", "roofline.read/dot", "roofline.read/amax") + tuple(
+    f"fastnorm.total_norm/{isa}" for isa in ISAS
+)
 
 
 for _workload in (
@@ -217,6 +258,20 @@ for _workload in (
     # The host cost per call at other tensor counts (not run by default).
     _tiny(150, "host cost per call", default_on=()),
     _tiny(10000, "host cost per call", default_on=()),
+    # Per-group clipping: 24 lists every step, each its own cached plan.
+    _tiny(2016, "the host cost of per-group clipping", default_on=("cpu",), groups=24),
+    Workload(
+        "kernel-1t",
+        f"one flat tensor of {FLAT_NUMEL >> 20}M elements on one core: the CPU kernels of every "
+        "instruction set against torch.sum",
+        lambda: [(FLAT_NUMEL,)],
+        lambda: [(FLAT_NUMEL >> 6,)],
+        devices=("cpu",),
+        default_on=("cpu",),
+        contenders=KERNEL_CONTENDERS,
+        threads=1,
+        dtypes=("fp32", "bf16", "fp16"),
+    ),
 ):
     register_workload(_workload)
 
@@ -247,23 +302,35 @@ class Prepared:
     device: torch.device
     params: list[Parameter]
     flat: Tensor
+    num_groups: int = 1
     ref_norm: float = field(init=False)
+    groups: list[list[Parameter]] = field(init=False)
+    ref_norms: list[float] = field(init=False)  # each group's
     _grads: list[Tensor] = field(init=False, repr=False)
     _originals: list[Tensor] = field(init=False, repr=False)
+    _group_of: list[int] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        total = 0.0
-        for chunk in _chunks(self.flat):
-            total += float(chunk.to(torch.float64).square().sum())
-        self.ref_norm = math.sqrt(total)
-        self._grads, self._originals = [], []
+        size = math.ceil(len(self.params) / self.num_groups)
+        self.groups = [self.params[i : i + size] for i in range(0, len(self.params), size)]
+        self._grads, self._originals, self._group_of = [], [], []
+        squares = [0.0] * len(self.groups)
         offset = 0
-        for g in self.grads:
-            g = getattr(g, "_local_tensor", g)  # a DTensor's shard on this rank
-            n = g.numel()
-            self._grads.append(g)
-            self._originals.append(self.flat[offset : offset + n].view(g.shape))
-            offset += n
+        for index, group in enumerate(self.groups):
+            for p in group:
+                if p.grad is None:
+                    continue
+                g = getattr(p.grad, "_local_tensor", p.grad)  # a DTensor's shard on this rank
+                n = g.numel()
+                original = self.flat[offset : offset + n]
+                for chunk in _chunks(original):
+                    squares[index] += float(chunk.to(torch.float64).square().sum())
+                self._grads.append(g)
+                self._originals.append(original.view(g.shape))
+                self._group_of.append(index)
+                offset += n
+        self.ref_norms = [math.sqrt(s) for s in squares]
+        self.ref_norm = math.sqrt(sum(squares))
 
     @property
     def grads(self) -> list[Tensor]:
@@ -286,20 +353,24 @@ class Prepared:
         with torch.no_grad():
             torch._foreach_copy_(self._grads, self._originals)
 
-    def compare(self, coef: float, rtol: float) -> str | None:
+    def compare(self, coefs: float | list[float], rtol: float) -> str | None:
         """Why the gradients are not ``coef`` times the originals (None when they are).
 
-        ``coef == 1`` asks for bitwise equality: nothing was to be written.
+        ``coefs``: one coefficient, or one per group. 1 asks for bitwise
+        equality: nothing was to be written.
         """
         for index, (g, original) in enumerate(self.originals()):
+            coef = coefs[self._group_of[index]] if isinstance(coefs, list) else coefs
             if coef == 1.0:
                 if not torch.equal(g, original):
                     return f"gradient {index} {tuple(g.shape)} changed although nothing was to be clipped"
                 continue
+            # float32 is exact enough for the tolerances of float32 and 16-bit values,
+            # and moves half the bytes of float64 through a 1 GB model.
+            wide = torch.float64 if g.dtype == torch.float64 else torch.float32
             for got, orig in zip(_chunks(g), _chunks(original)):
-                want = orig.to(torch.float64) * coef
-                err = (got.to(torch.float64) - want).abs()
-                bad = err > rtol * want.abs() + 1e-30
+                want = orig.to(wide) * coef
+                bad = (got.to(wide) - want).abs_() > want.abs().mul_(rtol).add_(1e-30)
                 if bool(bad.any()):
                     i = int(bad.nonzero()[0, 0])
                     return (
@@ -337,4 +408,4 @@ def prepare(
             flat[offset : offset + n].copy_(grad.reshape(-1))
             params.append(param)
             offset += n
-    return Prepared(workload.name, dtype, device, params, flat)
+    return Prepared(workload.name, dtype, device, params, flat, workload.groups)

@@ -28,6 +28,7 @@ def diagnose_series(series: Series, max_norm: float | None = None) -> Diagnosis:
         lr=series.lr.pair() if series.lr else None,
         scale=series.scale.pair() if series.scale else None,
         layers=series.layers,
+        skipped=series.skipped.pair() if series.skipped else None,
         max_norm=max_norm if max_norm is not None else series.max_norm,
     )
 
@@ -35,7 +36,8 @@ def diagnose_series(series: Series, max_norm: float | None = None) -> Diagnosis:
 def _read(series: Series) -> str:
     """What was read, for the first line of the report."""
     text = f"{series.source}: {len(series.values)} values of '{series.key}'"
-    others = [f"'{t.key}'" for t in (series.loss, series.lr, series.scale) if t is not None]
+    tracks = (series.loss, series.lr, series.scale, series.skipped)
+    others = [f"'{t.key}'" for t in tracks if t is not None]
     if series.layers:
         others.append(f"per-layer norms at {len(series.layers)} steps")
     if others:
@@ -79,9 +81,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "diagnose",
         help="diagnose a run's gradient norm (and loss): stable, or what went wrong and what to do",
-        description="Reads the gradient norm, and the loss, learning rate, loss scale and per-layer norms "
-        "where logged, from a metrics.jsonl or .csv, a Hugging Face trainer_state.json, TensorBoard "
-        "event files, or a run folder holding one; prints the verdict, each event and its actions.",
+        description="Reads the gradient norm, and the loss, learning rate, loss scale, per-layer norms and "
+        "the optimizer's skip flags where logged, from a metrics.jsonl or .csv, a Hugging Face "
+        "trainer_state.json, TensorBoard event files, or a run folder holding one; prints the verdict, "
+        "each event and its actions.",
     )
     parser.add_argument(
         "path", help="a metrics file or a run folder (its newest file holding a gradient norm is read)"

@@ -19,7 +19,13 @@ that stays out for ``window`` points short of those levels is a new normal.
 **Non-finite norms** with a finite loss, after which the norm comes back, are
 steps a loss scaler (or an inf check) skipped: counted, not a collapse. A
 non-finite loss, or non-finite norms that persist to the end of the log (with a
-finite loss: for more than ``max_skip_run`` points), are a collapse.
+finite loss: for more than ``max_skip_run`` points), are a collapse. Where the
+optimizer's skip flag was logged (``StepClipper.skipped``) it settles the
+question: non-finite norms at steps it skipped are skipped steps, also at the
+end of the log and with a non-finite loss there (a bad batch), unless they
+persist to the end for more than ``max_skip_run`` points (nothing learned
+since); a non-finite norm at the end of the log whose step was applied is a
+collapse, whatever the loss.
 
 **The loss**, when logged, is a second signal: a norm departure followed by a
 loss that jumps and stays up, or that climbs above its initial level and has to
@@ -81,6 +87,7 @@ _MIN_LOSS_POINTS = 20  # fewer losses say nothing about the run's course
 # A loss flat for fewer steps may just not have started (a warmup). Counted in steps, not logged points,
 # so that logging every 10th step (a trainer's logging_steps) reads the same run the same way.
 _NEVER_STEPS = 200
+_UNFLAGGED = 4096  # non-finite steps kept waiting for a skip flag that comes after their norm
 
 Track = Union[Mapping[int, float], tuple[Iterable[int], Iterable[Any]]]
 
@@ -124,7 +131,7 @@ class Diagnosis:
             verdict's event first.
         steps (int): how many norm values were read.
         signals (tuple of str): what else was read: ``"loss"``, ``"lr"``,
-            ``"scale"``, ``"layers"``.
+            ``"scale"``, ``"layers"``, ``"skipped"``.
     """
 
     verdict: str
@@ -176,6 +183,7 @@ class Diagnosis:
                 "lr": "the learning rate",
                 "scale": "the loss scale",
                 "layers": "per-layer norms",
+                "skipped": "the optimizer's skip flags",
             }
             read += " with " + ", ".join(names[s] for s in self.signals)
         lines = [f"verdict: {self.verdict} ({read})"]
@@ -236,6 +244,10 @@ NORMALISATION = (
 CHECKPOINT = (
     "Re-run from the latest checkpoint; if it reproduces, switch to fp32 (32-true) to isolate "
     "reduced-precision arithmetic."
+)
+SKIP_NONFINITE = (
+    "Skip the steps whose norm is not finite instead of applying them: fastnorm.StepClipper(optimizer, "
+    "max_norm) does it inside torch's fused optimizer step, without a host sync."
 )
 CHECK_DATA_NAN = (
     "Check the data for NaN/inf (inputs and labels) and the loss scaler (with fp16, use a dynamic "
@@ -321,6 +333,19 @@ class _Run:
     count: int
     first: Any
     open: bool = True
+    skipped: int = 0  # of its steps, those the optimizer's flag says were skipped
+    applied: int = 0  # and those it says were applied
+
+    def flag(self, skipped: bool) -> None:
+        if skipped:
+            self.skipped += 1
+        else:
+            self.applied += 1
+
+    @property
+    def all_skipped(self) -> bool:
+        """Every step of the run was flagged as skipped by the optimizer."""
+        return self.skipped == self.count
 
 
 def _median(ordered: list[float]) -> float:
@@ -585,6 +610,9 @@ class Diagnoser:
         self._dep: _Departure | None = None
         self._drift: _Drift | None = None
         self._nonfinite: list[_Run] = []
+        self._flags: deque[tuple[int, bool]] = deque()  # skip flags of steps whose norm is not read yet
+        self._unflagged: dict[int, _Run] = {}  # recent non-finite steps read without a flag yet
+        self._flags_read = False
         self._invalid: list[_Run] = []
         self._count = 0
         self._finite = 0
@@ -627,6 +655,14 @@ class Diagnoser:
         _close_run(self._invalid)
         if not math.isfinite(value):
             _extend(self._nonfinite, step, value)
+            run = self._nonfinite[-1]
+            flag = self._flag_of(step)
+            if flag is not None:
+                run.flag(flag)
+            else:
+                self._unflagged[step] = run
+                if len(self._unflagged) > _UNFLAGGED:
+                    del self._unflagged[next(iter(self._unflagged))]
             if self._dep is not None:
                 self._dep.nonfinite = True
             return
@@ -710,6 +746,39 @@ class Diagnoser:
         drift.high = base.median
 
     # -- input: the other signals --------------------------------------------------
+
+    def update_skipped(self, steps: Iterable[int], flags: Iterable[Any]) -> None:
+        """Reads whether the optimizer skipped each step (e.g. ``StepClipper.skipped``), in step order.
+
+        Given before or after the norms of the same steps. A flag says what became of a step
+        with a non-finite norm: skipped (the weights untouched) or applied.
+
+        Args:
+            steps (iterable of int): the step of each flag.
+            flags (iterable): true or nonzero where the step was skipped; false or 0 where it
+                was applied. Anything else (None, text) is passed over.
+        """
+        for step, raw in _pairs(steps, flags, "skipped"):
+            value = raw if isinstance(raw, bool) else _number(raw)
+            if value is None:
+                continue
+            self._flags_read = True
+            flag = value != 0
+            if self._last_step is None or step > self._last_step:
+                self._flags.append((step, flag))
+                continue
+            run = self._unflagged.pop(step, None)
+            if run is not None:
+                run.flag(flag)
+
+    def _flag_of(self, step: int) -> bool | None:
+        """The flag given ahead for ``step``, if any; flags of earlier steps, whose norm never came, go."""
+        flags = self._flags
+        while flags and flags[0][0] < step:
+            flags.popleft()
+        if flags and flags[0][0] == step:
+            return flags.popleft()[1]
+        return None
 
     def update_loss(self, steps: Iterable[int], losses: Iterable[Any]) -> None:
         """Reads the training loss at some steps, in step order (non-numeric values are skipped).
@@ -885,6 +954,7 @@ class Diagnoser:
                 ("lr", self._lr_last is not None),
                 ("scale", bool(self._scale)),
                 ("layers", self._layers.snapshots > 0),
+                ("skipped", self._flags_read),
             )
             if read
         )
@@ -893,9 +963,16 @@ class Diagnoser:
     def _nonfinite_events(self, last: int | None, loss_logged: bool) -> list[Event]:
         """Skipped steps and collapses, from the runs of non-finite norms and losses."""
         events = []
-        loss_runs = self._loss_nonfinite
-        for r in loss_runs:
+
+        def skipped(r: _Run) -> bool:  # the optimizer skipped every step: the weights are intact
+            return r.all_skipped and not (r.open and r.count > self.max_skip_run)
+
+        collapses = []
+        for r in self._loss_nonfinite:
             norm_too = [n for n in self._nonfinite if _overlap(n, r)]
+            if norm_too and all(skipped(n) for n in norm_too):
+                continue  # bad batches whose steps were skipped: reported with the norm's runs
+            collapses.append(r)
             until = "to the last step" if r.open else f"until step {r.end}"
             detail = f"the loss is non-finite ({r.first}) from step {r.start} {until}"
             if norm_too:
@@ -904,8 +981,20 @@ class Diagnoser:
                 Event(NONFINITE, r.start, r.end if not r.open else last, detail, (CHECKPOINT, CHECK_DATA_NAN))
             )
         for r in self._nonfinite:
-            if any(_overlap(lr, r) for lr in loss_runs):
+            if any(_overlap(lr, r) for lr in collapses):
                 continue  # part of the collapse the loss shows
+            if r.all_skipped:
+                events.append(self._skipped_by_optimizer(r, last))
+                continue
+            if r.open and r.applied:
+                detail = (
+                    f"{r.count} non-finite norm(s) from step {r.start} to the last step, the first "
+                    f"{r.first}; the optimizer applied {r.applied} of these steps (skip flag 0), so the "
+                    "weights may hold NaN/inf"
+                )
+                actions = (CHECKPOINT, CHECK_DATA_NAN, SKIP_NONFINITE)
+                events.append(Event(NONFINITE, r.start, last, detail, actions))
+                continue
             persists = r.open and (not loss_logged or r.count > self.max_skip_run)
             if persists:
                 detail = (
@@ -921,6 +1010,21 @@ class Diagnoser:
             detail += self._scale_note(r) + ("; not back by the last step" if r.open else "")
             events.append(Event(SKIPPED, r.start, r.end, detail, count=r.count))
         return events
+
+    def _skipped_by_optimizer(self, r: _Run, last: int | None) -> Event:
+        """A run of non-finite norms at steps the optimizer's flag says it skipped."""
+        if r.open and r.count > self.max_skip_run:
+            detail = (
+                f"{r.count} non-finite norms from step {r.start} to the last step, the first {r.first}: "
+                "the optimizer skipped every step from there on, so nothing has been learned since"
+            )
+            return Event(NONFINITE, r.start, last, detail, (CHECKPOINT, CHECK_DATA_NAN))
+        bad_loss = any(_overlap(lr, r) for lr in self._loss_nonfinite)
+        detail = f"{r.count} non-finite norm(s) ({r.first}): steps the optimizer skipped (its flag logged)"
+        detail += ", the loss non-finite there too (bad batches)" if bad_loss else ""
+        detail += ", the weights left as they were"
+        detail += self._scale_note(r) + ("; not back by the last step" if r.open else "")
+        return Event(SKIPPED, r.start, r.end, detail, count=r.count)
 
     def _scale_note(self, r: _Run) -> str:
         if not self._scale:
@@ -1288,6 +1392,7 @@ def diagnose(
     lr: Track | None = None,
     scale: Track | None = None,
     layers: Mapping[int, Mapping[str, Any]] | None = None,
+    skipped: Track | None = None,
     max_norm: float | None = None,
     **thresholds: Any,
 ) -> Diagnosis:
@@ -1295,8 +1400,8 @@ def diagnose(
 
     Reads the series against a robust running baseline (see the module's
     description, and :class:`Diagnoser` for the thresholds and their defaults),
-    with the loss, the learning rate, a loss scaler's scale and per-layer norms
-    when given, and reports every event with its kind, step range and actions,
+    with the loss, the learning rate, a loss scaler's scale, per-layer norms
+    and the optimizer's skip flags when given, and reports every event with its kind, step range and actions,
     and the verdict (the most severe kind present).
 
     Args:
@@ -1308,6 +1413,10 @@ def diagnose(
             step -> value.
         layers (mapping, optional): step -> {layer name: norm}, the per-layer
             norms at the steps they were logged.
+        skipped (optional): whether the optimizer skipped each step (1 or
+            True: skipped, 0 or False: applied), a ``(steps, values)`` pair or a
+            mapping step -> value, as ``GradNormMonitor`` logs it under
+            ``gradient_norm_skipped``.
         max_norm (float, optional): the run's clipping threshold, for the advice.
         **thresholds: the other keyword arguments of :class:`Diagnoser`.
 
@@ -1323,6 +1432,9 @@ def diagnose(
         'exploding'
     """
     d = Diagnoser(max_norm=max_norm, **thresholds)
+    flags = _track(skipped, "skipped")
+    if flags:
+        d.update_skipped([s for s, _ in flags], [v for _, v in flags])
     d.update(steps, values)
     for track, what, method in (
         (loss, "loss", d.update_loss),

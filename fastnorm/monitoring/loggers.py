@@ -2,9 +2,10 @@
 
 Every logger receives a :class:`Window` at each cadence: plain floats already on
 the host, every step's norm under the key ``gradient_norm`` at its own step
-(and the loss given to ``update``, as ``gradient_norm_loss``),
-and at the window's last step its statistics (``gradient_norm_min``, ``_max``,
-``_mean``, ``_nonfinite_steps``, with ``max_norm`` known also
+(and the loss and skip flag given to ``update``, as ``gradient_norm_loss`` and
+``gradient_norm_skipped``), and at the window's last step its statistics
+(``gradient_norm_min``, ``_max``, ``_mean``, ``_nonfinite_steps``, with skip
+flags given also ``_skipped_steps``, with ``max_norm`` known also
 ``_clipped_fraction`` and ``_max_norm``), plus per-layer norms
 (``gradient_norm_layer/<name>``) when they were recorded. No key is a prefix
 of another followed by ``/``: MLflow's file store keeps each metric in a file
@@ -24,12 +25,12 @@ import math
 import os
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from fastnorm.monitoring.diagnosis import Diagnosis
-from fastnorm.monitoring.series import KEY, LAYER_PREFIX, LOSS_KEY
+from fastnorm.monitoring.series import KEY, LAYER_PREFIX, LOSS_KEY, SKIPPED_KEY
 
 
 @dataclass(frozen=True)
@@ -40,14 +41,19 @@ class Window:
         steps (tuple of int): the step of each value.
         values (tuple of float): the gradient norm of each step.
         stats (dict): ``min``, ``max`` and ``mean`` over the finite values
-            (NaN when there is none), ``nonfinite_steps``, and with ``max_norm``
-            known ``clipped_fraction`` (the share of steps whose norm
-            ``clip_`` scaled down) and ``max_norm``.
+            (NaN when there is none), ``nonfinite_steps``, with skip flags
+            given ``skipped_steps`` (the steps the optimizer skipped), and with
+            ``max_norm`` known ``clipped_fraction`` (the share of the applied
+            steps, those not skipped, whose norm the clip scaled down) and
+            ``max_norm``.
         layers (dict): per-layer norms by name, empty when none was recorded.
         layers_step (int, optional): the step the per-layer norms belong to.
         diagnosis (Diagnosis, optional): the diagnosis of the run so far.
         losses (tuple of float or None): the loss of each step, None where
             none was given; empty when no step of the window had one.
+        skipped (tuple of bool or None): whether the optimizer skipped each
+            step, None where no flag was given; empty when no step of the
+            window had one.
     """
 
     steps: tuple[int, ...]
@@ -57,6 +63,7 @@ class Window:
     layers_step: int | None = None
     diagnosis: Diagnosis | None = None
     losses: tuple[float | None, ...] = ()
+    skipped: tuple[bool | None, ...] = ()
 
     def metrics(self) -> Iterator[tuple[int, dict[str, float]]]:
         """``(step, metrics)`` in step order: each step's norm, the statistics
@@ -66,6 +73,8 @@ class Window:
             metrics = {KEY: value}
             if self.losses and self.losses[i] is not None:
                 metrics[LOSS_KEY] = self.losses[i]
+            if self.skipped and self.skipped[i] is not None:
+                metrics[SKIPPED_KEY] = float(self.skipped[i])
             if step == self.layers_step:
                 metrics.update({f"{LAYER_PREFIX}{name}": v for name, v in self.layers.items()})
             if i == last:
@@ -73,8 +82,20 @@ class Window:
             yield step, metrics
 
 
-def window_stats(values: list[float], max_norm: float | None) -> dict[str, float]:
-    """The statistics of a window (see :class:`Window`)."""
+def window_stats(
+    values: list[float], max_norm: float | None, skipped: Sequence[bool | None] = ()
+) -> dict[str, float]:
+    """The statistics of a window (see :class:`Window`).
+
+    Args:
+        values (list of float): the norm of each step.
+        max_norm (float, optional): the clipping threshold, when known.
+        skipped (sequence of bool or None): whether the optimizer skipped each
+            step (None: no flag given); empty when no step had a flag.
+
+    Returns:
+        dict: name -> value, the names as :attr:`Window.stats` lists them.
+    """
     finite = [v for v in values if math.isfinite(v)]
     stats = {
         "min": min(finite, default=math.nan),
@@ -82,10 +103,14 @@ def window_stats(values: list[float], max_norm: float | None) -> dict[str, float
         "mean": math.fsum(finite) / len(finite) if finite else math.nan,
         "nonfinite_steps": float(len(values) - len(finite)),
     }
+    if any(s is not None for s in skipped):
+        stats["skipped_steps"] = float(sum(s is True for s in skipped))
     if max_norm is not None:
+        # A skipped step clipped nothing: it is left out, of the count and of the share.
+        applied = [v for i, v in enumerate(values) if not (i < len(skipped) and skipped[i])]
         # The condition under which clip_'s coefficient max_norm / (norm + 1e-6) is below 1.
-        clipped = sum(max_norm < v + 1e-6 for v in values)
-        stats["clipped_fraction"] = clipped / len(values) if values else 0.0
+        clipped = sum(max_norm < v + 1e-6 for v in applied)
+        stats["clipped_fraction"] = clipped / len(applied) if applied else 0.0
         stats["max_norm"] = float(max_norm)
     return stats
 
@@ -303,8 +328,8 @@ class ConsoleLogger(Logger):
     r"""Prints one line per window: ``step 499: grad_norm=0.8123 (...)``.
 
     The line shows the last step's norm, the window's min, mean and max, the
-    non-finite count, the clipped share when known, and the verdict when it is
-    not stable.
+    non-finite count, the steps the optimizer skipped when there are any, the
+    clipped share when known, and the verdict when it is not stable.
 
     Args:
         stream (file, optional): where to print. Default: ``sys.stdout``.
@@ -329,6 +354,8 @@ class ConsoleLogger(Logger):
             f"{len(window.values)} steps: min {s['min']:.4g}, mean {s['mean']:.4g}, max {s['max']:.4g}",
             f"{int(s['nonfinite_steps'])} non-finite",
         ]
+        if s.get("skipped_steps"):
+            parts.append(f"{int(s['skipped_steps'])} skipped")
         if "clipped_fraction" in s:
             parts.append(f"{s['clipped_fraction']:.0%} clipped at {s['max_norm']:g}")
         text = f"step {window.steps[-1]}: grad_norm={window.values[-1]:.4g} ({'; '.join(parts)})"

@@ -1,7 +1,8 @@
 """Every step's gradient norm kept on the device, logged at a cadence, diagnosed.
 
 ``update`` copies the device scalar that ``total_norm`` or ``clip_`` returned
-(and, when given, the step's loss) into a preallocated device buffer of
+(and, when given, the step's loss and whether the optimizer skipped the step)
+into a preallocated device buffer of
 ``log_every_n_steps`` slots: a device-side copy, never a read, so the training
 loop does not wait for the device. When the buffer is full, the whole window
 (and the latest per-layer norms, which share the buffer) crosses to the host
@@ -41,11 +42,10 @@ from fastnorm.monitoring.loggers import Logger, Window, window_stats
 from fastnorm.norm import tensor_norms
 
 # The per-step quantities, one row of the device buffer each, all crossing in the
-# window's one transfer. Another per-step quantity (say, whether the optimizer
-# skipped the step) is one more row here, a field of Window and a count in
-# window_stats.
-_NORM, _LOSS = 0, 1
-_ROWS = 2
+# window's one transfer. Another per-step quantity is one more row here, a field
+# of Window and a count in window_stats.
+_NORM, _LOSS, _SKIPPED = 0, 1, 2
+_ROWS = 3
 
 
 class UnstableGradientWarning(UserWarning):
@@ -156,6 +156,26 @@ def _scalar(value: Any, name: str) -> Tensor | float:
     return float(value)
 
 
+def _flag(value: Any) -> Tensor | float:
+    """A skip flag: a one-value tensor (bool or real; nonzero: skipped) or a bool, 0 or 1."""
+    if isinstance(value, Tensor):
+        if value.numel() != 1:
+            raise ValueError(
+                f"GradNormMonitor.update: skipped must hold one value, got shape {tuple(value.shape)}"
+            )
+        if value.is_complex():
+            raise TypeError(f"GradNormMonitor.update: skipped must be real, got a {value.dtype} tensor")
+        return value
+    if not isinstance(value, numbers.Real):
+        raise TypeError(
+            "GradNormMonitor.update: skipped must be a one-value Tensor (e.g. StepClipper.skipped) "
+            f"or a bool, got {value!r} ({type(value).__name__})"
+        )
+    if value not in (0, 1):
+        raise ValueError(f"GradNormMonitor.update: skipped must be True/False (or 1/0), got {value!r}")
+    return float(value)
+
+
 # -- the recorder: everything a monitor holds, so that a finalizer can deliver it --------
 
 
@@ -167,6 +187,7 @@ class _InFlight:
     host: Tensor
     steps: list[int]
     has_loss: list[bool]
+    has_skipped: list[bool]
     layers_step: int | None
 
 
@@ -200,6 +221,7 @@ class _Recorder:
         self.host: Tensor | None = None  # pinned, for the asynchronous copy
         self.steps: list[int] = [0] * n
         self.has_loss: list[bool] = [False] * n
+        self.has_skipped: list[bool] = [False] * n
         self.count = 0
         self.next_step = 0
         self.layers_step: int | None = None
@@ -210,13 +232,18 @@ class _Recorder:
     # -- recording -------------------------------------------------------------
 
     def update(
-        self, norm: Tensor | float, step: int, layers: Tensor | None, loss: Tensor | float | None
+        self,
+        norm: Tensor | float,
+        step: int,
+        layers: Tensor | None,
+        loss: Tensor | float | None,
+        skipped: Tensor | float | None,
     ) -> None:
-        device = next((v.device for v in (norm, loss) if isinstance(v, Tensor)), None)
+        device = next((v.device for v in (norm, loss, skipped) if isinstance(v, Tensor)), None)
         if self.buffer is None or (device is not None and device != self.buffer.device):
             self.allocate(device, norm)
         buffer, slot = self.buffer, self.count
-        for row, value in ((_NORM, norm), (_LOSS, loss)):
+        for row, value in ((_NORM, norm), (_LOSS, loss), (_SKIPPED, skipped)):
             if isinstance(value, Tensor):
                 buffer[row * self.n + slot].copy_(value.detach().reshape(()))
             elif value is not None:
@@ -226,6 +253,7 @@ class _Recorder:
             self.layers_step = step
         self.steps[slot] = step
         self.has_loss[slot] = loss is not None
+        self.has_skipped[slot] = skipped is not None
         self.count += 1
         self.next_step = step + 1
         if self.in_flight is not None and self.in_flight.event.query():
@@ -252,47 +280,57 @@ class _Recorder:
         if self.count == 0:
             return
         steps, has_loss = self.steps[: self.count], self.has_loss[: self.count]
+        has_skipped = self.has_skipped[: self.count]
         layers_step = self.layers_step
         self.count = 0
         self.layers_step = None
         self.transfers += 1
         if self.host is None:
-            self.emit(steps, has_loss, self.buffer.tolist(), layers_step)
+            self.emit(steps, has_loss, has_skipped, self.buffer.tolist(), layers_step)
             return
         if self.in_flight is not None:
             self.land()  # its pinned memory is about to be overwritten
         self.host.copy_(self.buffer, non_blocking=True)
         event = torch.cuda.Event()
         event.record(torch.cuda.current_stream(self.buffer.device))  # the stream the copy went on
-        self.in_flight = _InFlight(event, self.host, steps, has_loss, layers_step)
+        self.in_flight = _InFlight(event, self.host, steps, has_loss, has_skipped, layers_step)
 
     def land(self) -> None:
         """Logs the window in flight, waiting for its copy if it has not landed."""
         flight, self.in_flight = self.in_flight, None
         if not flight.event.query():
             flight.event.synchronize()
-        self.emit(flight.steps, flight.has_loss, flight.host.tolist(), flight.layers_step)
+        self.emit(flight.steps, flight.has_loss, flight.has_skipped, flight.host.tolist(), flight.layers_step)
 
     def emit(
-        self, steps: list[int], has_loss: list[bool], host: list[float], layers_step: int | None
+        self,
+        steps: list[int],
+        has_loss: list[bool],
+        has_skipped: list[bool],
+        host: list[float],
+        layers_step: int | None,
     ) -> None:
         k, n = len(steps), self.n
         values = host[:k]
-        losses = tuple(host[n + i] if given else None for i, given in enumerate(has_loss))
+        losses = tuple(host[_LOSS * n + i] if given else None for i, given in enumerate(has_loss))
         if not any(has_loss):
             losses = ()
+        skipped = tuple(host[_SKIPPED * n + i] != 0 if given else None for i, given in enumerate(has_skipped))
+        if not any(has_skipped):
+            skipped = ()
         layers = dict(zip(self.layer_names, host[_ROWS * n :])) if layers_step is not None else {}
         self.check_values(steps, values)
         if self.diagnoser is not None:
-            self.diagnose(steps, values, losses, layers, layers_step)
+            self.diagnose(steps, values, losses, skipped, layers, layers_step)
         window = Window(
             tuple(steps),
             tuple(values),
-            window_stats(values, self.max_norm),
+            window_stats(values, self.max_norm, skipped),
             layers,
             layers_step,
             self.diagnosis,
             losses,
+            skipped,
         )
         for i, logger in enumerate(self.loggers):
             try:
@@ -311,8 +349,11 @@ class _Recorder:
                 MonitorWarning,
             )
 
-    def diagnose(self, steps, values, losses, layers, layers_step) -> None:
+    def diagnose(self, steps, values, losses, skipped, layers, layers_step) -> None:
         try:
+            if skipped:
+                flagged = [(s, f) for s, f in zip(steps, skipped) if f is not None]
+                self.diagnoser.update_skipped([s for s, _ in flagged], [f for _, f in flagged])
             self.diagnoser.update(steps, values)
             if losses:
                 self.diagnoser.update_loss(
@@ -387,8 +428,9 @@ class GradNormMonitor:
         loggers (sequence of Logger): where the windows go (see
             :mod:`fastnorm.monitoring.loggers`). Closed by :meth:`close`.
         max_norm (float, optional): the clipping threshold given to
-            ``clip_``; with it each window reports the fraction of its steps
-            that were clipped, and the diagnosis knows the run is clipped.
+            ``clip_`` or :class:`~fastnorm.StepClipper`; with it each window
+            reports the fraction of its applied steps that were clipped, and
+            the diagnosis knows the run is clipped.
         layer_names (sequence of str, optional): the names of the per-layer
             norms passed to :meth:`update` (e.g. :attr:`LayerNorms.names`).
         diagnose (bool or Diagnoser): diagnose the series at each window
@@ -494,8 +536,9 @@ class GradNormMonitor:
         *,
         layers: Tensor | None = None,
         loss: Tensor | float | None = None,
+        skipped: Tensor | bool | None = None,
     ) -> None:
-        """Records one step's norm (and loss); never reads a device value.
+        """Records one step's norm (and loss, and skip flag); never reads a device value.
 
         Arguments are checked before anything is recorded; a logger's failure
         never makes this raise (see the class description).
@@ -511,6 +554,16 @@ class GradNormMonitor:
             loss (Tensor or float, optional): the step's training loss, e.g. the
                 tensor ``backward`` was called on: logged as ``gradient_norm_loss``
                 and read by the diagnosis (divergence, stalls, loss-scaler skips).
+            skipped (Tensor or bool, optional): whether the optimizer skipped
+                this step, e.g. :attr:`StepClipper.skipped <fastnorm.StepClipper>`
+                read after ``optimizer.step()`` (a device scalar, nonzero when
+                skipped; copied on the device like the norm). Logged as
+                ``gradient_norm_skipped``; each window counts the skipped steps
+                and leaves them out of the clipped share, and the diagnosis
+                reads non-finite norms at skipped steps as skipped steps, not
+                a collapse. The norm is still the one given: the norm before
+                clipping, as :meth:`StepClipper.clip_ <fastnorm.StepClipper.clip_>`
+                returns it.
 
         Raises:
             RuntimeError: after :meth:`close`.
@@ -522,6 +575,8 @@ class GradNormMonitor:
         norm = _scalar(norm, "norm")
         if loss is not None:
             loss = _scalar(loss, "loss")
+        if skipped is not None:
+            skipped = _flag(skipped)
         if step is None:
             step = rec.next_step
         elif isinstance(step, bool) or not isinstance(step, numbers.Integral):
@@ -532,7 +587,7 @@ class GradNormMonitor:
                 f"GradNormMonitor.update: layers must be a tensor of shape ({len(rec.layer_names)},) "
                 f"to match layer_names, got {shape}"
             )
-        rec.update(norm, int(step), layers, loss)
+        rec.update(norm, int(step), layers, loss, skipped)
 
     # -- the transfer ----------------------------------------------------------
 

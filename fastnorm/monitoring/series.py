@@ -13,8 +13,9 @@
 
 Beside the norm, the loss (:data:`LOSS_KEYS`), the learning rate
 (:data:`LR_KEYS`, or Lightning's ``lr-<Optimizer>``), a loss scaler's scale
-(:data:`SCALE_KEYS`) and per-layer norms (``gradient_norm_layer/<name>``, or
-Lightning's ``grad_2.0_norm/<name>``) are read when present.
+(:data:`SCALE_KEYS`), per-layer norms (``gradient_norm_layer/<name>``, or
+Lightning's ``grad_2.0_norm/<name>``) and the optimizer's skip flags
+(:data:`SKIPPED_KEY`) are read when present.
 
 A folder stands for its newest file that holds a gradient norm (searched
 recursively; newer files without one are passed over); for TensorBoard, for
@@ -36,6 +37,7 @@ from typing import Any
 
 KEY = "gradient_norm"  # what GradNormMonitor logs each step's norm as
 LOSS_KEY = f"{KEY}_loss"  # the loss given to GradNormMonitor.update
+SKIPPED_KEY = f"{KEY}_skipped"  # 1 where the optimizer skipped the step, 0 where it applied it
 LAYER_PREFIX = f"{KEY}_layer/"  # per-layer norms: gradient_norm_layer/<name>
 MAX_NORM_KEY = f"{KEY}_max_norm"
 
@@ -95,6 +97,7 @@ class Series:
         loss (Track, optional): the training loss.
         lr (Track, optional): the learning rate.
         scale (Track, optional): a loss scaler's scale.
+        skipped (Track, optional): whether the optimizer skipped each step (1) or applied it (0).
         layers (dict): step -> {layer name: norm}, where per-layer norms were logged.
         runs (int): how many runs the file holds (a step sequence that starts
             over begins a new one); only the last is read.
@@ -108,6 +111,7 @@ class Series:
     loss: Track | None = None
     lr: Track | None = None
     scale: Track | None = None
+    skipped: Track | None = None
     layers: dict[int, dict[str, Any]] = field(default_factory=dict)
     runs: int = 1
 
@@ -243,6 +247,7 @@ def _from_records(records: list[dict], key: str | None, source: Path) -> Series:
         "loss": _first(LOSS_KEYS, present),
         "lr": _first(LR_KEYS, present, prefix="lr-"),
         "scale": _first(SCALE_KEYS, present),
+        "skipped": SKIPPED_KEY if SKIPPED_KEY in present else None,
     }
     layer_keys = {k: k[len(LAYER_PREFIX) :] for k in present if k.startswith(LAYER_PREFIX)}
     if not layer_keys:
@@ -314,7 +319,7 @@ def _read_tensorboard(folder: Path, key: str | None) -> Series:
     tags = acc.Tags()[event_accumulator.SCALARS]
     key = _choose(key, tags, folder)
     records: dict[int, dict] = {}
-    wanted = {key, MAX_NORM_KEY, *LOSS_KEYS, *LR_KEYS, *SCALE_KEYS}
+    wanted = {key, MAX_NORM_KEY, SKIPPED_KEY, *LOSS_KEYS, *LR_KEYS, *SCALE_KEYS}
     for tag in tags:
         if tag in wanted or tag.startswith(("lr-", LAYER_PREFIX)) or _LIGHTNING_LAYER.match(tag):
             for e in acc.Scalars(tag):

@@ -1,0 +1,133 @@
+// AVX-512 (F, BW, VL, DQ) + FMA + F16C: two lane groups (lanes.h) per
+// register, z[k] = (G_2k | G_2k+1). A piece's last, partial block is read
+// through masked loads, which never touch memory past its end.
+// Included by kernels.cpp inside namespace fastnorm::avx512, under a target pragma.
+
+struct Acc {
+  __m512d z[4];
+};
+
+FASTNORM_INLINE Acc acc_zero() {
+  Acc a;
+  for (__m512d& z : a.z) z = _mm512_setzero_pd();
+  return a;
+}
+
+FASTNORM_INLINE double fold(const Acc& a) {
+  const __m512d h01 = _mm512_add_pd(a.z[0], a.z[2]);  // (H0 | H1)
+  const __m512d h23 = _mm512_add_pd(a.z[1], a.z[3]);  // (H2 | H3)
+  const __m512d i = _mm512_add_pd(h01, h23);          // (I0 | I1)
+  const __m256d j = _mm256_add_pd(_mm512_castpd512_pd256(i), _mm512_extractf64x4_pd(i, 1));
+  const __m128d pairs = _mm_add_pd(_mm256_castpd256_pd128(j), _mm256_extractf128_pd(j, 1));
+  return _mm_cvtsd_f64(_mm_add_sd(pairs, _mm_unpackhi_pd(pairs, pairs)));
+}
+
+// See isa_avx2.h: fused only where the square is exact.
+template <int Power, bool ExactSquare>
+FASTNORM_INLINE __m512d step(__m512d acc, __m512d v) {
+  if constexpr (Power == 2) {
+    return ExactSquare ? _mm512_fmadd_pd(v, v, acc) : _mm512_add_pd(acc, _mm512_mul_pd(v, v));
+  } else {
+    return _mm512_add_pd(acc, _mm512_abs_pd(v));
+  }
+}
+
+// Element k of every 64-bit word of w, widened (elements.h): |x| * 2^-896.
+template <class W, int K>
+FASTNORM_INLINE __m512d widen(__m512i w) {
+  constexpr int shift = W::kWidenShift[K];
+  const __m512i moved = shift >= 0 ? _mm512_slli_epi64(w, shift) : _mm512_srli_epi64(w, -shift);
+  return _mm512_castsi512_pd(_mm512_and_si512(moved, _mm512_set1_epi64(int64_t(W::kWidenMask))));
+}
+
+// Adds element k of every word of w, widened, to register r.
+template <class W, int Power, int K>
+FASTNORM_INLINE void add_widened(Acc& a, int r, __m512i w) {
+  a.z[r] = step<Power, true>(a.z[r], _mm512_mul_pd(widen<W, K>(w), _mm512_set1_pd(W::kWidenScale)));
+}
+
+// Thirty-two bfloat16: element 4j + k goes to register k.
+template <class E, int Power>
+FASTNORM_INLINE void add_bf16(Acc& a, __m512i w) {
+  add_widened<E, Power, 0>(a, 0, w);
+  add_widened<E, Power, 1>(a, 1, w);
+  add_widened<E, Power, 2>(a, 2, w);
+  add_widened<E, Power, 3>(a, 3, w);
+}
+
+// float64 and bfloat16 only: the others run the AVX2 loop (kSumElsewhere below).
+template <class E, int Power>
+FASTNORM_INLINE void add_block(Acc& a, const typename E::T* x) {
+  static_assert(E::kCode == kFloat64 || E::kCode == kBFloat16, "summed by the AVX2 loop");
+  if constexpr (E::kCode == kFloat64) {
+    for (int k = 0; k < 4; ++k) a.z[k] = step<Power, false>(a.z[k], _mm512_loadu_pd(x + 8 * k));
+  } else {
+    add_bf16<E, Power>(a, _mm512_loadu_si512(x));
+  }
+}
+
+// float32 and float16 sums run the AVX2 loop: its 4-wide conversions (from
+// memory for float32) are faster on AMD Zen 4 than the 8- and 16-wide ones,
+// which cross the 256-bit halves of the register (same lanes, same bits).
+template <class E>
+constexpr bool kSumElsewhere = E::kCode == kFloat32 || E::kCode == kFloat16;
+
+template <class E, int Power>
+FASTNORM_INLINE double sum_elsewhere(const typename E::T* x, int64_t n) {
+  return avx2::sum_pow<E, Power>(x, n);
+}
+
+// The mask of the first n of `width` elements (n may be <= 0 or >= width).
+FASTNORM_INLINE uint32_t first_n(int64_t n, int width) {
+  return n <= 0 ? 0u : n >= width ? (width == 32 ? ~0u : (1u << width) - 1u) : (1u << n) - 1u;
+}
+
+template <class E, int Power>
+FASTNORM_INLINE void add_tail(Acc& a, const typename E::T* x, int64_t n) {
+  if constexpr (E::kCode == kFloat64) {
+    for (int k = 0; k < 4; ++k) {
+      const __m512d v = _mm512_maskz_loadu_pd(__mmask8(first_n(n - 8 * k, 8)), x + 8 * k);
+      a.z[k] = step<Power, false>(a.z[k], v);
+    }
+  } else {
+    add_bf16<E, Power>(a, _mm512_maskz_loadu_epi16(__mmask32(first_n(n, 32)), x));
+  }
+}
+
+// The lanes are in lanes.h's order already.
+template <class E>
+FASTNORM_INLINE const Acc& canonical(const Acc& a) {
+  return a;
+}
+
+// See isa_avx2.h, sixteen per 256-bit half.
+FASTNORM_INLINE __m512i round_to_bf16(__m512 f) {
+  const __m512i u = _mm512_castps_si512(f);
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  const __m512i half_up = _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF));
+  const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(u, half_up), 16);
+  const __mmask16 nan = _mm512_cmp_ps_mask(f, f, _CMP_UNORD_Q);
+  return _mm512_mask_blend_epi32(nan, rounded, _mm512_set1_epi32(0x7FC0));
+}
+
+template <class E>
+FASTNORM_INLINE int64_t scale_blocks(uint16_t* x, int64_t n, float coef) {
+  const __m512 c = _mm512_set1_ps(coef);
+  int64_t i = 0;
+  if constexpr (E::kCode == kFloat16) {
+    for (; i + 16 <= n; i += 16) {
+      auto* p = reinterpret_cast<__m256i*>(x + i);
+      const __m512 f = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256(p)), c);
+      _mm256_storeu_si256(p, _mm512_cvtps_ph(f, _MM_FROUND_TO_NEAREST_INT));
+    }
+  } else {
+    const __m512i zero = _mm512_setzero_si512();
+    for (; i + 32 <= n; i += 32) {
+      const __m512i w = _mm512_loadu_si512(x + i);
+      const __m512 lo = _mm512_mul_ps(_mm512_castsi512_ps(_mm512_unpacklo_epi16(zero, w)), c);
+      const __m512 hi = _mm512_mul_ps(_mm512_castsi512_ps(_mm512_unpackhi_epi16(zero, w)), c);
+      _mm512_storeu_si512(x + i, _mm512_packus_epi32(round_to_bf16(lo), round_to_bf16(hi)));
+    }
+  }
+  return i;
+}

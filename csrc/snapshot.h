@@ -1,0 +1,100 @@
+// What a cached plan depends on, per tensor, read and compared in one call.
+//
+// fastnorm/_plan.py keeps a plan while every gradient has the address, size,
+// dtype and layout it was built for (its docstring says exactly when). Read
+// from Python, those facts cost six attribute reads per tensor, most of a
+// call's host time on many small tensors. Here they are read through the very
+// same torch descriptors (Tensor.data_ptr, .nbytes, .dtype, ...), which Python
+// hands over once, called straight from C: the answers are torch's own, so the
+// check is exactly as strict, without the interpreter's cost around each read,
+// and the extension still needs no torch to build.
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace fastnorm {
+
+namespace py = pybind11;
+
+// One attribute of a tensor as torch defines it: its descriptor, resolved by
+// Python on `owner` (torch.Tensor, or Parameter for .grad). An object whose
+// type is exactly `owner` is read through the descriptor, which is what
+// Python's attribute lookup calls for it (these are data descriptors, which an
+// instance's __dict__ cannot shadow; methods are called unbound, as
+// Tensor.data_ptr(t)); any other object through getattr.
+struct Attr {
+  py::object owner;
+  py::str name;
+  py::object descriptor;
+  bool method = false;
+
+  // Resolves how to call the descriptor: its C function itself where it is a
+  // getset or method descriptor of a C type (torch's are), which spares the
+  // type checks Python repeats on every call through it.
+  void bind();
+
+  // A new reference, or nullptr with a Python error set.
+  PyObject* read(PyObject* obj) const;
+
+ private:
+  getter get_ = nullptr;
+  void* closure_ = nullptr;
+  PyCFunction noargs_ = nullptr;
+  PyCFunctionWithKeywords varargs_ = nullptr;
+  py::tuple no_args_;
+};
+
+// The attributes a snapshot reads: a parameter's .grad, and a tensor's.
+struct TensorAccess {
+  Attr grad, tensor_grad, requires_grad, data_ptr, nbytes, dtype, is_contiguous, shape, stride;
+};
+
+class Snapshot {
+ public:
+  // How the items give their tensors: they are the gradients themselves (and
+  // neither require grad nor have a .grad); their .grad; their .grad's local
+  // shard (DTensor).
+  enum Kind : int { kTensors = 0, kParams = 1, kDTensorParams = 2 };
+
+  // The facts of `grads` (one per item, None where an item has no gradient),
+  // the gradients the plan was built from. Raises when a fact cannot be read.
+  Snapshot(int kind, const py::list& items, const py::list& grads, TensorAccess access);
+
+  // Whether `items` are the same objects, in the same order, whose gradients
+  // still have exactly these facts. `grads` (a list, or None): the items'
+  // .grad, read by the caller; then those are the gradients checked. Never
+  // raises: a fact that cannot be read is a difference.
+  bool matches(const py::list& items, const py::handle& grads) const;
+
+  int64_t size() const { return int64_t(items_.size()); }
+
+ private:
+  struct Facts {
+    bool present = false;
+    uintptr_t data_ptr = 0;
+    int64_t nbytes = 0;
+    py::object dtype;
+    bool contiguous = true;
+    py::object shape, stride;  // only when not contiguous
+  };
+
+  // The tensor an item's facts are read from (a new reference), given its
+  // .grad when the caller read it (`grad`, borrowed; nullptr to read it here);
+  // nullptr with *missing set when the item has no gradient; nullptr otherwise
+  // when it has changed kind or cannot be read.
+  PyObject* tensor_of(PyObject* item, PyObject* grad, bool* missing) const;
+  bool read(PyObject* tensor, Facts* out) const;
+  bool same(PyObject* tensor, const Facts& facts) const;
+
+  int kind_;
+  TensorAccess access_;
+  py::str local_tensor_;
+  std::vector<PyObject*> items_;  // borrowed: only compared by identity (_plan.py drops
+                                  // the snapshot when any of them dies)
+  std::vector<Facts> facts_;
+};
+
+}  // namespace fastnorm

@@ -1,0 +1,297 @@
+"""The C++ kernels: every instruction set gives the same bits, in the documented
+lane order, independent of the thread count; float64 L2 norms are finite and
+accurate from subnormals to 1e300 (the scaled partial contract)."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import fastnorm
+import reference
+from fastnorm.backends import Mode, cpp
+from harness import run_python
+
+pytestmark = pytest.mark.skipif(cpp._C is None, reason="the C++ kernels are not built")
+ISAS = cpp._C.supported_isas() if cpp._C is not None else []
+DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+NORM_TYPES = (2.0, 1.0, float("inf"), 3.0)
+# Around the 32-element blocks, and one tensor spanning several 256 KiB tasks.
+SIZES = (1, 3, 31, 32, 33, 100, 1000, 4099, 70001)
+
+
+@pytest.fixture(autouse=True)
+def restore_isa():
+    if cpp._C is None:
+        yield
+        return
+    default = cpp._C.isa()
+    yield
+    cpp._C.use_isa(default)
+
+
+def _reduce(tensors: list[torch.Tensor], p: float, isa: str) -> torch.Tensor:
+    """The partial, the root and each tensor's partial of one call, as float64 bits."""
+    cpp._C.use_isa(isa)
+    plan = cpp.BACKEND.prepare(tensors)
+    partial, root, per = cpp.BACKEND.reduce(plan, Mode.of(p), p, torch.float64, True)
+    values = torch.cat([partial, root.reshape(1), per.reshape(-1)])
+    # NaN payloads may differ between instruction sets (the C++ standard leaves them open).
+    return torch.where(values.isnan(), torch.tensor(float("nan"), dtype=torch.float64), values)
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return torch.equal(a.view(torch.int64), b.view(torch.int64))
+
+
+def _special(dtype: torch.dtype) -> list[torch.Tensor]:
+    """Values that take other paths: zeros, subnormals, the largest finite ones, inf, NaN."""
+    info = torch.finfo(dtype)
+    tiny = torch.full((37,), info.smallest_normal / 8, dtype=dtype)  # subnormal
+    big = torch.full((45,), info.max, dtype=dtype)
+    out = [torch.zeros(50, dtype=dtype), tiny, big, torch.tensor([info.max, -info.max, 1.0], dtype=dtype)]
+    for bad in (float("inf"), float("-inf"), float("nan")):
+        x = torch.randn(70, dtype=torch.float64).to(dtype)
+        x[33] = bad
+        out.append(x)
+    return out
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_every_instruction_set_gives_the_same_bits(dtype):
+    g = torch.Generator().manual_seed(0)
+    tensors = [(torch.randn(n, generator=g, dtype=torch.float64) * 3).to(dtype) for n in SIZES]
+    tensors.append((torch.randn(200_000, generator=g, dtype=torch.float64) * 1e-3).to(dtype))
+    tensors += _special(dtype)
+    if dtype in (torch.float16, torch.bfloat16):
+        # Every 16-bit pattern, once at a block's start and once shifted into a tail.
+        every = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16).view(dtype)
+        finite = every[every.isfinite()]
+        tensors += [finite, finite[5:4106]]
+    for p in NORM_TYPES:
+        results = {isa: _reduce(tensors, p, isa) for isa in ISAS}
+        for isa, got in results.items():
+            assert _same_bits(got, results["generic"]), (isa, p)
+
+
+# Where element e of a block of 32 goes, by dtype (csrc/lanes.h).
+LANE_OF = {
+    torch.float32: list(range(32)),
+    torch.float64: list(range(32)),
+    torch.bfloat16: [8 * (e % 4) + e // 4 for e in range(32)],
+    torch.float16: [16 * (e % 2) + 8 * (e // 16) + (e % 16) // 2 for e in range(32)],
+}
+
+
+def _canonical_sum(x: np.ndarray, power: int, dtype: torch.dtype) -> float:
+    """The sum of |x|^power in the documented order (csrc/lanes.h), written anew:
+    32 lanes, element e of each block of 32 to lane LANE_OF[e], lanes in order,
+    then the fixed fold."""
+    lane_of = LANE_OF[dtype]
+    n = len(x)
+    padded = np.zeros((n + 31) // 32 * 32)
+    padded[:n] = np.abs(x)
+    lanes = np.zeros(32)
+    for block in padded.reshape(-1, 32):
+        lanes[lane_of] = lanes[lane_of] + (block * block if power == 2 else block)
+    h = lanes[:16] + lanes[16:]
+    i = h[:8] + h[8:]
+    j = i[:4] + i[4:]
+    return float((j[0] + j[2]) + (j[1] + j[3]))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("p", [2.0, 1.0])
+def test_sums_follow_the_documented_lane_order(dtype, p):
+    g = torch.Generator().manual_seed(1)
+    # One tensor per call, within one task (256 KiB): one piece, one lane sum.
+    # Several long ones, so that another order would round differently somewhere.
+    # Values over many binades: sums of 16-bit squares that round.
+    sizes = (5, 32, 1000) + (30001,) * 8
+    wide = [
+        torch.randn(n, generator=g, dtype=torch.float64) * torch.randn(n, generator=g).mul(4).exp()
+        for n in sizes
+    ]
+    tensors = [x.clamp(-6e4, 6e4).to(dtype) for x in wide]  # finite in float16
+    for isa in ISAS:
+        for t in tensors:
+            m, s = _reduce([t], p, isa)[:2].tolist()
+            assert m == 0.0 and s == _canonical_sum(t.double().numpy(), int(p), dtype), (isa, t.numel())
+    if dtype in (torch.float16, torch.bfloat16) and p == 2.0:
+        # The data tells the orders apart: the natural one gives other bits somewhere.
+        natural = [_canonical_sum(t.double().numpy(), int(p), torch.float32) for t in tensors]
+        assert natural != [_canonical_sum(t.double().numpy(), int(p), dtype) for t in tensors]
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_result_does_not_depend_on_the_thread_count(isa):
+    cpp._C.use_isa(isa)
+    g = torch.Generator().manual_seed(2)
+    dtypes = (torch.float32, torch.bfloat16, torch.float16)
+    tensors = [torch.randn(300_000, generator=g).to(dt) for dt in dtypes]
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = [fastnorm.total_norm(tensors, p) for p in NORM_TYPES]
+        torch.set_num_threads(2)
+        two = [fastnorm.total_norm(tensors, p) for p in NORM_TYPES]
+    finally:
+        torch.set_num_threads(threads)
+    assert all(torch.equal(a, b) for a, b in zip(one, two))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("p", [2.0, 1.0])
+def test_16bit_infinity_and_nan_survive_the_widening(dtype, p):
+    """16-bit values are widened with integer shifts, which turn inf and NaN into
+    large finite values: a sum that large is checked against max |x|."""
+    big = torch.full((1000,), torch.finfo(dtype).max, dtype=dtype)
+    for isa in ISAS:
+        # Finite, and past the check's threshold: exact (the float64 root; a
+        # float32 one would overflow for bfloat16).
+        root = _reduce([big], p, isa)[2].item()
+        assert root == pytest.approx(reference.norm([big], p), rel=1e-15)
+        for bad, want in ((float("inf"), math.inf), (float("nan"), math.nan)):
+            x = big.clone()
+            x[123] = bad
+            got = _reduce([x], p, isa)[2].item()
+            assert got == want or (math.isnan(want) and math.isnan(got)), (isa, bad)
+
+
+# ----------------------------------------------------------------------------
+# float64 L2: finite and accurate from subnormals to the largest doubles
+# ----------------------------------------------------------------------------
+
+MAGNITUDES = (1e-310, 1e-300, 1e-160, 1e-30, 1.0, 1e20, 1e154, 1e200, 1e300)
+
+
+@pytest.mark.parametrize("magnitude", MAGNITUDES)
+def test_float64_l2_is_accurate_at_every_magnitude(magnitude):
+    g = torch.Generator().manual_seed(3)
+    tensors = [torch.randn(n, generator=g, dtype=torch.float64) * magnitude for n in (7, 1000, 70001)]
+    want = reference.norm(tensors, 2.0)
+    results = {isa: _reduce(tensors, 2.0, isa) for isa in ISAS}
+    for isa, got in results.items():
+        assert _same_bits(got, results["generic"]), isa
+        m, s = got[:2].tolist()
+        assert math.isfinite(got[2].item()) and got[2].item() == pytest.approx(want, rel=1e-14)
+        # The partial's contract: plain where squares neither overflow nor underflow
+        # (so m == 0), else m is a power of two near max |x|, and norm^2 = m^2 s.
+        if 1e-140 < magnitude < 1e140:
+            assert m == 0.0
+        else:
+            assert math.frexp(m)[0] == 0.5 and 0.5 <= s**0.5 * m / want <= 2.0
+        for t, (tm, ts) in zip(tensors, got[3:].reshape(-1, 2).tolist()):
+            norm = math.sqrt(ts) * (tm if tm > 0 else 1.0)
+            assert norm == pytest.approx(reference.norm([t], 2.0), rel=1e-14)
+    assert fastnorm.total_norm(tensors).item() == pytest.approx(want, rel=1e-14)
+
+
+def test_float64_l2_common_range_keeps_the_plain_sum():
+    x = torch.randn(1000, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+    for isa in ISAS:
+        got = _reduce([x], 2.0, isa)
+        assert got[0].item() == 0.0 and got[1].item() == _canonical_sum(x.numpy(), 2, torch.float64)
+
+
+@pytest.mark.parametrize(
+    "parts, want",
+    [
+        # scales that differ: the smaller moves to the larger
+        ([np.full(10, 1e300), np.full(10, 1e-310), np.ones(3)], math.sqrt(10) * 1e300),
+        ([np.full(10, 1e-310), np.ones(3)], math.sqrt(3)),
+        ([np.full(10, 1e-310), np.full(5, 1e-200)], math.sqrt(5) * 1e-200),
+        # inf and NaN stay what they are, whatever the other scales
+        ([np.array([math.inf]), np.full(10, 1e300), np.full(4, 1e-310)], math.inf),
+        ([np.array([math.nan]), np.full(10, 1e300)], math.nan),
+        ([np.full(10, 1e-310), np.array([math.inf])], math.inf),
+        # plain sums that overflow only when merged (two tasks of 1e153)
+        ([np.full(2 * 32768, 1e153)], 1e153 * math.sqrt(2 * 32768)),
+    ],
+)
+def test_float64_l2_merges(parts, want):
+    tensors = [torch.from_numpy(part) for part in parts]
+    for isa in ISAS:
+        cpp._C.use_isa(isa)
+        got = fastnorm.total_norm(tensors).item()
+        assert got == want or got == pytest.approx(want, rel=1e-13) or (math.isnan(want) and math.isnan(got))
+
+
+def test_float64_l2_partials_merge_with_float32_and_16bit_tensors():
+    tensors = [
+        torch.full((100,), 1e-200, dtype=torch.float64),
+        torch.full((100,), 3.0, dtype=torch.float32),
+        torch.full((100,), 2.0, dtype=torch.bfloat16),
+    ]
+    assert fastnorm.total_norm(tensors).item() == pytest.approx(math.sqrt(1300), rel=1e-15)
+    tensors[1] = torch.full((100,), 1e-30, dtype=torch.float32)
+    tensors[2] = torch.zeros(100, dtype=torch.bfloat16)
+    assert fastnorm.total_norm(tensors).item() == pytest.approx(reference.norm(tensors, 2.0), rel=1e-14)
+
+
+# ----------------------------------------------------------------------------
+# Choosing and reporting the instruction set
+# ----------------------------------------------------------------------------
+
+_PROBE = """
+import json, torch, fastnorm
+from fastnorm import _C
+x = torch.randn(70001, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+print(json.dumps({"isa": _C.isa(), "norm": fastnorm.total_norm([x]).double().item()}))
+"""
+
+
+def test_fastnorm_isa_is_read_once_per_process():
+    """The variable (or its older name) picks the kernels of a new process; the
+    others are compared in this one (use_isa), bit for bit, above."""
+    runs = [run_python(["-c", _PROBE], FASTNORM_ISA="generic")]
+    if len(ISAS) > 1:
+        runs.append(run_python(["-c", _PROBE], FASTNORM_CPU_ISA=ISAS[1]))
+    outs = [json.loads(r.stdout) for r in runs]
+    assert [o["isa"] for o in outs] == ISAS[: len(outs)]
+    x = torch.randn(70001, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    assert {o["norm"] for o in outs} == {fastnorm.total_norm([x]).double().item()}
+
+
+def test_an_unknown_instruction_set_is_refused_with_what_the_cpu_supports():
+    result = run_python(["-m", "fastnorm", "info"], FASTNORM_ISA="avx1024", TRITON_INTERPRET="0")
+    assert result.returncode == 0, result.stderr
+    line = next(line for line in result.stdout.splitlines() if line.startswith("C++ kernels"))
+    assert "FASTNORM_ISA=avx1024 is unknown" in line and ", ".join(ISAS) in line
+    with pytest.raises(ValueError, match="is not one of"):
+        cpp._C.use_isa("avx1024")
+
+
+def _cpu_flags() -> set[str] | None:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return None
+    match = re.search(r"^flags\s*:(.*)$", text, re.MULTILINE)
+    return set(match.group(1).split()) if match else None
+
+
+def test_info_reports_the_widest_instruction_set_the_cpu_has():
+    flags = _cpu_flags()
+    if flags is None or "sse2" not in flags:
+        pytest.skip("checks the x86 flags Linux reports")
+    expected = ["generic"]
+    if {"avx2", "fma", "f16c"} <= flags:
+        expected.append("avx2")
+        if {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= flags:
+            expected.append("avx512")
+    assert ISAS == expected
+    result = run_python(["-m", "fastnorm", "info"], TRITON_INTERPRET="0")
+    assert f"C++ kernels: {expected[-1]} (this CPU supports {', '.join(expected)})" in result.stdout
+
+
+def test_clock_is_measured():
+    if "avx2" not in ISAS:
+        pytest.skip("measured on x86-64 only")
+    assert 2e8 < cpp._C.clock_hz(0.01) < 1e10
