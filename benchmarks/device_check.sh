@@ -4,6 +4,11 @@
 #
 #   bash benchmarks/device_check.sh OUTDIR
 #
+# 0. compiles every Triton kernel for the device's own architecture with
+#    `fastnorm kernels --target sm_XY` (registers, spills, load widths, FP64 per
+#    element) and, on sm_90, compares it with the table committed before any
+#    GPU run (benchmarks/results/gpu/kernels_sm_90.txt; the prediction it feeds
+#    is benchmarks/results/gpu/prediction.md);
 # 1. builds the C++ extension in place (CPU tensors; optional: on failure the
 #    torch backend serves them);
 # 2. runs the CUDA tests (tests/test_cuda.py and the monitor's: against the
@@ -14,7 +19,8 @@
 #    shapes, many small and tiny tensors (fp32, bf16), and the host cost per call
 #    at 150, 2000 and 10000 tensors, against torch and apex (when installed);
 #    then torch.compile of torch's clip on GPT-2 small only (compiling is slow).
-# What comes back fits the device tool's 8 files: env.txt (with the build log),
+# What comes back fits the device tool's 8 files: env.txt (with the build log
+# and the kernels' table),
 # cuda_tests.log, bench.log, bench/cuda.{json,md,png}, compile.log,
 # compile/cuda.json. Budget: under 8 minutes on an H200.
 set -uo pipefail
@@ -29,10 +35,26 @@ status=0
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv
   python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__); print(torch.cuda.get_device_name())"
   git rev-parse HEAD 2>/dev/null
+  arch=$(python3 -c "import torch; print('sm_%d%d' % torch.cuda.get_device_capability())")
+  echo "== fastnorm kernels --target $arch"
+  jobs=$(nproc); [ "$jobs" -gt 8 ] && jobs=8
+  timeout 120 python3 -m fastnorm kernels --target "$arch" --jobs "$jobs" > "$out/kernels.txt" || status=1
+  cat "$out/kernels.txt"
+  committed="benchmarks/results/gpu/kernels_$arch.txt"
+  if [ -f "$committed" ]; then
+    if diff -q "$committed" "$out/kernels.txt" > /dev/null; then
+      echo "== same as $committed (compiled without a GPU)"
+    else
+      echo "== differs from $committed (compiled without a GPU):"
+      diff "$committed" "$out/kernels.txt"
+    fi
+  fi
+  rm -f "$out/kernels.txt"
   echo "== build"
   python3 setup.py build_ext --inplace 2>&1 | tail -5 || echo "C++ extension did not build: CPU tensors use the torch backend"
 } > "$out/env.txt" 2>&1
 head -6 "$out/env.txt"
+grep "^== same as\|^== differs" "$out/env.txt"
 
 echo "== CUDA tests"
 timeout 240 python3 -m pytest tests/test_cuda.py tests/test_monitor.py -m cuda -q -p no:cacheprovider -rA \

@@ -12,7 +12,7 @@ import json
 import sys
 from collections.abc import Sequence
 
-from fastnorm import bench
+from fastnorm import bench, kernels
 from fastnorm.monitoring import command as diagnose_command
 
 
@@ -49,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_info(subparsers)
     bench.add_parser(subparsers)
     diagnose_command.add_parser(subparsers)
+    kernels.add_parser(subparsers)
     return parser
 
 

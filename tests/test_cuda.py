@@ -179,3 +179,96 @@ def test_capture_without_warm_up_says_what_to_do():
     with pytest.raises(RuntimeError, match="warm-up"):
         with torch.cuda.graph(graph):
             fastnorm.total_norm(grads)
+
+
+# ----------------------------------------------------------------------------
+# The compiled kernels on every alignment and tail, and their numerics at scale
+# ----------------------------------------------------------------------------
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64]
+
+
+def _views(sizes, dtype, offset, seed):
+    """Views of one CUDA buffer, each ``offset`` elements past a multiple of 16 elements."""
+    starts, at = [], 0
+    for n in sizes:
+        starts.append(at + offset)
+        at = -(-(at + offset + n + 1) // 16) * 16
+    (buffer,) = cuda_grads([(at,)], dtype, seed=seed)
+    return buffer, [buffer[s : s + n] for s, n in zip(starts, sizes)]
+
+
+def _check(tensors, p, tol):
+    total, each = fastnorm.tensor_norms(tensors, p)
+    assert reference.rel_err(total.item(), reference.norm(tensors, p)) <= tol
+    for t, got in zip(tensors, each.tolist()):
+        assert reference.rel_err(got, reference.norm([t], p)) <= tol
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("offset", [0, 1, 3, 7])
+def test_every_storage_offset(dtype, offset):
+    from fastnorm.backends.triton_backend import BACKEND
+
+    buffer, views = _views([1, 77, 4096, 65536 + 3, 300_001], dtype, offset, seed=8)
+    assert [t.aligned for t in BACKEND.prepare(views).tables] == [offset * dtype.itemsize % 16 == 0]
+    for p in (2.0, 1.0, float("inf")):
+        _check(views, p, 1e-12 if dtype == torch.float64 else 5e-7)
+    before = buffer.clone()
+    params = []
+    for v in views:
+        q = torch.nn.Parameter(torch.zeros_like(v))
+        q.grad = v.clone()
+        params.append(q)
+    norm = torch.nn.utils.get_total_norm([q.grad for q in params]).float()
+    norm = norm.double() if dtype == torch.float64 else norm
+    torch.nn.utils.clip_grads_with_norm_(params, 1e-3, norm)
+    fastnorm.clip_(views, 1e-3, total_norm=norm, gradients=True)
+    assert all(torch.equal(v, q.grad) for v, q in zip(views, params))
+    inside = torch.zeros(buffer.numel(), dtype=torch.bool, device="cuda")
+    for v in views:
+        inside[v.storage_offset() : v.storage_offset() + v.numel()] = True
+    assert torch.equal(buffer[~inside], before[~inside])  # nothing else written
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("aligned", [True, False])
+def test_every_tail_length(dtype, aligned):
+    from fastnorm.backends.triton_backend import GPU_CONFIG
+
+    run, rows, vec = GPU_CONFIG.geometry(dtype, aligned)
+    lengths = list(range(1, run * rows * vec + 2, 7)) + [run * rows * vec, run * rows * vec + 1]
+    if aligned:
+        tensors = cuda_grads([(n,) for n in lengths], dtype, seed=9)
+    else:
+        _, tensors = _views(lengths, dtype, 1, seed=9)
+    _check(tensors, 2.0, 1e-12 if dtype == torch.float64 else 5e-7)
+
+
+def test_1e8_values_within_1e_6_of_float64():
+    x = torch.randn(10**8, device="cuda", generator=torch.Generator(device="cuda").manual_seed(10))
+    exact = torch.linalg.vector_norm(x, dtype=torch.float64).item()
+    assert reference.rel_err(fastnorm.total_norm([x]).item(), exact) <= 1e-6
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("value", [1e20, 1e-30, 3e38])
+def test_values_whose_squares_leave_float32(dtype, value):
+    (x,) = cuda_grads([(1_000_003,)], dtype, seed=11)
+    x[12345], x[-1] = value, -value
+    tiny = (torch.rand(70_000, device="cuda") * value).to(dtype)  # whole chunks of them
+    partial, _, _ = _partial_of([x, tiny])  # float64: finite even where a float32 norm is not
+    assert reference.rel_err(partial[1].sqrt().item(), reference.norm([x, tiny], 2.0)) <= 1e-6
+
+
+@pytest.mark.parametrize("scale", [1e-310, 1e-200, 1e200, 1e300])
+def test_float64_extremes(scale):
+    tensors = cuda_grads([(300_001,), (77,)], torch.float64, seed=12, scale=scale)
+    assert reference.rel_err(fastnorm.total_norm(tensors).item(), reference.norm(tensors, 2.0)) <= 1e-12
+
+
+def _partial_of(tensors):
+    from fastnorm.backends import Mode
+    from fastnorm.backends.triton_backend import BACKEND
+
+    return BACKEND.reduce(BACKEND.prepare(tensors), Mode.L2, 2.0, torch.float64)

@@ -20,7 +20,7 @@ import contextlib
 import importlib.util
 import os
 import struct
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -51,22 +51,175 @@ def _interpret_requested() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
+DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+
+
 @dataclass(frozen=True)
 class Config:
-    """Tile sizes; the interpreter gets small ones so tests cover many chunks quickly."""
+    """Launch geometry; the interpreter gets a small one so tests cover many chunks quickly.
 
-    block: int
-    chunk: int
+    Per step of the main loop, a thread of an ALIGNED kernel reads up to
+    ``vector_run`` vectors of 16 bytes (one 128-bit load each) and at most
+    ``run_elements`` elements; a thread of a general kernel reads
+    ``scalar_run`` single elements, each from the same place in consecutive
+    rows of threads (coalesced). A thread sums one step's values in float32, so
+    ``run_elements`` also bounds those sums. Enough bytes in flight per thread
+    for HBM; few enough registers for ``programs_per_sm`` programs to be
+    resident at once (``fastnorm kernels`` shows both). On NVIDIA GPUs the
+    compiler is held to that register budget (``maxnreg``); the compile tests
+    check that it costs no spills.
+    """
+
     num_warps: int
+    warp_size: int
+    vector_run: int
+    run_elements: int
+    scalar_run: int
+    max_chunk: int  # elements; a multiple of every step
+    chunks_per_program: int  # aim: so many chunks per program, so that they end together
     programs_per_sm: int
+    register_budget: bool  # pass maxnreg (NVIDIA's compiler takes it; AMD's does not)
+
+    def __post_init__(self) -> None:
+        for dtype in DTYPES:
+            for aligned in (True, False):
+                run, rows, vec = self.geometry(dtype, aligned)
+                if self.max_chunk % (run * rows * vec):
+                    raise ValueError(f"max_chunk={self.max_chunk} is not a whole number of steps for {dtype}")
+
+    @property
+    def rows(self) -> int:
+        return self.num_warps * self.warp_size
+
+    def geometry(self, dtype: torch.dtype, aligned: bool) -> tuple[int, int, int]:
+        """``(R, ROWS, VEC)``: a step reads a tile of that shape, VEC contiguous elements per row."""
+        if aligned:
+            vec = 16 // dtype.itemsize
+            return min(self.vector_run, self.run_elements // vec), self.rows, vec
+        return self.scalar_run, self.rows, 1
+
+    def options(self) -> dict[str, Any]:
+        """Compiler options of the norm and scale kernels (fused multiply-adds: squares summed
+        with one rounding, and Triton's default, made explicit)."""
+        options: dict[str, Any] = {"num_warps": self.num_warps, "enable_fp_fusion": True}
+        if self.register_budget:
+            options["maxnreg"] = REGISTERS_PER_SM // (self.programs_per_sm * self.rows)
+        return options
 
 
-GPU_CONFIG = Config(block=2048, chunk=65536, num_warps=8, programs_per_sm=4)
-INTERPRETER_CONFIG = Config(block=128, chunk=512, num_warps=1, programs_per_sm=1)
+REGISTERS_PER_SM = 65536  # every NVIDIA GPU from sm_50 to sm_120
+GPU_CONFIG = Config(
+    num_warps=8,
+    warp_size=32,
+    vector_run=8,
+    run_elements=32,
+    scalar_run=16,
+    max_chunk=65536,
+    chunks_per_program=16,
+    programs_per_sm=4,
+    register_budget=True,
+)
+ROCM_CONFIG = replace(GPU_CONFIG, num_warps=4, warp_size=64, register_budget=False)
+INTERPRETER_CONFIG = Config(
+    num_warps=1,
+    warp_size=32,
+    vector_run=2,
+    run_elements=8,
+    scalar_run=4,
+    max_chunk=512,
+    chunks_per_program=4,
+    programs_per_sm=1,
+    register_budget=False,
+)
 INTERPRETER_PROGRAMS = 4
 REDUCE_BLOCK = 256  # rows of partials per step of the finalize/per-tensor reductions
 
+
+@dataclass(frozen=True)
+class Launch:
+    """One specialization of one kernel as the backend launches it."""
+
+    kernel: str  # the name of a kernel in triton_kernels
+    dtype: torch.dtype | None  # the gradients' dtype (None: the kernel reads partials only)
+    constants: dict[str, Any]  # its constexpr arguments
+    options: dict[str, Any]  # compiler options: num_warps, ...
+    pointers: dict[str, torch.dtype] = field(default_factory=dict)  # float pointer arguments
+
+
+def _geometry(config: Config, dtype: torch.dtype, aligned: bool) -> dict[str, Any]:
+    run, rows, vec = config.geometry(dtype, aligned)
+    return {"ALIGNED": aligned, "R": run, "ROWS": rows, "VEC": vec}
+
+
+def norm_launch(config: Config, dtype: torch.dtype, mode: Mode, aligned: bool) -> Launch:
+    constants = {"DTYPE": kernels().TL_DTYPES[dtype], "MODE": int(mode), **_geometry(config, dtype, aligned)}
+    return Launch("norm_partials_kernel", dtype, constants, config.options())
+
+
+def scale_launch(config: Config, dtype: torch.dtype, norm_dtype: torch.dtype, aligned: bool) -> Launch:
+    constants = {
+        "DTYPE": kernels().TL_DTYPES[dtype],
+        "NORM_IS_F64": norm_dtype == torch.float64,
+        **_geometry(config, dtype, aligned),
+    }
+    return Launch("scale_kernel", dtype, constants, config.options(), {"norm_ptr": norm_dtype})
+
+
+def finalize_launch(mode: Mode, result_dtype: torch.dtype) -> Launch:
+    constants = {"MODE": int(mode), "BLOCK": REDUCE_BLOCK}
+    return Launch("finalize_kernel", None, constants, {"num_warps": 4}, {"root_ptr": result_dtype})
+
+
+def per_tensor_launch(mode: Mode) -> Launch:
+    return Launch("per_tensor_kernel", None, {"MODE": int(mode), "BLOCK": REDUCE_BLOCK}, {"num_warps": 1})
+
+
+def launches(config: Config = GPU_CONFIG) -> list[Launch]:
+    """Every specialization the backend can launch with ``config``: what ``fastnorm kernels`` compiles."""
+    modes = [mode for mode in Mode if mode.fused]  # the front hands the others to the torch backend
+    out = []
+    for dtype in DTYPES:
+        for aligned in (True, False):
+            for mode in modes:
+                out.append(norm_launch(config, dtype, mode, aligned))
+            for norm_dtype in (torch.float32, torch.float64):
+                if dtype != torch.float64 or norm_dtype == torch.float64:
+                    out.append(scale_launch(config, dtype, norm_dtype, aligned))
+    for mode in modes:
+        out.append(per_tensor_launch(mode))
+        for result_dtype in (torch.float32, torch.float64):
+            out.append(finalize_launch(mode, result_dtype))
+    return out
+
+
+def is_aligned(addresses: list[int]) -> bool:
+    """Whether every address is 16-byte aligned: with chunks of whole steps (16-byte
+    multiples), so is every chunk start, which the ALIGNED kernels promise the compiler."""
+    return all(a % 16 == 0 for a in addresses)
+
+
+def chunk_size(config: Config, dtype: torch.dtype, aligned: bool, total: int, max_programs: int) -> int:
+    """Elements per chunk for ``total`` elements read by up to ``max_programs`` programs.
+
+    Whole steps of the main loop, at most ``config.max_chunk``, and small enough
+    that each program gets about ``config.chunks_per_program`` chunks: a program
+    with one chunk more than the others is then a small delay, not a second
+    wave (with one chunk each, 530 chunks on 528 programs take twice as long
+    as 528).
+    """
+    run, rows, vec = config.geometry(dtype, aligned)
+    step = run * rows * vec
+    wanted = -(-total // (max_programs * config.chunks_per_program))
+    return max(step, min(config.max_chunk, -(-wanted // step) * step))
+
+
 _SM_COUNT: dict[int, int] = {}
+
+
+def _config(device: torch.device) -> Config:
+    if device.type == "cpu":
+        return INTERPRETER_CONFIG
+    return ROCM_CONFIG if torch.version.hip else GPU_CONFIG
 
 
 def _max_programs(device: torch.device, config: Config) -> int:
@@ -82,7 +235,9 @@ def _max_programs(device: torch.device, config: Config) -> int:
 class DtypeTable:
     """The tensors of one dtype: their device table and launch geometry."""
 
-    dtype: Any  # a triton.language dtype
+    dtype: torch.dtype
+    aligned: bool  # every address 16-byte aligned: the ALIGNED kernels (128-bit loads) serve it
+    chunk: int  # elements per chunk
     table: torch.Tensor
     num_tensors: int
     num_chunks: int
@@ -168,24 +323,26 @@ class TritonBackend:
                 "fastnorm: the gradients' tables are built on the first call; make that call "
                 "(a warm-up step) before capturing a CUDA graph, with the gradients the graph will use"
             )
-        config = INTERPRETER_CONFIG if device.type == "cpu" else GPU_CONFIG
-        tl_dtypes = kernels().TL_DTYPES
+        config = _config(device)
         positions: dict[torch.dtype, list[int]] = {}
         for i, t in enumerate(tensors):
             positions.setdefault(t.dtype, []).append(i)
         max_programs = _max_programs(device, config)
-        parts, layout = [], []
+        tables, parts, starts = [], [], []
         offset = partial_offset = chunk_offset = tensor_offset = 0
         for dtype, where in positions.items():
             group = [tensors[i] for i in where]
-            part, num_chunks = _table([t.data_ptr() for t in group], [t.numel() for t in group], config.chunk)
+            addresses, numels = [t.data_ptr() for t in group], [t.numel() for t in group]
+            aligned = is_aligned(addresses)
+            chunk = chunk_size(config, dtype, aligned, sum(numels), max_programs)
+            part, num_chunks = _table(addresses, numels, chunk)
             grid = min(num_chunks, max_programs)
-            parts.append(part)
-            layout.append(
-                (
-                    tl_dtypes[dtype],
-                    offset,
-                    part.numel(),
+            tables.append(
+                DtypeTable(
+                    dtype,
+                    aligned,
+                    chunk,
+                    part,
                     len(group),
                     num_chunks,
                     grid,
@@ -194,6 +351,8 @@ class TritonBackend:
                     tensor_offset,
                 )
             )
+            parts.append(part)
+            starts.append(offset)
             offset += part.numel()
             partial_offset += grid
             chunk_offset += num_chunks
@@ -212,10 +371,8 @@ class TritonBackend:
             stream = torch.cuda.current_stream(device)
         else:
             table = host
-        tables = [
-            DtypeTable(dt, table[start : start + size], n, chunks, grid, row, chunk_row, tensor_row)
-            for dt, start, size, n, chunks, grid, row, chunk_row, tensor_row in layout
-        ]
+        for t, start in zip(tables, starts):
+            t.table = table[start : start + t.table.numel()]
         device_order = table[offset:] if order is not None else None
         return Prepared(
             device, config, tables, partial_offset, chunk_offset, tensor_offset, device_order, host, stream
@@ -241,40 +398,39 @@ class TritonBackend:
             tensors = torch.empty((prepared.num_tensors, 2), dtype=torch.float64, device=device)
         with _on(device):
             for t in prepared.tables:
+                launch = norm_launch(config, t.dtype, mode, t.aligned)
                 k.norm_partials_kernel[(t.grid,)](
                     t.table,
                     t.num_tensors,
                     t.num_chunks,
+                    t.chunk,
                     partials[t.partial_offset :],
                     chunks[t.chunk_offset :] if per_tensor else partials,
                     float(p),
-                    DTYPE=t.dtype,
-                    MODE=int(mode),
-                    CHUNK=config.chunk,
-                    BLOCK=config.block,
-                    PER_CHUNK=per_tensor,
-                    num_warps=config.num_warps,
+                    int(per_tensor),
+                    **launch.constants,
+                    **launch.options,
                 )
                 if per_tensor:
+                    launch = per_tensor_launch(mode)
                     k.per_tensor_kernel[(t.num_tensors,)](
                         t.table,
                         t.num_tensors,
                         chunks[t.chunk_offset :],
                         tensors[t.tensor_offset :],
                         float(p),
-                        MODE=int(mode),
-                        BLOCK=REDUCE_BLOCK,
-                        num_warps=1,
+                        **launch.constants,
+                        **launch.options,
                     )
+            launch = finalize_launch(mode, result_dtype)
             k.finalize_kernel[(1,)](
                 partials,
                 prepared.num_partials,
                 out,
                 root,
                 float(p),
-                MODE=int(mode),
-                BLOCK=REDUCE_BLOCK,
-                num_warps=4,
+                **launch.constants,
+                **launch.options,
             )
         if tensors is not None and prepared.order is not None:
             tensors = tensors[prepared.order]
@@ -287,18 +443,17 @@ class TritonBackend:
         bits = struct.unpack("<Q", struct.pack("<d", max_norm))[0]  # max_norm >= 0: sign bit clear
         with _on(prepared.device):
             for t in prepared.tables:
+                launch = scale_launch(config, t.dtype, norm.dtype, t.aligned)
                 k.scale_kernel[(t.grid,)](
                     t.table,
                     t.num_tensors,
                     t.num_chunks,
+                    t.chunk,
                     norm,
                     bits >> 32,
                     bits & 0xFFFFFFFF,
-                    DTYPE=t.dtype,
-                    NORM_IS_F64=norm.dtype == torch.float64,
-                    CHUNK=config.chunk,
-                    BLOCK=config.block,
-                    num_warps=config.num_warps,
+                    **launch.constants,
+                    **launch.options,
                 )
 
 

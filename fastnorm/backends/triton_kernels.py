@@ -6,16 +6,35 @@ Every kernel reads its tensors through one int64 table on the device::
      | tensor of each chunk (C) | start of each chunk (C)]
 
 so one launch covers any number of tensors of one dtype. A chunk is at most
-CHUNK elements of one tensor; program ``i`` of ``G`` takes chunks ``i, i+G,
-i+2G, ...`` and walks each in BLOCK-sized tiles. Offsets are int64 end to end:
-tensors beyond 2^31 elements are read correctly.
+``chunk`` elements of one tensor (the host sizes it so that every program gets
+many); program ``i`` of ``G`` takes chunks ``i, i+G, i+2G, ...``. Offsets are
+int64 end to end: tensors beyond 2^31 elements are read correctly.
 
-A partial is a pair ``[m, s]``: MODE 0 (p=2) ``s = sum x^2``, MODE 1 (p=1)
-``s = sum |x|``, MODE 2 (p=inf) ``m = max |x|``, MODE 3 (any other p)
-``m = max |x|`` and ``s = sum (|x| / m)^p``, so the norm is ``m * s^(1/p)``
-and ``|x|^p`` never overflows. Values are widened to float64 first: no float32
-gradient overflows or underflows when squared (1e20^2 is fine). NaN anywhere
-makes the partial NaN.
+A chunk is read in runs of ``R * ROWS * VEC`` elements: one load per run, a
+tile of shape ``(R, ROWS, VEC)`` where each of the ROWS threads holds ``R``
+vectors of VEC consecutive elements, and consecutive threads read consecutive
+vectors. Whole runs are loaded without a mask; only the last run of a tensor
+is masked. The ALIGNED kernels read 16-byte vectors and tell the compiler that
+they are aligned (the host checks every tensor's address; chunk starts are
+multiples of ``chunk``, itself a multiple of a run), so each becomes one
+128-bit load; the general ones (VEC = 1) read single elements.
+
+A partial is a pair ``[m, s]``: MODE 0 (p=2) ``norm^2 = scale^2 * s`` with
+``scale = m`` when ``m > 0``, else 1; MODE 1 (p=1) ``s = sum |x|``; MODE 2
+(p=inf) ``m = max |x|``; MODE 3 (any other p) ``m = max |x|`` and
+``s = sum (|x| / m)^p``, so the norm is ``m * s^(1/p)`` and ``|x|^p`` never
+overflows. NaN anywhere makes the partial NaN.
+
+Sums of 16-bit and float32 values (MODE 0 and 1) run in float32 within a run,
+one sum per thread (its R * VEC values, at most 32), and the runs are carried
+in float64: one float64 add per run instead of per element, so the kernel
+stays memory-bound on GPUs whose float64 rate is 1/64 of float32. A chunk
+whose float32 sums cannot be trusted (a square or sum past float32's range, or
+squares so small that they lose their precision) is read again and summed in
+float64; a chunk of ordinary values is read once. float64 gradients are summed in float64, and a
+chunk whose plain sum of squares would overflow or underflow is summed scaled
+by a power of two (MODE 0's ``m``), so the norm is finite and accurate from
+1e-310 to 1e300.
 
 Whether the kernels compile for the GPU or run in Triton's interpreter (on
 CPU tensors) is fixed by TRITON_INTERPRET when this module is imported.
@@ -35,12 +54,34 @@ TL_DTYPES = {
     torch.bfloat16: tl.bfloat16,
 }
 
+# float32 sums of squares are trusted down to this value: below it, squares that
+# lost bits to float32's subnormal range (each at most 2^-150 off, at most 2^17 of
+# them per chunk) could move the sum by more than 2^-33 of itself.
+F32_TRUSTED_MIN = tl.constexpr(2.0**-100)
+# The same for float64 squares (2^-1075 per rounding): below it a chunk is summed scaled.
+F64_TRUSTED_MIN = tl.constexpr(2.0**-960)
+
+
+@triton.jit
+def _max_nan(a, b):
+    """max that returns NaN when either side is NaN (tl.maximum may drop it)."""
+    return tl.where((a > b) | (a != a), a, b)
+
+
+@triton.jit
+def _abs_bits(x):
+    """|x| as an integer of its width: ordered like |x|, and every NaN above inf.
+
+    So an integer max of these is a max of |x| that keeps NaN, in one
+    instruction per element (and one NumPy call in Triton's interpreter).
+    """
+    return tl.abs(x).to(tl.int64 if x.dtype == tl.float64 else tl.int32, bitcast=True)
+
 
 @triton.jit
 def _nan_max(v):
-    """max of a vector that returns NaN when any element is NaN (tl.max may drop it)."""
-    nan = tl.sum(tl.where(v != v, v, 0.0), 0)  # NaN iff some element is NaN, else 0
-    return tl.max(tl.where(v != v, 0.0, v), 0) + nan
+    """The max of every element of v >= 0 (or NaN); NaN when any is NaN (tl.max may drop it)."""
+    return tl.max(_abs_bits(v)).to(v.dtype, bitcast=True)
 
 
 @triton.jit
@@ -76,171 +117,59 @@ def _merge_scaled(run_m, run_s, m, s, p):
 
 @triton.jit
 def _block_partial(x, p):
-    """The partial (m, s) of one tile of |x| (float64); used by MODE 3 only."""
+    """The partial (m, s) of one tile of |x| (float64); used by MODE 3 only.
+
+    (x / m)^p as exp2(p * (log2 x - log2 m)): no division per element, and
+    zeros (kept out of log2) add nothing.
+    """
     m = _nan_max(x)
-    s = tl.sum(tl.where(m > 0, _pow_ratio(x, m, p), 0.0), 0)
+    p64 = p * tl.full((), 1.0, tl.float64)
+    safe_m = tl.where((m > 0) & (m < float("inf")), m, 1.0)
+    power = tl.exp2(p64 * (tl.log2(tl.where(x > 0, x, safe_m)) - tl.log2(safe_m)))
+    s = tl.sum(tl.where(x > 0, tl.minimum(power, 1.0), 0.0))
     s = tl.where(m < float("inf"), s, 1.0)  # an inf tile: the norm is inf
     return m, s
 
 
 @triton.jit
-def _vector_partial(acc, MODE: tl.constexpr):
-    """The partial (m, s) of a per-lane accumulator of MODE 0, 1 or 2."""
-    if MODE == 2:
-        return _nan_max(acc), tl.zeros((), tl.float64)
-    else:
-        return tl.zeros((), tl.float64), tl.sum(acc, 0)
+def _l2_scale(m):
+    """The scale of an L2 partial: m when m > 0, else 1."""
+    return tl.where(m > 0, m, 1.0)
 
 
 @triton.jit
-def _accumulate(acc, x, MODE: tl.constexpr):
-    """One tile of |x| into a per-lane accumulator of MODE 0, 1 or 2."""
-    if MODE == 0:
-        return acc + x * x
-    elif MODE == 1:
-        return acc + x
-    else:
-        return tl.where((x > acc) | (x != x), x, acc)
+def _l2_rescaled(s, scale, top):
+    """s * (scale / top)^2 for scale <= top (powers of two: the ratio is exact).
 
-
-@triton.jit
-def norm_partials_kernel(
-    table_ptr,
-    num_tensors,
-    num_chunks,
-    partial_ptr,
-    chunk_partial_ptr,
-    p,
-    DTYPE: tl.constexpr,
-    MODE: tl.constexpr,
-    CHUNK: tl.constexpr,
-    BLOCK: tl.constexpr,
-    PER_CHUNK: tl.constexpr,
-):
-    """Writes this program's partial to partial_ptr[2 * pid : 2 * pid + 2].
-
-    With PER_CHUNK, also each chunk's own partial to chunk_partial_ptr[2 * c:],
-    from the same loads (per-tensor norms cost no second pass). The program's
-    partial is accumulated the same way either way.
+    Multiplied one factor at a time, so a large s meets a tiny ratio without
+    underflowing first; an inf s stays inf (never inf * 0) and an empty one 0.
     """
-    pid = tl.program_id(0)
-    numel_ptr = table_ptr + num_tensors
-    chunk_tensor_ptr = table_ptr + 3 * num_tensors + 1
-    chunk_start_ptr = chunk_tensor_ptr + num_chunks
-
-    acc = tl.zeros((BLOCK,), tl.float64)
-    run_m = tl.zeros((), tl.float64)
-    run_s = tl.zeros((), tl.float64)
-    for c in range(pid, num_chunks, tl.num_programs(0)):
-        t = tl.load(chunk_tensor_ptr + c)
-        start = tl.load(chunk_start_ptr + c)
-        end = tl.minimum(start + CHUNK, tl.load(numel_ptr + t))
-        base = tl.load(table_ptr + t).to(tl.pointer_type(DTYPE))
-        chunk_acc = tl.zeros((BLOCK,), tl.float64)
-        chunk_m = tl.zeros((), tl.float64)
-        chunk_s = tl.zeros((), tl.float64)
-        for off in range(start, end, BLOCK):
-            idx = off + tl.arange(0, BLOCK)
-            x = tl.abs(_widen(tl.load(base + idx, mask=idx < end, other=0.0), DTYPE).to(tl.float64))
-            if MODE == 3:
-                m, s = _block_partial(x, p)
-                run_m, run_s = _merge_scaled(run_m, run_s, m, s, p)
-                if PER_CHUNK:
-                    chunk_m, chunk_s = _merge_scaled(chunk_m, chunk_s, m, s, p)
-            else:
-                acc = _accumulate(acc, x, MODE)
-                if PER_CHUNK:
-                    chunk_acc = _accumulate(chunk_acc, x, MODE)
-        if PER_CHUNK:
-            if MODE != 3:
-                chunk_m, chunk_s = _vector_partial(chunk_acc, MODE)
-            tl.store(chunk_partial_ptr + 2 * c, chunk_m)
-            tl.store(chunk_partial_ptr + 2 * c + 1, chunk_s)
-
-    if MODE != 3:
-        run_m, run_s = _vector_partial(acc, MODE)
-    tl.store(partial_ptr + 2 * pid, run_m)
-    tl.store(partial_ptr + 2 * pid + 1, run_s)
+    ratio = tl.minimum(scale, top) / top  # never above 1, even in lanes tl.where discards
+    finite = tl.where(s == float("inf"), 0.0, s)
+    return tl.where((s == float("inf")) | (s == 0), s, finite * ratio * ratio)
 
 
 @triton.jit
-def _reduce_rows(partial_ptr, start, end, p, MODE: tl.constexpr, BLOCK: tl.constexpr):
-    """The partial of partial rows [start, end), reduced in a fixed order."""
-    total_m = tl.zeros((), tl.float64)
-    total_s = tl.zeros((), tl.float64)
-    if MODE <= 1:
-        acc = tl.zeros((BLOCK,), tl.float64)
-        for off in range(start, end, BLOCK):
-            idx = off + tl.arange(0, BLOCK)
-            acc += tl.load(partial_ptr + 2 * idx + 1, mask=idx < end, other=0.0)
-        total_s = tl.sum(acc, 0)
-    else:
-        top = tl.zeros((BLOCK,), tl.float64)
-        for off in range(start, end, BLOCK):
-            idx = off + tl.arange(0, BLOCK)
-            m = tl.load(partial_ptr + 2 * idx, mask=idx < end, other=0.0)
-            top = tl.where((m > top) | (m != m), m, top)
-        total_m = _nan_max(top)
-        if MODE == 3:
-            acc = tl.zeros((BLOCK,), tl.float64)
-            for off in range(start, end, BLOCK):
-                idx = off + tl.arange(0, BLOCK)
-                mask = idx < end
-                m = tl.load(partial_ptr + 2 * idx, mask=mask, other=0.0)
-                s = tl.load(partial_ptr + 2 * idx + 1, mask=mask, other=0.0)
-                acc += s * tl.where(m == total_m, 1.0, _pow_ratio(m, total_m, p))
-            total_s = tl.sum(acc, 0)
-    return total_m, total_s
+def _l2_merge(m1, s1, m2, s2):
+    """Two L2 partials as one: the larger scale of the non-empty ones wins.
 
-
-@triton.jit
-def finalize_kernel(
-    partial_ptr,
-    num_partials,
-    out_ptr,
-    root_ptr,
-    p,
-    MODE: tl.constexpr,
-    BLOCK: tl.constexpr,
-):
-    """Reduces all partials into out_ptr[0:2] and writes the norm to root_ptr.
-
-    One program, no atomics: the same inputs give the same bits every time.
-    root_ptr receives the norm in its own dtype (float32 or float64).
+    With both m == 0 this is s1 + s2 (times 1.0, exact): a plain sum.
     """
-    total_m, total_s = _reduce_rows(partial_ptr, 0, num_partials, p, MODE, BLOCK)
-    tl.store(out_ptr, total_m)
-    tl.store(out_ptr + 1, total_s)
-    if MODE == 0:
-        root = tl.sqrt(total_s)  # float64 square roots are correctly rounded
-    elif MODE == 1:
-        root = total_s
-    elif MODE == 2:
-        root = total_m
-    else:
-        scaled = tl.exp2(tl.log2(total_s) / (p * tl.full((), 1.0, tl.float64)))
-        root = tl.where(total_m == 0, 0.0, total_m * scaled)
-    tl.store(root_ptr, root.to(root_ptr.dtype.element_ty))
+    scale1 = _l2_scale(m1)
+    scale2 = _l2_scale(m2)
+    top = tl.maximum(tl.where(s1 != 0, scale1, 0.0), tl.where(s2 != 0, scale2, 0.0))
+    top = tl.where(top > 0, top, 1.0)
+    s = _l2_rescaled(s1, scale1, top) + _l2_rescaled(s2, scale2, top)
+    return tl.where(top == 1.0, 0.0, top), s
 
 
 @triton.jit
-def per_tensor_kernel(
-    table_ptr,
-    num_tensors,
-    chunk_partial_ptr,
-    out_ptr,
-    p,
-    MODE: tl.constexpr,
-    BLOCK: tl.constexpr,
-):
-    """Program t reduces the partials of tensor t's chunks into out_ptr[2 * t:]."""
-    t = tl.program_id(0)
-    first_chunk_ptr = table_ptr + 2 * num_tensors
-    start = tl.load(first_chunk_ptr + t)
-    end = tl.load(first_chunk_ptr + t + 1)
-    m, s = _reduce_rows(chunk_partial_ptr, start, end, p, MODE, BLOCK)
-    tl.store(out_ptr + 2 * t, m)
-    tl.store(out_ptr + 2 * t + 1, s)
+def _power_of_two_below(v):
+    """The largest power of two <= v, for finite v > 0 (subnormals included), exactly."""
+    tiny = v < tl.full((), 2.0**-1000, tl.float64)  # subnormal or close: lift by 2^600 first
+    lifted = v * tl.where(tiny, tl.full((), 2.0**600, tl.float64), 1.0)
+    power = (lifted.to(tl.int64, bitcast=True) & 0x7FF0000000000000).to(tl.float64, bitcast=True)
+    return power * tl.where(tiny, tl.full((), 2.0**-600, tl.float64), 1.0)
 
 
 @triton.jit
@@ -275,18 +204,347 @@ def _round_to(x, DTYPE: tl.constexpr):
         return x.to(DTYPE)
 
 
+@triton.jit
+def _run_offsets(off, R: tl.constexpr, ROWS: tl.constexpr, VEC: tl.constexpr):
+    """Element offsets of the run at ``off``: shape (R, ROWS, VEC), VEC-contiguous."""
+    r = tl.arange(0, R)[:, None, None]
+    row = tl.arange(0, ROWS)[None, :, None]
+    v = tl.arange(0, VEC)[None, None, :]
+    return off + (r * ROWS + row) * VEC + v
+
+
+@triton.jit
+def _load_run(
+    chunk_ptr, off, n, R: tl.constexpr, ROWS: tl.constexpr, VEC: tl.constexpr, MASKED: tl.constexpr
+):
+    """The run at chunk_ptr + off (masked to the chunk's n elements when MASKED), raw."""
+    idx = _run_offsets(off, R, ROWS, VEC)
+    if MASKED:
+        return tl.load(chunk_ptr + idx, mask=idx < n, other=0.0)
+    else:
+        return tl.load(chunk_ptr + idx)
+
+
+@triton.jit
+def _chunk_pointer(table_ptr, num_tensors, num_chunks, chunk, c, DTYPE: tl.constexpr, ALIGNED: tl.constexpr):
+    """Chunk c's first element and its number of elements (int32: at most ``chunk``)."""
+    t = tl.load(table_ptr + 3 * num_tensors + 1 + c)
+    start = tl.load(table_ptr + 3 * num_tensors + 1 + num_chunks + c)
+    n = tl.minimum(tl.load(table_ptr + num_tensors + t) - start, chunk).to(tl.int32)
+    ptr = tl.load(table_ptr + t).to(tl.pointer_type(DTYPE)) + start
+    if ALIGNED:
+        ptr = tl.multiple_of(ptr, 16)  # bytes: the host checked every address and chunk start
+    return ptr, n
+
+
+@triton.jit
+def _run_sum(x, MODE: tl.constexpr, DTYPE: tl.constexpr, CDT: tl.constexpr, scale, SCALED: tl.constexpr):
+    """Per thread of a (R, ROWS, VEC) run: the sum of x^2 (MODE 0) or |x| (MODE 1) of its
+    R * VEC values in CDT (0 for MODE 2), and their max |x| as _abs_bits."""
+    x = _widen(x, DTYPE).to(CDT)
+    if SCALED:
+        x = x / scale  # a power of two: exact
+    top = tl.max(tl.max(_abs_bits(x), 2), 0)
+    if MODE == 0:
+        part = tl.sum(tl.sum(x * x, 2), 0)
+    elif MODE == 1:
+        part = tl.sum(tl.sum(tl.abs(x), 2), 0)
+    else:
+        part = tl.zeros((x.shape[1],), CDT)
+    return part, top
+
+
+@triton.jit
+def _chunk_sum(
+    chunk_ptr,
+    n,
+    scale,
+    MODE: tl.constexpr,
+    DTYPE: tl.constexpr,
+    CDT: tl.constexpr,
+    SCALED: tl.constexpr,
+    R: tl.constexpr,
+    ROWS: tl.constexpr,
+    VEC: tl.constexpr,
+):
+    """The chunk's sum (MODE 0, 1) or max |x| (MODE 2, exact), and whether any value is nonzero.
+
+    Whole runs of R tiles are read unmasked, the rest in one masked run (R = 0:
+    masked tiles only, for the rare second reads, whose code stays small). Each
+    thread carries its runs' sums in float64.
+    """
+    acc = tl.zeros((ROWS,), tl.float64)
+    top = tl.zeros((ROWS,), tl.int64 if CDT == tl.float64 else tl.int32)
+    if R > 0:
+        RUN: tl.constexpr = R * ROWS * VEC
+        num_runs = n // RUN
+        for i in range(0, num_runs):
+            x = _load_run(chunk_ptr, i * RUN, n, R, ROWS, VEC, False)
+            part, run_top = _run_sum(x, MODE, DTYPE, CDT, scale, SCALED)
+            acc += part.to(tl.float64)
+            top = tl.maximum(top, run_top)
+        if num_runs * RUN < n:  # the tail, in one masked run: one memory latency
+            x = _load_run(chunk_ptr, num_runs * RUN, n, R, ROWS, VEC, True)
+            part, run_top = _run_sum(x, MODE, DTYPE, CDT, scale, SCALED)
+            acc += part.to(tl.float64)
+            top = tl.maximum(top, run_top)
+    else:
+        for off in range(0, n, ROWS * VEC):
+            x = _load_run(chunk_ptr, off, n, 1, ROWS, VEC, True)
+            part, run_top = _run_sum(x, MODE, DTYPE, CDT, scale, SCALED)
+            acc += part.to(tl.float64)
+            top = tl.maximum(top, run_top)
+    top = tl.max(top)
+    if MODE == 2:
+        total = top.to(CDT, bitcast=True).to(tl.float64)
+    else:
+        total = tl.sum(acc)
+    return total, top > 0
+
+
+@triton.jit
+def _chunk_partial(
+    chunk_ptr,
+    n,
+    p,
+    DTYPE: tl.constexpr,
+    MODE: tl.constexpr,
+    R: tl.constexpr,
+    ROWS: tl.constexpr,
+    VEC: tl.constexpr,
+):
+    """The partial (m, s) of one chunk of n elements."""
+    m = tl.zeros((), tl.float64)
+    s = tl.zeros((), tl.float64)
+    if MODE == 3:
+        # Compute-bound (a log2 and an exp2 per element): 8 elements per thread per step
+        # (4 of float64, whose log2 and exp2 need twice the registers).
+        LP_R: tl.constexpr = (4 if DTYPE == tl.float64 else 8) // VEC
+        TILE: tl.constexpr = LP_R * ROWS * VEC
+        num_tiles = n // TILE
+        for i in range(0, num_tiles):
+            x = _load_run(chunk_ptr, i * TILE, n, LP_R, ROWS, VEC, False)
+            tile_m, tile_s = _block_partial(tl.abs(_widen(x, DTYPE).to(tl.float64)), p)
+            m, s = _merge_scaled(m, s, tile_m, tile_s, p)
+        if num_tiles * TILE < n:
+            x = _load_run(chunk_ptr, num_tiles * TILE, n, LP_R, ROWS, VEC, True)
+            tile_m, tile_s = _block_partial(tl.abs(_widen(x, DTYPE).to(tl.float64)), p)
+            m, s = _merge_scaled(m, s, tile_m, tile_s, p)
+    else:
+        WIDE: tl.constexpr = DTYPE == tl.float64
+        CDT: tl.constexpr = tl.float64 if WIDE else tl.float32
+        one = tl.full((), 1.0, tl.float64)
+        total, nonzero = _chunk_sum(chunk_ptr, n, one, MODE, DTYPE, CDT, False, R, ROWS, VEC)
+        if MODE == 2:
+            m = total
+        else:
+            s = total
+            inf = float("inf")
+            if WIDE:
+                # Only squares can leave float64's range (a float64 sum of |x| past it is inf).
+                if MODE == 0:
+                    if (s == inf) | (nonzero & (s < tl.full((), F64_TRUSTED_MIN, tl.float64))):
+                        top, _ = _chunk_sum(chunk_ptr, n, one, 2, DTYPE, CDT, False, 0, ROWS, VEC)
+                        if top < inf:  # else an inf value: the plain sum, inf, is right
+                            m = _power_of_two_below(top)
+                            s, _ = _chunk_sum(chunk_ptr, n, m, 0, DTYPE, CDT, True, 0, ROWS, VEC)
+            elif DTYPE == tl.bfloat16 or DTYPE == tl.float32:
+                # float16 squares and sums always fit float32; these may not.
+                lost = s == inf
+                if MODE == 0:
+                    lost = lost | (nonzero & (s < tl.full((), F32_TRUSTED_MIN, tl.float64)))
+                if lost:
+                    s, _ = _chunk_sum(chunk_ptr, n, one, MODE, DTYPE, tl.float64, False, 0, ROWS, VEC)
+    return m, s
+
+
+@triton.jit
+def _merge(run_m, run_s, m, s, p, MODE: tl.constexpr):
+    """The partial (m, s) merged into the running one."""
+    if MODE == 0:
+        return _l2_merge(run_m, run_s, m, s)
+    elif MODE == 1:
+        return run_m, run_s + s
+    elif MODE == 2:
+        return _max_nan(m, run_m), run_s
+    else:
+        return _merge_scaled(run_m, run_s, m, s, p)
+
+
+@triton.jit(do_not_specialize=["per_chunk"])
+def norm_partials_kernel(
+    table_ptr,
+    num_tensors,
+    num_chunks,
+    chunk,
+    partial_ptr,
+    chunk_partial_ptr,
+    p,
+    per_chunk,
+    DTYPE: tl.constexpr,
+    MODE: tl.constexpr,
+    ALIGNED: tl.constexpr,
+    R: tl.constexpr,
+    ROWS: tl.constexpr,
+    VEC: tl.constexpr,
+):
+    """Writes this program's partial to partial_ptr[2 * pid : 2 * pid + 2].
+
+    With per_chunk != 0, also each chunk's own partial to chunk_partial_ptr[2 * c:],
+    from the same loads (per-tensor norms cost no second pass). The program's
+    partial is the chunks' partials merged in order either way.
+    """
+    pid = tl.program_id(0)
+    run_m = tl.zeros((), tl.float64)
+    run_s = tl.zeros((), tl.float64)
+    for c in range(pid, num_chunks, tl.num_programs(0)):
+        chunk_ptr, n = _chunk_pointer(table_ptr, num_tensors, num_chunks, chunk, c, DTYPE, ALIGNED)
+        m, s = _chunk_partial(chunk_ptr, n, p, DTYPE, MODE, R, ROWS, VEC)
+        if per_chunk != 0:
+            tl.store(chunk_partial_ptr + 2 * c, m)
+            tl.store(chunk_partial_ptr + 2 * c + 1, s)
+        run_m, run_s = _merge(run_m, run_s, m, s, p, MODE)
+    tl.store(partial_ptr + 2 * pid, run_m)
+    tl.store(partial_ptr + 2 * pid + 1, run_s)
+
+
+@triton.jit
+def _rows(partial_ptr, off, end, BLOCK: tl.constexpr):
+    """Partial rows [off, off + BLOCK) as (m, s) vectors, zeros from row ``end`` on."""
+    idx = off + tl.arange(0, BLOCK)
+    mask = idx < end
+    return tl.load(partial_ptr + 2 * idx, mask=mask, other=0.0), tl.load(
+        partial_ptr + 2 * idx + 1, mask=mask, other=0.0
+    )
+
+
+@triton.jit
+def _reduce_rows(partial_ptr, start, end, p, MODE: tl.constexpr, BLOCK: tl.constexpr):
+    """The partial of partial rows [start, end), reduced in a fixed order."""
+    total_m = tl.zeros((), tl.float64)
+    total_s = tl.zeros((), tl.float64)
+    if MODE == 1:
+        acc = tl.zeros((BLOCK,), tl.float64)
+        for off in range(start, end, BLOCK):
+            _, s = _rows(partial_ptr, off, end, BLOCK)
+            acc += s
+        total_s = tl.sum(acc, 0)
+    elif MODE == 0:
+        # The largest scale among non-empty rows, then every row moved to it;
+        # rows that are all plain (m == 0) add up as a plain sum.
+        top = tl.zeros((BLOCK,), tl.float64)
+        for off in range(start, end, BLOCK):
+            m, s = _rows(partial_ptr, off, end, BLOCK)
+            top = tl.maximum(top, tl.where(s != 0, _l2_scale(m), 0.0))
+        scale = tl.max(top, 0)
+        scale = tl.where(scale > 0, scale, 1.0)
+        acc = tl.zeros((BLOCK,), tl.float64)
+        for off in range(start, end, BLOCK):
+            m, s = _rows(partial_ptr, off, end, BLOCK)
+            acc += _l2_rescaled(s, _l2_scale(m), scale)
+        total_s = tl.sum(acc, 0)
+        total_m = tl.where(scale == 1.0, 0.0, scale)
+    else:
+        top = tl.zeros((BLOCK,), tl.float64)
+        for off in range(start, end, BLOCK):
+            m, _ = _rows(partial_ptr, off, end, BLOCK)
+            top = _max_nan(m, top)
+        total_m = _nan_max(top)
+        if MODE == 3:
+            acc = tl.zeros((BLOCK,), tl.float64)
+            for off in range(start, end, BLOCK):
+                m, s = _rows(partial_ptr, off, end, BLOCK)
+                acc += s * tl.where(m == total_m, 1.0, _pow_ratio(m, total_m, p))
+            total_s = tl.sum(acc, 0)
+    return total_m, total_s
+
+
+@triton.jit
+def finalize_kernel(
+    partial_ptr,
+    num_partials,
+    out_ptr,
+    root_ptr,
+    p,
+    MODE: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """Reduces all partials into out_ptr[0:2] and writes the norm to root_ptr.
+
+    One program, no atomics: the same inputs give the same bits every time.
+    root_ptr receives the norm in its own dtype (float32 or float64).
+    """
+    total_m, total_s = _reduce_rows(partial_ptr, 0, num_partials, p, MODE, BLOCK)
+    tl.store(out_ptr, total_m)
+    tl.store(out_ptr + 1, total_s)
+    if MODE == 0:
+        root = tl.sqrt(total_s) * _l2_scale(total_m)  # float64 square roots are correctly rounded
+    elif MODE == 1:
+        root = total_s
+    elif MODE == 2:
+        root = total_m
+    else:
+        scaled = tl.exp2(tl.log2(tl.where(total_s > 0, total_s, 1.0)) / (p * tl.full((), 1.0, tl.float64)))
+        root = tl.where(total_m == 0, 0.0, total_m * scaled)
+    tl.store(root_ptr, root.to(root_ptr.dtype.element_ty))
+
+
+@triton.jit
+def per_tensor_kernel(
+    table_ptr,
+    num_tensors,
+    chunk_partial_ptr,
+    out_ptr,
+    p,
+    MODE: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """Program t reduces the partials of tensor t's chunks into out_ptr[2 * t:]."""
+    t = tl.program_id(0)
+    first_chunk_ptr = table_ptr + 2 * num_tensors
+    start = tl.load(first_chunk_ptr + t)
+    end = tl.load(first_chunk_ptr + t + 1)
+    m, s = _reduce_rows(chunk_partial_ptr, start, end, p, MODE, BLOCK)
+    tl.store(out_ptr + 2 * t, m)
+    tl.store(out_ptr + 2 * t + 1, s)
+
+
+@triton.jit
+def _scale_run(
+    chunk_ptr,
+    off,
+    n,
+    c,
+    DTYPE: tl.constexpr,
+    R: tl.constexpr,
+    ROWS: tl.constexpr,
+    VEC: tl.constexpr,
+    MASKED: tl.constexpr,
+):
+    idx = _run_offsets(off, R, ROWS, VEC)
+    x = _load_run(chunk_ptr, off, n, R, ROWS, VEC, MASKED)
+    y = _round_to(_widen(x, DTYPE) * c, DTYPE)
+    if MASKED:
+        tl.store(chunk_ptr + idx, y, mask=idx < n)
+    else:
+        tl.store(chunk_ptr + idx, y)
+
+
 @triton.jit(do_not_specialize=["max_norm_hi", "max_norm_lo"])
 def scale_kernel(
     table_ptr,
     num_tensors,
     num_chunks,
+    chunk,
     norm_ptr,
     max_norm_hi,
     max_norm_lo,
     DTYPE: tl.constexpr,
     NORM_IS_F64: tl.constexpr,
-    CHUNK: tl.constexpr,
-    BLOCK: tl.constexpr,
+    ALIGNED: tl.constexpr,
+    R: tl.constexpr,
+    ROWS: tl.constexpr,
+    VEC: tl.constexpr,
 ):
     """x *= min(1, max_norm / (norm + 1e-6)) in place, for every tensor of the table.
 
@@ -310,17 +568,11 @@ def scale_kernel(
     # clamp(coef, max=1) keeps a NaN coefficient, and torch scales by it.
     if (coef < 1.0) | (coef != coef):
         c = coef.to(tl.float64 if DTYPE == tl.float64 else tl.float32)
-        pid = tl.program_id(0)
-        numel_ptr = table_ptr + num_tensors
-        chunk_tensor_ptr = table_ptr + 3 * num_tensors + 1
-        chunk_start_ptr = chunk_tensor_ptr + num_chunks
-        for ci in range(pid, num_chunks, tl.num_programs(0)):
-            t = tl.load(chunk_tensor_ptr + ci)
-            start = tl.load(chunk_start_ptr + ci)
-            end = tl.minimum(start + CHUNK, tl.load(numel_ptr + t))
-            base = tl.load(table_ptr + t).to(tl.pointer_type(DTYPE))
-            for off in range(start, end, BLOCK):
-                idx = off + tl.arange(0, BLOCK)
-                mask = idx < end
-                x = tl.load(base + idx, mask=mask)
-                tl.store(base + idx, _round_to(_widen(x, DTYPE) * c, DTYPE), mask=mask)
+        RUN: tl.constexpr = R * ROWS * VEC
+        for ci in range(tl.program_id(0), num_chunks, tl.num_programs(0)):
+            chunk_ptr, n = _chunk_pointer(table_ptr, num_tensors, num_chunks, chunk, ci, DTYPE, ALIGNED)
+            num_runs = n // RUN
+            for i in range(0, num_runs):
+                _scale_run(chunk_ptr, i * RUN, n, c, DTYPE, R, ROWS, VEC, False)
+            for off in range(num_runs * RUN, n, ROWS * VEC):  # the tail: masked tiles (no spills)
+                _scale_run(chunk_ptr, off, n, c, DTYPE, 1, ROWS, VEC, True)
