@@ -229,6 +229,19 @@ def l2_extremes_across_ranks(rank: int, world: int) -> dict:
     return _norms_of_extremes(rank, world)  # the default backend: the C++ kernels
 
 
+def l2_sum_overflows_only_across_ranks(rank: int, world: int) -> dict:
+    # Each rank's norm^2 is about 1.44e308, a finite double; only the SUM across
+    # ranks leaves float64's range.
+    mine = [torch.full((1,), 1.2e154 * (1 + rank / 8), dtype=torch.float64)]
+    full = [torch.full((1,), 1.2e154 * (1 + r / 8), dtype=torch.float64) for r in range(world)]
+    mesh = init_device_mesh("cpu", (world,))
+    sharded = distribute_tensor(torch.cat(full), mesh, [Shard(0)])
+    return {
+        "group=": (fastnorm.total_norm(mine, group=dist.group.WORLD).item(), reference.norm(full, 2.0)),
+        "dtensor": (fastnorm.total_norm([sharded]).item(), reference.norm(full, 2.0)),
+    }
+
+
 def unscaled_partials_keep_their_bits(rank: int, world: int) -> dict:
     # Ordinary values: the global norm is the square root of one SUM of the local
     # plain sums of squares, as before partials could be scaled.
@@ -294,6 +307,7 @@ def norm_types_only_torch_computes_across_ranks(rank: int, world: int) -> dict:
 SCENARIOS = [
     l2_extremes_across_ranks_on_the_torch_backend,
     l2_extremes_across_ranks,
+    l2_sum_overflows_only_across_ranks,
     unscaled_partials_keep_their_bits,
     same_collectives_whatever_the_values,
     norm_types_only_torch_computes_across_ranks,
