@@ -174,6 +174,12 @@ def cached_plan_follows_dtensor_gradients(rank: int, world: int) -> dict:
     full[2] = torch.randn(full[2].shape, generator=torch.Generator().manual_seed(8))
     params[2].grad = distribute_tensor(full[2], mesh, [Shard(0)])
     out["new gradient"] = (fastnorm.total_norm(params).item(), reference.norm(full, 2.0))
+    # clip_ from the cached plan bumps the version of each gradient and of its local shard.
+    fastnorm.clip_(params, 1e9)
+    before = [(p.grad._version, p.grad._local_tensor._version) for p in params]
+    fastnorm.clip_(params, 1e9)
+    after = [(p.grad._version, p.grad._local_tensor._version) for p in params]
+    out["versions bumped"] = (float(all(a > b for pair in zip(after, before) for a, b in zip(*pair))), 1.0)
     return out
 
 
