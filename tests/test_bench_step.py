@@ -61,7 +61,7 @@ def test_staged_work_is_not_timed():
 
 
 def test_step_rows_in_a_quick_run(tmp_path, capsys):
-    argv = ["bench", "--quick", "--workloads", "step-gpt2-small", "--repeats", "3", "--no-plot"]
+    argv = ["bench", "--full", "--quick", "--workloads", "step-gpt2-small", "--repeats", "3", "--no-plot"]
     assert main(argv + ["--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     header = next(line for line in out.splitlines() if line.lstrip().startswith("contender"))
@@ -70,6 +70,7 @@ def test_step_rows_in_a_quick_run(tmp_path, capsys):
     assert "torch's fused AdamW, every call clipping to half the norm" in out
 
     run = json.loads((tmp_path / "cpu.json").read_text())
+    assert run["command"].startswith("fastnorm bench --device cpu --full --workloads step-gpt2-small --quick")
     (record,) = run["workloads"]
     assert (record["workload"], record["dtype"], record["quick"]) == ("step-gpt2-small", "fp32", True)
     assert record["roofline"] == {"read": None, "read_write": None}

@@ -309,7 +309,8 @@ def main(args: argparse.Namespace) -> int:
     }
     command = " ".join(
         ["fastnorm bench", f"--device {device.type}"]
-        + ([f"--workloads {','.join(names)}"] if args.workloads else ["--full"] if args.full else [])
+        + (["--full"] if args.full else [])
+        + ([f"--workloads {','.join(names)}"] if args.workloads else [])
         + ([f"--dtypes {','.join(args.dtypes)}"] if args.dtypes else [])
         + ([f"--contenders {','.join(args.contenders)}"] if args.contenders else [])
         + (["--quick"] if args.quick else [])
