@@ -153,7 +153,10 @@ def test_step_goals_on_made_up_numbers():
     assert by_goal[f"adamw.folded {clipped}"]["pass"]  # 1e-3 within bf16's 1e-2
     assert not by_goal[f"adamw.folded-step {clipped}"]["pass"]
     record["disturbed"] = "other processes kept up to 1.00 cores busy in 5 of 5 rounds"
-    assert all(g["pass"] is None for g in goals.evaluate(run))
+    by_goal = {g["goal"]: g for g in goals.evaluate(run)}
+    assert all(g["pass"] is None for text, g in by_goal.items() if clipped not in text)
+    # what a step computed is not a time: other processes do not change it
+    assert by_goal[f"adamw.folded {clipped}"]["pass"] and not by_goal[f"adamw.folded-step {clipped}"]["pass"]
 
 
 def _unclipped_step(w, max_norm):
