@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fastnorm.bench.contenders import CONTENDERS
+from fastnorm.bench.contenders import CONTENDERS, Staged
 from fastnorm.bench.harness import check
 from fastnorm.bench.workloads import WORKLOADS
 
@@ -34,20 +34,30 @@ def test_norm(benchmark, case, prepared_workloads, threads) -> None:
         pytest.skip("; ".join(checked.dropped[name]))
     benchmark.extra_info["norm_error"] = checked.errors.get(name)
 
-    timed = call
-    if w.device.type == "cuda":
+    # A staged call's first part (a norm computed anyway) runs untimed, in the setup.
+    before, body = (call.before, call.call) if isinstance(call, Staged) else (None, call)
 
-        def timed():  # the device's work, not just the launch
-            call()
+    def sync() -> None:
+        if w.device.type == "cuda":
             torch.cuda.synchronize(w.device)
+
+    def timed():  # on CUDA, the device's work, not just the launch
+        body()
+        sync()
+
+    def setup() -> None:
+        # Each round clips (or steps on) the original values: restore them first, untimed.
+        w.restore()
+        if before is not None:
+            before()
+        sync()
 
     benchmark.group = f"{workload} {dtype}"
     benchmark.extra_info.update(
         kind=contender.kind, bytes_moved=contender.bytes_moved(w), tensors=len(w.grads)
     )
-    if contender.kind == "clip":
-        # Each round clips the original values: restore them first, untimed.
-        benchmark.pedantic(timed, setup=w.restore, rounds=20, warmup_rounds=2)
+    if contender.restores:
+        benchmark.pedantic(timed, setup=setup, rounds=20, warmup_rounds=2)
         w.restore()
     else:
         benchmark(timed)

@@ -28,7 +28,7 @@ TensorAccess access_from(const py::tuple& attrs) {
   TensorAccess access;
   Attr* fields[] = {&access.grad,  &access.tensor_grad,   &access.requires_grad,
                     &access.data_ptr, &access.nbytes, &access.dtype,
-                    &access.is_contiguous, &access.shape, &access.stride};
+                    &access.is_contiguous, &access.shape, &access.stride, &access.version};
   if (attrs.size() != std::size(fields)) {
     throw std::invalid_argument("fastnorm._C.Snapshot: access must list " +
                                 std::to_string(std::size(fields)) + " attributes");
@@ -64,7 +64,9 @@ PYBIND11_MODULE(_C, m) {
            }),
            py::arg("kind"), py::arg("items"), py::arg("grads"), py::arg("access"))
       .def("matches", &Snapshot::matches, py::arg("items"), py::arg("grads") = py::none(),
-           "Whether the items are the same objects whose gradients have the same facts.")
+           py::arg("written") = py::none(),
+           "Whether the items are the same objects whose gradients have the same facts; "
+           "`written` (a list) then receives what clip_ writes.")
       .def("__len__", &Snapshot::size);
 
   m.def("reduce", &fastnorm::reduce, py::arg("plan"), py::arg("mode"), py::arg("p"),

@@ -57,7 +57,8 @@ PyObject* Attr::read(PyObject* obj) const {
 Snapshot::Snapshot(int kind, const py::list& items, const py::list& grads, TensorAccess access)
     : kind_(kind), access_(std::move(access)), local_tensor_("_local_tensor") {
   for (Attr* a : {&access_.grad, &access_.tensor_grad, &access_.requires_grad, &access_.data_ptr,
-                  &access_.nbytes, &access_.dtype, &access_.is_contiguous, &access_.shape, &access_.stride}) {
+                  &access_.nbytes, &access_.dtype, &access_.is_contiguous, &access_.shape, &access_.stride,
+                  &access_.version}) {
     if (!a->method && Py_TYPE(a->descriptor.ptr())->tp_descr_get == nullptr) {
       throw std::invalid_argument("fastnorm._C.Snapshot: the getter " + std::string(a->name) +
                                   " is not a descriptor");
@@ -108,7 +109,7 @@ bool Snapshot::read(PyObject* tensor, Facts* out) const {
   return true;
 }
 
-PyObject* Snapshot::tensor_of(PyObject* item, PyObject* grad, bool* missing) const {
+PyObject* Snapshot::tensor_of(PyObject* item, PyObject* grad, bool* missing, PyObject** dtensor) const {
   *missing = false;
   if (kind_ == kTensors) {
     // An item that starts requiring grad, or gets a .grad, is a parameter now.
@@ -135,7 +136,11 @@ PyObject* Snapshot::tensor_of(PyObject* item, PyObject* grad, bool* missing) con
   }
   if (grad != nullptr && kind_ == kDTensorParams) {
     PyObject* local = PyObject_GetAttr(grad, local_tensor_.ptr());
-    Py_DECREF(grad);
+    if (dtensor != nullptr && local != nullptr) {
+      *dtensor = grad;
+    } else {
+      Py_DECREF(grad);
+    }
     return local;
   }
   return grad;
@@ -166,24 +171,40 @@ bool Snapshot::same(PyObject* tensor, const Facts& f) const {
   return true;
 }
 
-bool Snapshot::matches(const py::list& items, const py::handle& grads) const {
+bool Snapshot::writable(PyObject* tensor) const {
+  PyObject* version = access_.version.read(tensor);
+  if (version == nullptr) return false;
+  Py_DECREF(version);
+  return true;
+}
+
+bool Snapshot::matches(const py::list& items, const py::handle& grads, const py::handle& written) const {
   PyObject* list = items.ptr();
   const auto n = Py_ssize_t(items_.size());
   if (PyList_GET_SIZE(list) != n) return false;
   PyObject* given = grads.is_none() ? nullptr : grads.ptr();
   if (given != nullptr && (!PyList_Check(given) || PyList_GET_SIZE(given) != n)) return false;
+  PyObject* out = written.is_none() ? nullptr : written.ptr();
+  if (out != nullptr && !PyList_Check(out)) return false;
   for (Py_ssize_t i = 0; i < n; ++i) {
     if (PyList_GET_ITEM(list, i) != items_[size_t(i)]) return false;
   }
   for (Py_ssize_t i = 0; i < n; ++i) {
     bool missing = false;
+    PyObject* dtensor = nullptr;
     PyObject* grad = given != nullptr ? PyList_GET_ITEM(given, i) : nullptr;
-    PyObject* tensor = tensor_of(items_[size_t(i)], grad, &missing);
+    PyObject* tensor = tensor_of(items_[size_t(i)], grad, &missing, out != nullptr ? &dtensor : nullptr);
     const Facts& facts = facts_[size_t(i)];
-    const bool ok = tensor != nullptr ? facts.present && same(tensor, facts) : missing && !facts.present;
+    bool ok = tensor != nullptr ? facts.present && same(tensor, facts) : missing && !facts.present;
+    if (ok && tensor != nullptr && out != nullptr) {
+      ok = writable(tensor) && PyList_Append(out, tensor) == 0 &&
+           (dtensor == nullptr || PyList_Append(out, dtensor) == 0);
+    }
     Py_XDECREF(tensor);
+    Py_XDECREF(dtensor);
     if (!ok) {
       PyErr_Clear();
+      if (out != nullptr) PyList_SetSlice(out, 0, PyList_GET_SIZE(out), nullptr);
       return false;
     }
   }

@@ -49,7 +49,7 @@ struct Attr {
 
 // The attributes a snapshot reads: a parameter's .grad, and a tensor's.
 struct TensorAccess {
-  Attr grad, tensor_grad, requires_grad, data_ptr, nbytes, dtype, is_contiguous, shape, stride;
+  Attr grad, tensor_grad, requires_grad, data_ptr, nbytes, dtype, is_contiguous, shape, stride, version;
 };
 
 class Snapshot {
@@ -67,7 +67,12 @@ class Snapshot {
   // still have exactly these facts. `grads` (a list, or None): the items'
   // .grad, read by the caller; then those are the gradients checked. Never
   // raises: a fact that cannot be read is a difference.
-  bool matches(const py::list& items, const py::handle& grads) const;
+  //
+  // `written` (a list, or None), for clip_: on a match it holds the tensors
+  // clip_ writes, whose version counters it bumps (every gradient, and a
+  // DTensor's local shard beside it). An inference tensor is a difference
+  // there, so that the caller's slower path refuses it, as torch does.
+  bool matches(const py::list& items, const py::handle& grads, const py::handle& written) const;
 
   int64_t size() const { return int64_t(items_.size()); }
 
@@ -84,10 +89,14 @@ class Snapshot {
   // The tensor an item's facts are read from (a new reference), given its
   // .grad when the caller read it (`grad`, borrowed; nullptr to read it here);
   // nullptr with *missing set when the item has no gradient; nullptr otherwise
-  // when it has changed kind or cannot be read.
-  PyObject* tensor_of(PyObject* item, PyObject* grad, bool* missing) const;
+  // when it has changed kind or cannot be read. A DTensor gradient whose local
+  // shard that is goes to *dtensor (a new reference) when dtensor is not null.
+  PyObject* tensor_of(PyObject* item, PyObject* grad, bool* missing, PyObject** dtensor) const;
   bool read(PyObject* tensor, Facts* out) const;
   bool same(PyObject* tensor, const Facts& facts) const;
+  // Whether clip_ may write `tensor`: not an inference tensor, which is the one
+  // kind whose ._version cannot be read (a getter: cheaper than is_inference()).
+  bool writable(PyObject* tensor) const;
 
   int kind_;
   TensorAccess access_;

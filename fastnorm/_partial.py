@@ -50,7 +50,7 @@ def merge(stacked: torch.Tensor, mode: Mode, p: float) -> torch.Tensor:
     m, s = stacked[:, 0], stacked[:, 1]
     if mode == Mode.L2:
         top = l2_top(m, s)
-        return torch.stack([l2_merged_scale(top), l2_rescaled(m, s, top).sum()])
+        return l2_settled(top, l2_rescaled(m, s, top).sum(), l2_rescaled(m, s, l2_wide_top(top)).sum())
     if mode in (Mode.L1, Mode.ZERO):
         return torch.stack([m.new_zeros(()), s.sum()])
     if mode == Mode.LINF:
@@ -110,6 +110,26 @@ def l2_rescaled(m: torch.Tensor, s: torch.Tensor, top: torch.Tensor) -> torch.Te
     ratio = torch.where(scale == target, torch.ones_like(scale), scale / target)
     moved = torch.where(torch.isfinite(s), s * ratio.square(), s)
     return torch.where(s == 0, torch.zeros_like(s), moved)
+
+
+# Finite L2 partials whose sum overflows only when they are added are summed
+# again at a scale this much larger: their sums move down by 2^-64, which fits
+# any number of partials below 2^63.
+L2_HEADROOM = 2.0**32
+
+
+def l2_wide_top(top: torch.Tensor) -> torch.Tensor:
+    """The scale of the second, overflow-proof sum beside the one at ``top``."""
+    return l2_scale(top) * L2_HEADROOM
+
+
+def l2_settled(top: torch.Tensor, plain: torch.Tensor, wide: torch.Tensor) -> torch.Tensor:
+    """The merged L2 partial(s) ``[m, s]`` from sums of the same partials moved
+    to ``top`` (``plain``) and to ``l2_wide_top(top)`` (``wide``): the plain sum,
+    unless it overflowed in the addition alone (an inf element makes both inf)."""
+    overflow = torch.isinf(plain) & torch.isfinite(wide)
+    m = torch.where(overflow, l2_wide_top(top), l2_merged_scale(top))
+    return torch.stack([m, torch.where(overflow, wide, plain)], -1)
 
 
 def root(partial: torch.Tensor, mode: Mode, p: float, dtype: torch.dtype) -> torch.Tensor:

@@ -160,7 +160,9 @@ class _PySnapshot:
         present = compress(grads, self.present)
         return list(map(_get_local, present) if self.kind == "dtensor_params" else present)
 
-    def matches(self, items: list[Any], grads: list[Any] | None = None) -> bool:
+    def matches(self, items: list[Any], grads: list[Any] | None = None, written: list | None = None) -> bool:
+        if written is not None:
+            return False  # clip_'s checks run in Python (norm._written) without the extension
         if len(items) != len(self.items) or any(map(operator.is_not, items, self.items)):
             return False
         if self.kind == "tensors":
@@ -204,6 +206,7 @@ _ACCESS = tuple(
         (Tensor, "is_contiguous", True),
         (Tensor, "shape", False),
         (Tensor, "stride", True),
+        (Tensor, "_version", False),
     )
 )
 
@@ -247,11 +250,19 @@ class _Cache:
         self._size = size
         self._lock = threading.Lock()
 
-    def lookup(self, key: tuple[Any, ...], items: list[Any], grads: list[Any] | None = None) -> Plan | None:
+    def lookup(
+        self,
+        key: tuple[Any, ...],
+        items: list[Any],
+        grads: list[Any] | None = None,
+        written: list[Tensor] | None = None,
+    ) -> Plan | None:
         """The cached plan of ``items`` if it still describes them; ``grads``: their
-        ``.grad``, when the caller has read them already (then those are checked)."""
+        ``.grad``, when the caller has read them already (then those are checked).
+        ``written`` (for ``clip_``): on a hit, the tensors it writes, none of them
+        an inference tensor (see ``csrc/snapshot.h``)."""
         entry = self._entries.get(key)
-        if entry is None or not entry.alive or not entry.snapshot.matches(items, grads):
+        if entry is None or not entry.alive or not entry.snapshot.matches(items, grads, written):
             return None
         try:
             self._entries.move_to_end(key)  # atomic under the GIL, as are the dict's reads
@@ -302,11 +313,25 @@ def _kind(items: list[Any]) -> str | None:
     return None
 
 
+def _key(items: list[Any], group: Any, request: str) -> tuple[Any, ...]:
+    return (request, id(group), len(items), id(items[0]) if items else 0, id(items[-1]) if items else 0)
+
+
+def cached_for_writing(items: list[Any], group: Any = None) -> tuple[Plan, list[Tensor]] | None:
+    """For ``clip_``: the cached plan of ``items`` and the tensors it writes (each
+    gradient, and a DTensor's local shard), read and checked in one pass in the
+    extension; None when there is no valid plan, or where ``clip_``'s own checks
+    must run (an inference tensor, a build without the extension)."""
+    written: list[Tensor] = []
+    plan = _CACHE.lookup(_key(items, group, requested()), items, None, written)
+    return None if plan is None else (plan, written)
+
+
 def plan_for(items: list[Any], p: float, fn: str, group: Any = None, grads: list[Any] | None = None) -> Plan:
     """The plan for ``items``, from the cache when still valid. ``grads``: the
     items' ``.grad``, when the caller has read them already (read once per call)."""
     request = requested()
-    key = (request, id(group), len(items), id(items[0]) if items else 0, id(items[-1]) if items else 0)
+    key = _key(items, group, request)
     plan = _CACHE.lookup(key, items, grads)
     if plan is not None:
         return plan

@@ -143,9 +143,10 @@ def all_reduce(partials: torch.Tensor, mode: Mode, p: float, domain: Domain) -> 
 
     * L1 and 0: one SUM;
     * L2: one MAX of each partial's scale (see ``fastnorm._partial``), then one
-      SUM of the sums moved to that scale by powers of two. Where no partial is
-      scaled (every value in float64's plain range) the scale is 1, nothing
-      moves, and the SUM is the plain sum of squares, bit for bit;
+      SUM of the sums moved to that scale by powers of two (and, in the same
+      SUM, to a scale 2^32 above it, taken where the first overflows). Where
+      no partial is scaled (every value in float64's plain range) the scale is
+      1, nothing moves, and the SUM is the plain sum of squares, bit for bit;
     * inf: one MAX; -inf: one MIN and one SUM (of the element counts);
     * other p: one MAX (MIN for p < 0) of the scale, then one SUM.
     """
@@ -156,8 +157,11 @@ def all_reduce(partials: torch.Tensor, mode: Mode, p: float, domain: Domain) -> 
         return torch.stack([torch.zeros_like(s), _sum(s, domain)], 1)
     if mode == Mode.L2:
         top = _max(_partial.l2_active_scale(m, s), domain)
-        sums = _sum(_partial.l2_rescaled(m, s, top), domain)
-        return torch.stack([_partial.l2_merged_scale(top), sums], 1)
+        # The overflow-proof sums (see _partial.l2_settled) travel in the same SUM.
+        moved = [_partial.l2_rescaled(m, s, top), _partial.l2_rescaled(m, s, _partial.l2_wide_top(top))]
+        sums = _sum(torch.cat(moved), domain)
+        k = m.numel()
+        return _partial.l2_settled(top, sums[:k], sums[k:])
     top = _extreme(m, domain, largest=mode in (Mode.LINF, Mode.LP))
     if mode == Mode.LINF:
         return torch.stack([top, torch.zeros_like(top)], 1)

@@ -34,7 +34,7 @@ from fastnorm._collect import (
 )
 from fastnorm._collect import max_norm as check_max_norm
 from fastnorm._collect import norm_type as check_norm_type
-from fastnorm._plan import Plan, clear_cache, plan_for
+from fastnorm._plan import Plan, cached_for_writing, clear_cache, plan_for
 from fastnorm._plan import build as build_plan
 from fastnorm.backends import Mode
 from fastnorm.backends.torch_backend import accumulate_dtype
@@ -370,9 +370,14 @@ def clip_(
             return torch.ops.fastnorm.clip_(grads, bound, p)
         torch.ops.fastnorm.scale_(grads, total_norm, bound)
         return total_norm
-    grads = _gradients(targets)  # read once: the plan's check and the writes share them
-    plan = _plan_for(targets, p, "clip_", group, None if grads is targets else grads)
-    written = _written(targets, grads, plan)
+    # A cached plan's check also gives what to write, checked (see _plan.cached_for_writing).
+    hit = cached_for_writing(targets, group) if Mode.of(p).fused else None
+    if hit is not None:
+        plan, written = hit
+    else:
+        grads = _gradients(targets)  # read once: the plan's check and the writes share them
+        plan = _plan_for(targets, p, "clip_", group, None if grads is targets else grads)
+        written = _written(targets, grads, plan)
     norm = _reduce(plan, p, "clip_")[0] if total_norm is None else total_norm
     if error_if_nonfinite:
         _check_finite(norm, p)

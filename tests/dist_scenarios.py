@@ -175,6 +175,12 @@ def cached_plan_follows_dtensor_gradients(rank: int, world: int) -> dict:
     full[2] = torch.randn(full[2].shape, generator=torch.Generator().manual_seed(8))
     params[2].grad = distribute_tensor(full[2], mesh, [Shard(0)])
     out["new gradient"] = (fastnorm.total_norm(params).item(), reference.norm(full, 2.0))
+    # clip_ from the cached plan bumps the version of each gradient and of its local shard.
+    fastnorm.clip_(params, 1e9)
+    before = [(p.grad._version, p.grad._local_tensor._version) for p in params]
+    fastnorm.clip_(params, 1e9)
+    after = [(p.grad._version, p.grad._local_tensor._version) for p in params]
+    out["versions bumped"] = (float(all(a > b for pair in zip(after, before) for a, b in zip(*pair))), 1.0)
     return out
 
 
@@ -228,6 +234,19 @@ def l2_extremes_across_ranks_on_the_torch_backend(rank: int, world: int) -> dict
 
 def l2_extremes_across_ranks(rank: int, world: int) -> dict:
     return _norms_of_extremes(rank, world)  # the default backend: the C++ kernels
+
+
+def l2_sum_overflows_only_across_ranks(rank: int, world: int) -> dict:
+    # Each rank's norm^2 is about 1.44e308, a finite double; only the SUM across
+    # ranks leaves float64's range.
+    mine = [torch.full((1,), 1.2e154 * (1 + rank / 8), dtype=torch.float64)]
+    full = [torch.full((1,), 1.2e154 * (1 + r / 8), dtype=torch.float64) for r in range(world)]
+    mesh = init_device_mesh("cpu", (world,))
+    sharded = distribute_tensor(torch.cat(full), mesh, [Shard(0)])
+    return {
+        "group=": (fastnorm.total_norm(mine, group=dist.group.WORLD).item(), reference.norm(full, 2.0)),
+        "dtensor": (fastnorm.total_norm([sharded]).item(), reference.norm(full, 2.0)),
+    }
 
 
 def unscaled_partials_keep_their_bits(rank: int, world: int) -> dict:
@@ -328,6 +347,7 @@ def group_and_dtensors_where_a_rank_holds_no_plain_gradient(rank: int, world: in
 SCENARIOS = [
     l2_extremes_across_ranks_on_the_torch_backend,
     l2_extremes_across_ranks,
+    l2_sum_overflows_only_across_ranks,
     unscaled_partials_keep_their_bits,
     same_collectives_whatever_the_values,
     norm_types_only_torch_computes_across_ranks,

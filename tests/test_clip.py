@@ -404,6 +404,25 @@ def test_inference_tensors_are_refused_as_torch_refuses_them(backend):
     assert reference.norm([p.grad for p in params] + [frozen], 2.0) == pytest.approx(1.0, rel=1e-5)
 
 
+def test_an_inference_tensor_at_a_cached_gradients_address_is_refused(backend):
+    # The same memory, the same size, dtype and layout: only the tensor's kind
+    # tells the cached plan's facts apart, and clip_ must still refuse it.
+    import numpy as np
+
+    memory = np.random.default_rng(5).standard_normal(4000).astype(np.float32) * 4
+    param = torch.nn.Parameter(torch.zeros(4000))
+    param.grad = torch.from_numpy(memory)
+    fastnorm.clip_([param], 1e9)  # cached (no clipping)
+    with torch.inference_mode():
+        frozen = torch.from_numpy(memory)
+    assert frozen.is_inference() and frozen.data_ptr() == param.grad.data_ptr()
+    param.grad = frozen
+    before = memory.copy()
+    with pytest.raises(RuntimeError, match="Inplace update to inference tensor.*item 0"):
+        fastnorm.clip_([param], 1.0)
+    assert np.array_equal(memory, before)
+
+
 # ----------------------------------------------------------------------------
 # Nothing written on any error
 # ----------------------------------------------------------------------------

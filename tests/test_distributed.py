@@ -136,6 +136,10 @@ def test_l2_extremes_across_ranks_on_the_default_backend(ranks):
     _check_pairs(_scenario(ranks, "l2_extremes_across_ranks"), rel=1e-12)
 
 
+def test_l2_sum_that_overflows_only_across_ranks_is_finite(ranks):
+    _check_pairs(_scenario(ranks, "l2_sum_overflows_only_across_ranks"), rel=1e-12)
+
+
 def test_unscaled_partials_keep_their_bits(ranks):
     for record in _scenario(ranks, "unscaled_partials_keep_their_bits"):
         assert record["same bits"]

@@ -60,6 +60,9 @@ TL_DTYPES = {
 F32_TRUSTED_MIN = tl.constexpr(2.0**-100)
 # The same for float64 squares (2^-1075 per rounding): below it a chunk is summed scaled.
 F64_TRUSTED_MIN = tl.constexpr(2.0**-960)
+# Finite L2 sums that overflow only when added are summed again at a scale this
+# much larger (fastnorm._partial.L2_HEADROOM): 2^-64 fits any number of terms.
+L2_HEADROOM = tl.constexpr(2.0**32)
 
 
 @triton.jit
@@ -160,7 +163,18 @@ def _l2_merge(m1, s1, m2, s2):
     top = tl.maximum(tl.where(s1 != 0, scale1, 0.0), tl.where(s2 != 0, scale2, 0.0))
     top = tl.where(top > 0, top, 1.0)
     s = _l2_rescaled(s1, scale1, top) + _l2_rescaled(s2, scale2, top)
-    return tl.where(top == 1.0, 0.0, top), s
+    wide_top = top * tl.full((), L2_HEADROOM, tl.float64)
+    wide = _l2_rescaled(s1, scale1, wide_top) + _l2_rescaled(s2, scale2, wide_top)
+    return _l2_settled(top, s, wide_top, wide)
+
+
+@triton.jit
+def _l2_settled(top, plain, wide_top, wide):
+    """The merged L2 partial from sums at the scale top (plain) and wide_top
+    (wide): the plain one unless it overflowed in the addition alone."""
+    overflow = (plain == float("inf")) & (wide < float("inf"))
+    m = tl.where(overflow, wide_top, tl.where(top == 1.0, 0.0, top))
+    return m, tl.where(overflow, wide, plain)
 
 
 @triton.jit
@@ -438,12 +452,14 @@ def _reduce_rows(partial_ptr, start, end, p, MODE: tl.constexpr, BLOCK: tl.const
             top = tl.maximum(top, tl.where(s != 0, _l2_scale(m), 0.0))
         scale = tl.max(top, 0)
         scale = tl.where(scale > 0, scale, 1.0)
+        wide_scale = scale * tl.full((), L2_HEADROOM, tl.float64)
         acc = tl.zeros((BLOCK,), tl.float64)
+        wide = tl.zeros((BLOCK,), tl.float64)
         for off in range(start, end, BLOCK):
             m, s = _rows(partial_ptr, off, end, BLOCK)
             acc += _l2_rescaled(s, _l2_scale(m), scale)
-        total_s = tl.sum(acc, 0)
-        total_m = tl.where(scale == 1.0, 0.0, scale)
+            wide += _l2_rescaled(s, _l2_scale(m), wide_scale)
+        total_m, total_s = _l2_settled(scale, tl.sum(acc, 0), wide_scale, tl.sum(wide, 0))
     else:
         top = tl.zeros((BLOCK,), tl.float64)
         for off in range(start, end, BLOCK):

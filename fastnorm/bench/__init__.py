@@ -8,15 +8,16 @@ The layers, each usable alone:
   a plain loop, the roofline kernels);
 * ``harness``: correctness first, then interleaved timing and the summary;
 * ``report``, ``goals`` and ``plot``: the table, JSON, CSV, Markdown, the
-  CPU targets and the PNG;
+  targets and the PNG;
 * ``cli``: the ``fastnorm bench`` subcommand.
 
 Other modules extend the suite through :func:`register_workload` and
-:func:`register_contender`; the pytest-benchmark suites under ``benchmarks/``
-use the same registries.
+:func:`register_contender`, as ``distributed`` (DTensor gradients over a gloo
+group) and ``step`` (torch's fused AdamW step, clipping through it or not) do;
+the pytest-benchmark suites under ``benchmarks/`` use the same registries.
 """
 
-from fastnorm.bench import distributed  # noqa: F401  (registers the distributed workloads)
+from fastnorm.bench import distributed, step  # noqa: F401  (register their workloads)
 from fastnorm.bench.cli import add_parser
 from fastnorm.bench.contenders import Contender, register_contender
 from fastnorm.bench.harness import CorrectnessError, run_workload

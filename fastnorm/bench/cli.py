@@ -15,10 +15,18 @@ DEFAULT_WARMUP, FULL_WARMUP, QUICK_WARMUP = 1, 2, 1
 DEFAULT_BUDGET_S, FULL_BUDGET_S = 15.0, 60.0
 MIN_STEP_BUDGET_S = 2.0
 
-# The default run: a subset that speaks to every CPU target in under three
-# minutes on 2 cores (the timed rounds share DEFAULT_RUN_BUDGET_S); --full runs
-# every workload and contender.
-DEFAULT_CPU = ("kernel-1t", "gpt2-small", "llama-300m", "many-small", "tiny", "tiny-groups-24")
+# The default run: a subset that speaks to every target in under three minutes
+# on 2 cores (the timed rounds share DEFAULT_RUN_BUDGET_S); --full runs every
+# workload and contender.
+DEFAULT_CPU = (
+    "kernel-1t",
+    "gpt2-small",
+    "llama-300m",
+    "many-small",
+    "tiny",
+    "tiny-groups-24",
+    "step-gpt2-small",
+)
 DEFAULT_CONTENDERS = (
     "fastnorm.total_norm",
     "fastnorm.clip_/noop",
@@ -43,10 +51,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         description=(
             "Checks every contender against a float64 reference, then times them interleaved "
             "on gradient lists shaped like real models, against a roofline measured in the same "
-            "run. The default run is a representative subset (about two minutes on 2 cores); "
-            "--full runs every workload. Prints a table per workload and writes DEVICE.json, "
-            "DEVICE.md and results.csv under --out after each one (Ctrl-C keeps what is done), "
-            "and DEVICE.png at the end."
+            "run; the step-* workloads time torch's fused AdamW step, clipping through it or by "
+            "clip_ first, against the bare step. The default run is a representative subset "
+            "(about two minutes on 2 cores); --full runs every workload. Prints a table per "
+            "workload and writes DEVICE.json, DEVICE.md and results.csv under --out after each "
+            "one (Ctrl-C keeps what is done), and DEVICE.png at the end."
         ),
     )
     parser.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda when present, else cpu")
@@ -203,12 +212,13 @@ def _clock(seconds: float) -> str:
 
 
 def _weight(workload: Any, dtype: Any, contenders: int, repeats: int, quick: bool) -> float:
-    """A step's expected cost in arbitrary units: its bytes (a floor for small ones,
-    whose rounds are repeated to fill a second) times its contenders and rounds."""
+    """A step's expected cost in arbitrary units: the bytes a call moves (a floor
+    for small ones, whose rounds are repeated to fill a second) times its
+    contenders and rounds, and the bytes it prepares."""
     import torch
 
     nbytes = workload.numel(quick) * torch.empty((), dtype=dtype).element_size()
-    return max(nbytes, 64e6) * contenders * (repeats + 2) + 2 * nbytes
+    return max(nbytes * workload.passes, 64e6) * contenders * (repeats + 2) + workload.copies * nbytes
 
 
 def main(args: argparse.Namespace) -> int:
@@ -299,7 +309,8 @@ def main(args: argparse.Namespace) -> int:
     }
     command = " ".join(
         ["fastnorm bench", f"--device {device.type}"]
-        + ([f"--workloads {','.join(names)}"] if args.workloads else ["--full"] if args.full else [])
+        + (["--full"] if args.full else [])
+        + ([f"--workloads {','.join(names)}"] if args.workloads else [])
         + ([f"--dtypes {','.join(args.dtypes)}"] if args.dtypes else [])
         + ([f"--contenders {','.join(args.contenders)}"] if args.contenders else [])
         + (["--quick"] if args.quick else [])
@@ -371,7 +382,7 @@ def main(args: argparse.Namespace) -> int:
 
     if run["goals"]:
         print(goals.summary(run["goals"]) + "\n")
-    if not args.no_plot and run["workloads"]:
+    if not args.no_plot and not all(map(report.is_step, run["workloads"])):
         from fastnorm.bench import plot
 
         try:

@@ -13,11 +13,29 @@ clip       half the gradients' norm     N + a read and a     the norm; every
            (of the smallest group's)    write (3N)           gradient scaled by ~0.5
 read       -                            N (flat buffer)      - (a roofline kernel)
 read-write -                            2N (flat buffer)     - (a roofline kernel)
+step       -                            the step's own (7N   no gradient changed,
+                                        for AdamW)           bit for bit
+clip-step  half the gradients' norm     the norm's read and  the norm; every
+                                        the step (8N)        gradient the step used
+                                                             scaled by ~0.5
+scale-step half the gradients' norm     the step (7N): the   as clip-step
+                                        norm is computed
+                                        before the clock
 ========== ============================ ==================== ======================
 
 The references (kinds ``read`` and ``read-write`` and the one-flat-tensor
 fastnorm row) run on ``Prepared.flat`` and are timed in the same rounds as the
 contenders, so that the roofline sees the same machine.
+
+The step kinds are optimizer steps without the backward pass (the ``step-*``
+workloads of fastnorm/bench/step.py), timed against the bare step in the same
+rounds. The gradients they leave are the ones the step used (torch's fused
+kernels write back the gradient divided by ``grad_scale``), which is how the
+check sees that a step clipped. The bytes of AdamW's step: it reads the
+parameter, the gradient and two moments and writes three of them.
+
+A call whose first part must not be timed (a norm computed for a monitor
+anyway, before the step that uses it) is a :class:`Staged` call.
 
 On a workload of several parameter groups, the fastnorm and torch contenders
 make one call per group, as per-group clipping does, and return the list of
@@ -39,7 +57,13 @@ import fastnorm
 from fastnorm.backends import cpp
 from fastnorm.bench.workloads import ISAS, Prepared
 
-KINDS = ("norm", "clip-noop", "clip", "read", "read-write")
+KINDS = ("norm", "clip-noop", "clip", "read", "read-write", "step", "clip-step", "scale-step")
+# The kinds whose calls scale the gradients by the clip coefficient.
+CLIPPING = ("clip", "clip-step", "scale-step")
+# Optimizer steps: timed against the bare step, not against the roofline.
+STEPS = ("step", "clip-step", "scale-step")
+# The least bytes a call of each kind moves, in bytes of the gradients.
+_TRAFFIC = {"clip": 3, "read-write": 2, "step": 7, "clip-step": 8, "scale-step": 7}
 
 # Far above any norm of the workloads (~1): the coefficient clamps to exactly 1.
 NOOP_MAX_NORM = 1e9
@@ -53,15 +77,32 @@ Call = Callable[[], Any]
 
 
 @dataclass(frozen=True)
+class Staged:
+    """A call whose first part is not timed: ``before()``, then ``call()`` under the clock.
+
+    Called as a whole (the correctness check), it runs both.
+    """
+
+    before: Callable[[], Any]
+    call: Call
+
+    def __call__(self) -> Any:
+        self.before()
+        return self.call()
+
+
+@dataclass(frozen=True)
 class Contender:
-    """One way to compute the norm.
+    """One way to compute the norm (or to clip, or to step).
 
     Args:
         name: unique; ``--contenders`` selects by prefix (``fastnorm``, ``torch.clip``).
         kind: one of ``KINDS`` (see the module docstring).
         make: ``make(workload, max_norm) -> call``; the call does one timed
-            operation and returns the norm (a tensor, or None for the roofline).
-        baseline: the contender whose time the speedup column divides by.
+            operation and returns the norm (a tensor, or None for the roofline
+            and the bare step); a :class:`Staged` call for untimed work first.
+        baseline: the contender whose time the speedup column divides by
+            (and the paired ratio, per round, is taken against).
         group: ``fastnorm``, ``torch``, ``other`` or ``reference``.
         default_on: device types where it runs when ``--contenders`` is not given.
         reasons: ``reasons(device) -> list[str]``, why it cannot run there.
@@ -89,13 +130,18 @@ class Contender:
     def max_norm(self, workload: Prepared) -> float | None:
         if self.kind == "clip-noop":
             return NOOP_MAX_NORM
-        if self.kind == "clip":
+        if self.kind in CLIPPING:
             return CLIP_FRACTION * min(workload.ref_norms)
         return None
 
     def bytes_moved(self, workload: Prepared) -> int:
         """The least traffic the operation needs: the numerator of GB/s."""
-        return workload.nbytes * {"clip": 3, "read-write": 2}.get(self.kind, 1)
+        return workload.nbytes * _TRAFFIC.get(self.kind, 1)
+
+    @property
+    def restores(self) -> bool:
+        """Whether each call is followed by putting the original gradients back (untimed)."""
+        return self.kind in CLIPPING or self.kind in STEPS
 
 
 CONTENDERS: dict[str, Contender] = {}

@@ -1,12 +1,15 @@
-"""The CPU backend's targets, checked against a run's numbers.
+"""The targets, checked against a run's numbers.
 
-The targets say where the CPU kernels stand against the memory-bandwidth limit
-(one read of the gradients for the norm, one more read and write when
-clipping), against torch, and what a call costs the host. Each check is
-evaluated only when the run measured what it needs; a figure the run marked as
-disturbed is reported as such, neither met nor missed. The outcome is printed
-after the tables and stored in the JSON. A missed target is information, not
-an error: the exit code does not change.
+The CPU targets say where the CPU kernels stand against the memory-bandwidth
+limit (one read of the gradients for the norm, one more read and write when
+clipping), against torch, and what a call costs the host. The training-step
+targets (every device) say what clipping through torch's fused AdamW step
+costs against the bare step and against ``clip_`` + step, and that the steps
+which clip applied the clip. Each check is evaluated only when the run
+measured what it needs; a figure the run marked as disturbed is reported as
+such, neither met nor missed. The outcome is printed after the tables and
+stored in the JSON. A missed target is information, not an error: the exit
+code does not change.
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+from fastnorm.bench import step
+from fastnorm.bench.harness import paired_ratio
 from fastnorm.bench.report import disturbed
 
 Record = dict[str, Any]
@@ -45,6 +50,17 @@ HOST_US_PER_TENSOR = 0.25
 EXTRA_MEMORY_FRACTION = 0.01
 EXTRA_MEMORY_MIN_BYTES = 64e6  # below this the resident-set measure is mostly noise
 
+# The training step (fastnorm/bench/step.py): the step that clips through
+# torch's fused AdamW, with its norm and alone, against the bare step (paired
+# ratios); and against clip_ + step.
+FOLDED = {step.FOLDED: "with its norm", step.FOLDED_STEP: "alone, the norm computed before"}
+FOLDED_OVER_STEP = 1.05
+FOLDED_OVER_CLIP_THEN_STEP = 1.0
+# How far the gradients a step used may be from the originals times the clip
+# coefficient, relatively (a float32 coefficient; 16-bit gradients stored back).
+COEF_RTOL = {"fp64": 1e-6, "fp32": 1e-5}
+COEF_RTOL_DEFAULT = 1e-2
+
 
 def _result(record: Record, name: str) -> Record | None:
     return next((r for r in record["results"] if r["contender"] == name), None)
@@ -57,9 +73,16 @@ def _goal(
     threshold: float,
     higher_is_better: bool,
     used: list[Record | None] = (),
+    timed: bool = True,
 ) -> Record:
-    """One target's outcome; ``used`` are the results it was computed from."""
-    why = disturbed(record) or next((r["disturbed"] for r in used if r and r.get("disturbed")), None)
+    """One target's outcome; ``used`` are the results it was computed from.
+
+    A figure that is not a time (memory, what a call computed) does not depend
+    on other processes: ``timed=False`` evaluates it whatever the rounds were.
+    """
+    why = None
+    if timed:
+        why = disturbed(record) or next((r["disturbed"] for r in used if r and r.get("disturbed")), None)
     ok = value >= threshold if higher_is_better else value <= threshold
     return {
         "goal": text,
@@ -71,6 +94,44 @@ def _goal(
         "pass": None if why else ok,
         "disturbed": why,
     }
+
+
+def _step(record: Record) -> Iterator[Record]:
+    """The training-step targets of a step workload's record."""
+    if _result(record, step.BARE) is None:
+        return
+    for name, what in FOLDED.items():
+        folded = _result(record, name)
+        if folded is not None and folded.get("paired_ratio") is not None:
+            yield _goal(
+                f"folded step ({what}) / bare fused AdamW step",
+                record,
+                folded["paired_ratio"],
+                FOLDED_OVER_STEP,
+                False,
+                [folded],
+            )
+    folded, separate = _result(record, step.FOLDED), _result(record, step.CLIP_THEN_STEP)
+    if folded is not None and separate is not None:
+        yield _goal(
+            "folded step (with its norm) / (clip_ + step)",
+            record,
+            paired_ratio(folded["samples_ms"], separate["samples_ms"]),
+            FOLDED_OVER_CLIP_THEN_STEP,
+            False,
+            [folded, separate],
+        )
+    rtol = COEF_RTOL.get(record["dtype"], COEF_RTOL_DEFAULT)
+    for r in record["results"]:
+        if r["contender"] in FOLDED and r.get("applied_coef") is not None:
+            yield _goal(
+                f"{r['contender']} clipped: |coefficient applied / max_norm/(norm+1e-6) - 1|",
+                record,
+                abs(r["applied_coef"] / r["expected_coef"] - 1),
+                rtol,
+                False,
+                timed=False,
+            )
 
 
 def _per_record(record: Record, isa: str | None) -> Iterator[Record]:
@@ -143,16 +204,19 @@ def _per_record(record: Record, isa: str | None) -> Iterator[Record]:
                     r["extra_bytes"] / record["bytes"],
                     EXTRA_MEMORY_FRACTION,
                     False,
+                    timed=False,
                 )
 
 
 def evaluate(run: dict[str, Any]) -> list[Record]:
-    """Every target the run can speak to (CPU runs only: the targets are the CPU's)."""
+    """Every target the run can speak to: the training step's on every device,
+    the others on the CPU only (they are the CPU kernels')."""
     env = run["environment"]
-    if env["device"] != "cpu":
-        return []
     records = [rec for rec in run["workloads"] if not rec["quick"]]
-    goals = [goal for rec in records for goal in _per_record(rec, env.get("cpp_isa"))]
+    steps = [goal for rec in records for goal in _step(rec)]
+    if env["device"] != "cpu":
+        return steps
+    goals = [goal for rec in records for goal in _per_record(rec, env.get("cpp_isa"))] + steps
     by_key = {(rec["workload"], rec["dtype"]): rec for rec in records}
     for name in BF16_WORKLOADS:
         bf16, fp32 = by_key.get((name, "bf16")), by_key.get((name, "fp32"))
@@ -175,7 +239,7 @@ def summary(goals: list[Record]) -> str:
     if not goals:
         return ""
     checked = [g for g in goals if g["pass"] is not None]
-    lines = [f"CPU targets: {sum(g['pass'] for g in checked)} of {len(checked)} met"]
+    lines = [f"Targets: {sum(g['pass'] for g in checked)} of {len(checked)} met"]
     if len(checked) < len(goals):
         lines[0] += f" ({len(goals) - len(checked)} not evaluated: disturbed figures)"
     for g in goals:

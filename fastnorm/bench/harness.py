@@ -4,9 +4,10 @@ For each workload and dtype:
 
 1. prepare the gradients (and their flat copy);
 2. call every contender once and check it against the float64 reference norm
-   (clipping contenders: every gradient, element by element); abort with
-   :class:`CorrectnessError` before anything is timed if one is wrong. That first
-   call on fresh gradients is also where the peak extra memory is measured;
+   (clipping contenders, optimizer steps among them: every gradient, element by
+   element); abort with :class:`CorrectnessError` before anything is timed if one
+   is wrong. That first call on fresh gradients is also where the peak extra
+   memory is measured;
 3. warm up;
 4. time rounds of one call of every contender (``repeats`` of them, more for
    quick workloads), in a new random order every round, so that the machine's
@@ -15,7 +16,10 @@ For each workload and dtype:
    replaced (see :class:`LoadMeter`), within a time budget;
 5. summarize: median, min, quartiles, GB/s over the least bytes each kind must
    move, % of the roofline (the fastest plain read / read-write of the same
-   bytes in the same rounds) and the speedup over the contender's baseline.
+   bytes in the same rounds), the speedup over the contender's baseline and
+   the paired ratio to it (the median over rounds of the time divided by the
+   baseline's in the same round: steadier than a ratio of medians on a busy
+   machine).
    Figures from too few quiet rounds, or faster than the roofline of the same
    rounds (which cannot be), are marked ``disturbed``: not results.
 
@@ -38,7 +42,7 @@ from typing import Any
 
 import torch
 
-from fastnorm.bench.contenders import Call, Contender
+from fastnorm.bench.contenders import CLIPPING, STEPS, Call, Contender, Staged
 from fastnorm.bench.workloads import Prepared, Workload, prepare
 
 # A round during which other processes kept more cores than this busy (on
@@ -94,8 +98,12 @@ class Clock:
 
         On CUDA the device is idle when the call starts, and elapsed is the
         span between events recorded around it: launches and kernels. ``undo``
-        runs afterwards, untimed.
+        runs afterwards, untimed; so does a :class:`Staged` call's ``before``,
+        first.
         """
+        if isinstance(call, Staged):
+            call.before()
+            call = call.call
         perf = time.perf_counter
         if self.cuda:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -212,6 +220,8 @@ def _check(c: Contender, result: Any, w: Prepared, max_norm: float | None) -> tu
     """The relative error of the contender's first call, and why it is wrong (or None)."""
     if c.kind in ("read", "read-write"):
         return None, None
+    if c.kind == "step":
+        return None, w.compare(1.0, 0.0)
     got = _norms(result)
     refs = w.ref_norms if got is not None and len(got) > 1 else [w.ref_norm]
     if got is None or len(got) != len(refs):
@@ -226,8 +236,10 @@ def _check(c: Contender, result: Any, w: Prepared, max_norm: float | None) -> tu
         return error, f"norm {got[worst]!r}, float64 reference {refs[worst]!r} (rtol {rtol:g})"
     if c.kind == "clip-noop":
         return error, w.compare(1.0, 0.0)
-    if c.kind == "clip":
-        # The gradients must be scaled by the coefficient of the norm it returned.
+    if c.kind in CLIPPING:
+        # The gradients must be scaled by the coefficient of the norm it returned
+        # (a step that clips leaves the gradients it used: torch's fused kernels
+        # write them back; a step that skipped would leave them unscaled).
         coefs = [min(1.0, max_norm / (g + 1e-6)) for g in got]
         rtol = SCALE_RTOL.get(w.dtype, SCALE_RTOL_DEFAULT)
         return error, w.compare(coefs if len(coefs) > 1 else coefs[0], rtol)
@@ -242,6 +254,9 @@ class Checked:
     errors: dict[str, float | None] = field(default_factory=dict)  # relative, of the norm
     memory_method: str = "unavailable"
     dropped: dict[str, list[str]] = field(default_factory=dict)  # optional ones that raised
+    # Steps that clip: (the factor the gradients they used hold over the
+    # originals, the coefficient of the norm they returned).
+    coefs: dict[str, tuple[float, float]] = field(default_factory=dict)
 
 
 def check(contenders: list[Contender], w: Prepared, calls: dict[str, Call]) -> Checked:
@@ -262,7 +277,10 @@ def check(contenders: list[Contender], w: Prepared, calls: dict[str, Call]) -> C
             w.restore()
             continue
         error, wrong = _check(c, result, w, c.max_norm(w))
-        if c.kind == "clip":
+        if wrong is None and c.kind in CLIPPING and c.kind in STEPS:
+            (norm,) = _norms(result)
+            out.coefs[c.name] = (w.applied_coef(), min(1.0, c.max_norm(w) / (norm + 1e-6)))
+        if c.restores:
             w.restore()
         if wrong is not None:
             raise CorrectnessError(f"{c.name} on {w.name} {dtype}: {wrong}")
@@ -330,7 +348,7 @@ def time_rounds(
     """
 
     def undo_of(c: Contender) -> Callable[[], None] | None:
-        return w.restore if c.kind == "clip" else None
+        return w.restore if c.restores else None
 
     for _ in range(warmup):
         for c in contenders:
@@ -392,8 +410,9 @@ def time_rounds(
 
 
 def memory_needed(workload: Workload, dtype: torch.dtype, quick: bool = False) -> int:
-    """Bytes a workload holds while it runs: the gradients and their flat copy."""
-    return 2 * workload.numel(quick) * torch.empty((), dtype=dtype).element_size()
+    """Bytes a workload holds while it runs: the gradients, their flat copy, and
+    for an optimizer step the parameters and the optimizer's state."""
+    return workload.copies * workload.numel(quick) * torch.empty((), dtype=dtype).element_size()
 
 
 def memory_available(device: torch.device) -> int | None:
@@ -415,7 +434,10 @@ def too_big(workload: Workload, dtype: torch.dtype, device: torch.device, quick:
     need, free = memory_needed(workload, dtype, quick), memory_available(device)
     if free is not None and need * 1.2 > free:
         have = f"{free / 1e9:.1f} GB free on {device.type}"
-        return f"needs {need / 1e9:.1f} GB for gradients and their copy, {have}"
+        what = "gradients and their copy"
+        if workload.copies != 2:  # an optimizer step: its parameters and state too
+            what = f"{workload.copies} arrays of the gradients' size"
+        return f"needs {need / 1e9:.1f} GB for {what}, {have}"
     return None
 
 
@@ -501,6 +523,11 @@ def run_workload(
         torch.set_num_threads(threads)
 
 
+def paired_ratio(samples: list[float], baseline: list[float]) -> float:
+    """The median over rounds of a time divided by the baseline's in the same round."""
+    return statistics.median(t / b for t, b in zip(samples, baseline))
+
+
 def _record(
     workload: Workload,
     w: Prepared,
@@ -529,7 +556,7 @@ def _record(
     for c in contenders:
         s = stats[c.name]
         moved = c.bytes_moved(w)
-        roof = roof_seconds[c.kind]
+        roof = roof_seconds.get(c.kind)
         base = medians.get(c.baseline) if c.baseline else None
         roofline_pct = 100 * roof / s["median"] if roof else None
         host_us = statistics.median(timings.host[c.name]) * 1e6
@@ -551,11 +578,14 @@ def _record(
             "roofline_pct": roofline_pct,
             "baseline": c.baseline if base else None,
             "speedup": base / s["median"] if base else None,
+            "paired_ratio": paired_ratio(elapsed[c.name], elapsed[c.baseline]) if base else None,
             "elements_per_cycle": (
                 w.numel / s["median"] / per_cycle if per_cycle and c.kind in ("norm", "read") else None
             ),
             "norm_error": checked.errors.get(c.name),
             "extra_bytes": checked.extra_bytes.get(c.name),
+            "applied_coef": checked.coefs.get(c.name, (None, None))[0],
+            "expected_coef": checked.coefs.get(c.name, (None, None))[1],
             "samples_ms": [round(x * 1e3, 6) for x in elapsed[c.name]],
         }
         # Faster than a plain read of the same bytes in the same rounds cannot

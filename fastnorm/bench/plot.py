@@ -6,7 +6,9 @@ Works from the JSON alone, so an older run can be redrawn::
 
 GB/s is over the least bytes each kind must move (one read for the norm and a
 clip that does not clip, three passes' worth for a clip that clips), so a bar
-at the roofline line means "as fast as a plain read of the same bytes".
+at the roofline line means "as fast as a plain read of the same bytes". The
+training-step workloads, measured against the bare step rather than the
+roofline, are in the tables only.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import json
 import sys
 from pathlib import Path
 from typing import Any
+
+from fastnorm.bench.report import is_step
 
 COLORS = {
     "fastnorm": ("#1b5e20", "#43a047", "#a5d6a7"),
@@ -39,7 +43,7 @@ def draw(run: dict[str, Any], path: Path) -> Path:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    records = run["workloads"]
+    records = [rec for rec in run["workloads"] if not is_step(rec)]
     names: list[str] = []
     groups: dict[str, str] = {}
     for rec in records:

@@ -28,7 +28,19 @@ from typing import Any
 
 import torch
 
+from fastnorm.bench import step
+from fastnorm.bench.contenders import STEPS
+
 SCHEMA = 1
+
+# The training-step table's columns: contender, heading.
+STEP_COLUMNS = (
+    (step.BARE, "bare fused AdamW step"),
+    (step.CLIP_THEN_STEP, "`clip_` + step"),
+    (step.FOLDED, "folded (with its norm)"),
+    (step.SCALE_THEN_STEP, "`clip_(total_norm=)` + step"),
+    (step.FOLDED_STEP, "folded step alone (norm computed before)"),
+)
 
 CSV_FIELDS = [
     "timestamp",
@@ -58,6 +70,7 @@ CSV_FIELDS = [
     "roofline_read_kernel",
     "speedup",
     "baseline",
+    "paired_ratio",
     "extra_bytes",
     "cpp_isa",
     "host_us_per_tensor",
@@ -159,6 +172,11 @@ def _opt(value: float | None, fmt: str, missing: str = "-") -> str:
     return missing if value is None else format(value, fmt)
 
 
+def is_step(record: dict[str, Any]) -> bool:
+    """Whether the record times optimizer steps (against the bare step, not the roofline)."""
+    return any(r["kind"] in STEPS for r in record["results"])
+
+
 def disturbed(record: dict[str, Any], result: dict[str, Any] | None = None) -> str | None:
     """Why a record's figures (or one result's) are not results, or None."""
     return record.get("disturbed") or (result or {}).get("disturbed")
@@ -174,6 +192,8 @@ def headline(record: dict[str, Any]) -> str:
     ]
     if record.get("threads") == 1:
         parts.append("1 thread")
+    if is_step(record):
+        parts.append("torch's fused AdamW, every call clipping to half the norm")
     if roof["read"]:
         parts.append(f"read roofline {roof['read']['gbps']:.1f} GB/s ({roof['read']['kernel']})")
     if roof["read_write"]:
@@ -196,11 +216,17 @@ def headline(record: dict[str, Any]) -> str:
 
 
 def table(record: dict[str, Any]) -> str:
-    """The terminal table of one workload. Disturbed figures are named, not shown."""
+    """The terminal table of one workload. Disturbed figures are named, not shown.
+
+    Optimizer steps show ``x step`` (the paired ratio to the bare step) where
+    the others show the roofline and the speedup over torch.
+    """
+    steps = is_step(record)
     per_tensor = any(r.get("host_us_per_tensor") is not None for r in record["results"])
     per_cycle = any(r.get("elements_per_cycle") is not None for r in record["results"])
-    header = ["contender", "time", "spread", "GB/s", "% roof", "vs base", "host"]
-    header += ["host/tensor"] * per_tensor + ["elem/cycle"] * per_cycle + ["extra mem", "norm err"]
+    header = ["contender", "time", "spread"]
+    header += ["x step", "GB/s"] if steps else ["GB/s", "% roof", "vs base"]
+    header += ["host"] + ["host/tensor"] * per_tensor + ["elem/cycle"] * per_cycle + ["extra mem", "norm err"]
     if record.get("disturbed"):
         names = ", ".join(r["contender"] for r in record["results"])
         return f"{headline(record)}\n  (timed: {names}; the figures are in the JSON, marked disturbed)"
@@ -209,15 +235,17 @@ def table(record: dict[str, Any]) -> str:
         if disturbed(record, r) is not None:
             rows.append([r["contender"], "disturbed"] + [""] * (len(header) - 2))
             continue
-        row = [
-            r["contender"],
-            fmt_time(r["ms"]),
-            f"{r['spread_pct']:.0f}%",
-            f"{r['gbps']:.3g}",
-            _opt(r["roofline_pct"], ".0f"),
-            _opt(r["speedup"], ".2f") + ("x" if r["speedup"] is not None else ""),
-            fmt_time(r["host_us"] / 1e3),
-        ]
+        row = [r["contender"], fmt_time(r["ms"]), f"{r['spread_pct']:.0f}%"]
+        if steps:
+            ratio = r.get("paired_ratio")
+            row += ["-" if ratio is None else f"{ratio:.3f}x", f"{r['gbps']:.3g}"]
+        else:
+            row += [
+                f"{r['gbps']:.3g}",
+                _opt(r["roofline_pct"], ".0f"),
+                _opt(r["speedup"], ".2f") + ("x" if r["speedup"] is not None else ""),
+            ]
+        row.append(fmt_time(r["host_us"] / 1e3))
         if per_tensor:
             value = r.get("host_us_per_tensor")
             row.append("-" if value is None else f"{value * 1e3:.0f} ns")
@@ -236,6 +264,11 @@ def table(record: dict[str, Any]) -> str:
             lines.append(f"  ({r['contender']} disturbed: {r['disturbed']})")
     for name, reasons in record.get("skipped", {}).items():
         lines.append(f"  (skipped {name}: {'; '.join(reasons)})")
+    if steps:
+        lines.append(
+            "  (x step: the median over rounds of the time over the bare step's in the same round; "
+            "GB/s over the least bytes: the step's, and the norm's read where the call computes it)"
+        )
     return "\n".join(lines)
 
 
@@ -264,7 +297,11 @@ def markdown(run: dict[str, Any]) -> str:
         "roofline, so not a result.",
         "",
     ]
-    main = [rec for rec in run["workloads"] if rec["workload"] != "kernel-1t" and rec.get("groups", 1) == 1]
+    main = [
+        rec
+        for rec in run["workloads"]
+        if rec["workload"] != "kernel-1t" and rec.get("groups", 1) == 1 and not is_step(rec)
+    ]
     if main:
         lines += [
             "| workload | dtype | read roofline GB/s | fastnorm total_norm | torch get_total_norm | "
@@ -341,6 +378,29 @@ def markdown(run: dict[str, Any]) -> str:
                 f"| {rec['workload']} | {rec['dtype']} | {cell(rec, 'fastnorm.clip_/clips')} | "
                 f"{cell(rec, 'torch.clip_grad_norm_/clips')} | {speedup} |"
             )
+
+    steps = [rec for rec in run["workloads"] if is_step(rec)]
+    if steps:
+        lines += [
+            "",
+            "The training step without backward (`step-*`): torch's fused AdamW step on real "
+            "parameters, every call clipping to half the norm, the gradients put back between "
+            "calls (untimed). Each ratio is the median over rounds of the time over the bare "
+            "step's in the same round:",
+            "",
+            "| workload | dtype | " + " | ".join(heading for _, heading in STEP_COLUMNS) + " |",
+            "| --- | --- |" + " ---: |" * len(STEP_COLUMNS),
+        ]
+
+        def step_cell(record: dict[str, Any], name: str) -> str:
+            r = _result(record, name)
+            if r is None or disturbed(record, r) or r.get("paired_ratio") is None:
+                return _time_cell(record, name)
+            return f"{r['paired_ratio']:.2f}x ({fmt_time(r['ms'])})"
+
+        for rec in steps:
+            cells = [step_cell(rec, name) for name, _ in STEP_COLUMNS]
+            lines.append(f"| {rec['workload']} | {rec['dtype']} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 

@@ -1,279 +1,184 @@
-"""The training step without backward: clipping by a pass of its own, or inside the step.
+"""Training-step workloads: clipping by a pass of its own, or inside the optimizer's step.
 
-Three contenders, timed interleaved in one process on the same parameters,
-gradients and fused AdamW (``fused=True``) state, clipping active at every call:
+``step-gpt2-small``, ``step-llama-300m`` (CPU) and ``step-llama-7b`` (CUDA,
+bf16: in fp32 its parameters, gradients, moments and the gradients' copy hold
+135 GB) time torch's fused AdamW step (``fused=True``) on real parameters with
+gradients, backward excluded, every call clipping (to half the gradients' norm):
 
-- ``clip_+step``: ``fastnorm.clip_`` then ``optimizer.step()``, today's recipe;
-- ``folded``: :class:`fastnorm.StepClipper` (``clip_()`` reads the gradients
-  once for the norm; the step divides them by the coefficient as it reads them);
-- ``scale+step`` and ``folded-step``: the same two with the norm computed
-  before the clock starts (``clip_(..., total_norm=norm)`` then the step, and
-  the armed step alone): what clipping itself costs when the norm is computed
-  anyway, for a monitor;
-- ``step``: the bare ``optimizer.step()``, the floor.
+- ``adamw.step``: the bare ``optimizer.step()``, the baseline;
+- ``adamw.clip_+step``: ``fastnorm.clip_`` then the step, the usual recipe;
+- ``adamw.folded``: :class:`fastnorm.StepClipper`'s ``clip_()`` (the norm, one
+  read of the gradients, nothing written), then the step, which divides each
+  gradient by the coefficient as it reads it;
+- ``adamw.scale+step`` and ``adamw.folded-step``: the same two with the norm
+  computed before the clock starts (``clip_(..., total_norm=norm)`` then the
+  step; the armed step alone): what clipping itself costs when the norm is
+  computed anyway, for a monitor.
 
-Before every timed call the gradients get their original values back (untimed),
-so each call clips. Each round times every contender once, in a rotating
-order; the result keeps each contender's median and, per contender, the median
-over rounds of its time divided by the bare step's in the same round (a paired
-ratio, steadier than a ratio of medians on a busy machine).
+They are contenders of the step kinds (see fastnorm/bench/contenders.py),
+timed by the harness like every other: interleaved, the gradients put back
+after every call, untimed, so that each call clips the same values. Each
+result's ``paired_ratio`` is the median over rounds of its time divided by the
+bare step's in the same round. The check before timing sees that every step
+that clips left exactly the clipped gradients (torch's fused kernels write back
+the gradient they used when ``grad_scale`` is set; a skipped step writes none).
 
-``python -m fastnorm.bench.step --workloads gpt2-small llama-300m`` prints the table.
+What to expect, per fp32 parameter: the bare step reads the parameter, the
+gradient and two moments and writes three (28 bytes); the norm reads the
+gradient once more (4); ``clip_`` reads and writes it (8); the folded step
+instead stores the divided gradient inside torch's kernel (4). Counted in
+bytes: 40/28 = 1.43x for ``clip_`` + step, 36/28 = 1.29x folded and for
+``clip_(total_norm=)`` + step, 32/28 = 1.14x for the folded step alone; more
+where a plain read streams slower per byte than the step's mix of reads and
+writes (one CPU core: 28 against 49 GB/s, so 1.53x, 1.39x, 1.29x, 1.14x). The
+fold saves the clip's pass, not the norm's read or torch's store.
 """
 
 from __future__ import annotations
 
-import argparse
-import math
-import statistics
-import sys
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
-from torch import Tensor
-from torch.nn import Parameter
+from torch.optim import Optimizer
 
 import fastnorm
-from fastnorm.bench.workloads import DTYPES, WORKLOADS
+from fastnorm.bench.contenders import Call, Contender, Staged, register_contender
+from fastnorm.bench.workloads import WORKLOADS, Prepared, Workload, make_gradients, register_workload
 
-CONTENDERS = ("clip_+step", "folded", "scale+step", "folded-step", "step")
-BASELINE = "step"
+BARE = "adamw.step"
+CLIP_THEN_STEP = "adamw.clip_+step"
+FOLDED = "adamw.folded"
+SCALE_THEN_STEP = "adamw.scale+step"
+FOLDED_STEP = "adamw.folded-step"
 
 
 @dataclass
-class StepTiming:
-    """Times of one workload's training step without backward (seconds)."""
+class StepPrepared(Prepared):
+    """A prepared workload whose parameters have values, with a fused AdamW over them.
 
-    workload: str
-    device: str
-    dtype: str
-    tensors: int
-    numel: int
-    rounds: int
-    threads: int
-    medians: dict[str, float]
-    ratios: dict[str, float]  # median of the paired per-round ratios to the bare step
-    samples: dict[str, list[float]] = field(repr=False)
-
-    def row(self) -> dict[str, object]:
-        """A flat record (one per workload) for a table or a data file."""
-        out: dict[str, object] = {
-            "workload": self.workload,
-            "device": self.device,
-            "dtype": self.dtype,
-            "tensors": self.tensors,
-            "numel": self.numel,
-            "rounds": self.rounds,
-            "threads": self.threads,
-        }
-        for name in CONTENDERS:
-            out[f"{name} ms"] = self.medians[name] * 1e3
-            out[f"{name} / step"] = self.ratios[name]
-        return out
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _check_folded_clips(params: list[Parameter], originals: list[Tensor], coef: float) -> None:
-    """After a folded step the gradients hold what the step used: the originals times coef."""
-    for i, (p, original) in enumerate(zip(params, originals)):
-        expected = original.to(torch.float64) * coef
-        if not torch.allclose(p.grad.to(torch.float64), expected, rtol=1e-5, atol=1e-12):
-            raise RuntimeError(f"the folded step did not clip gradient {i} {tuple(p.shape)} by {coef:.6g}")
-
-
-def measure(
-    params: Sequence[Parameter],
-    *,
-    name: str = "custom",
-    max_norm: float | None = None,
-    rounds: int = 15,
-    warmup: int = 2,
-    optimizer: Callable[[list[Parameter]], torch.optim.Optimizer] | None = None,
-) -> StepTiming:
-    """Times ``clip_ + step``, the folded step and the bare step on ``params``.
-
-    Args:
-        params (sequence of Parameter): parameters whose ``.grad`` is set (all
-            on one device). Their values and gradients are overwritten.
-        name (str): the workload's name in the result.
-        max_norm (float, optional): the clipping threshold; by default a tenth
-            of the gradients' norm, so every call clips.
-        rounds (int): timed rounds (each contender once per round).
-        warmup (int): untimed rounds first (plans, optimizer state).
-        optimizer (callable, optional): builds the optimizer from the
-            parameters; by default ``torch.optim.AdamW(params, fused=True)``.
-
-    Returns:
-        StepTiming: medians and paired ratios to the bare step.
+    The optimizer has taken one step (its state exists); the contenders share
+    it, and share one :class:`fastnorm.StepClipper` (an optimizer has at most one).
     """
-    params = list(params)
-    if not params or any(p.grad is None for p in params):
-        raise ValueError("measure: every parameter needs a .grad")
-    device = params[0].device
-    opt = (optimizer or (lambda ps: torch.optim.AdamW(ps, fused=True)))(params)
-    grads = [p.grad for p in params]
-    originals = [g.clone() for g in grads]
-    norm = float(fastnorm.total_norm(grads))
-    bound = norm / 10 if max_norm is None else float(max_norm)
-    if not norm > bound:
-        raise ValueError(f"measure: max_norm {bound} would not clip gradients of norm {norm}")
-    clipper = fastnorm.StepClipper(opt, bound, strict=True)
 
-    def restore() -> None:
-        with torch.no_grad():
-            torch._foreach_copy_(grads, originals)
+    optimizer: Optimizer | None = None
+    _clipper: fastnorm.StepClipper | None = field(default=None, init=False, repr=False)
 
-    def clip_then_step() -> None:
-        fastnorm.clip_(params, bound)
-        opt.step()
+    def clipper(self, max_norm: float) -> fastnorm.StepClipper:
+        """The clipper of the optimizer, clipping to ``max_norm`` (strict: a fold or an error)."""
+        if self._clipper is None:
+            self._clipper = fastnorm.StepClipper(self.optimizer, max_norm, strict=True)
+        elif self._clipper.max_norm != max_norm:
+            raise ValueError(f"{self.name}: the clipper clips to {self._clipper.max_norm}, not {max_norm}")
+        return self._clipper
 
-    def folded() -> None:
-        clipper.clip_()
-        opt.step()
 
-    given: dict[str, Tensor] = {}
+def _builder(base: Workload) -> Callable[..., StepPrepared]:
+    def build(*, dtype: torch.dtype, device: torch.device, quick: bool, seed: int) -> StepPrepared:
+        params, flat = make_gradients(base.shapes(quick), dtype, device, seed=seed, values=True)
+        optimizer = torch.optim.AdamW(params, fused=True)
+        optimizer.step()  # creates the moments, so that no contender's first call pays for them
+        return StepPrepared(f"step-{base.name}", dtype, device, params, flat, optimizer=optimizer)
 
-    def norm_only() -> None:
+    return build
+
+
+# ----------------------------------------------------------------------------
+# The contenders: each returns the norm it clipped by (the bare step, nothing)
+# ----------------------------------------------------------------------------
+
+
+def _bare(w: StepPrepared, max_norm: float | None) -> Call:
+    return w.optimizer.step
+
+
+def _clip_then_step(w: StepPrepared, max_norm: float | None) -> Call:
+    params, step, clip = w.params, w.optimizer.step, fastnorm.clip_
+
+    def call() -> torch.Tensor:
+        norm = clip(params, max_norm)
+        step()
+        return norm
+
+    return call
+
+
+def _folded(w: StepPrepared, max_norm: float | None) -> Call:
+    clipper, step = w.clipper(max_norm), w.optimizer.step
+
+    def call() -> torch.Tensor:
+        norm = clipper.clip_()
+        step()
+        return norm
+
+    return call
+
+
+def _scale_then_step(w: StepPrepared, max_norm: float | None) -> Call:
+    params, step, clip = w.params, w.optimizer.step, fastnorm.clip_
+    given: dict[str, torch.Tensor] = {}
+
+    def norm() -> None:
         given["norm"] = fastnorm.total_norm(params)
 
-    def scale_then_step() -> None:
-        fastnorm.clip_(params, bound, total_norm=given["norm"])
-        opt.step()
+    def call() -> torch.Tensor:
+        clip(params, max_norm, total_norm=given["norm"])
+        step()
+        return given["norm"]
 
-    calls = {
-        "clip_+step": clip_then_step,
-        "folded": folded,
-        "scale+step": scale_then_step,
-        "folded-step": opt.step,
-        "step": opt.step,
-    }
-    # Untimed, before the clock starts.
-    prepare = {"scale+step": norm_only, "folded-step": clipper.clip_}
-    try:
-        restore()
-        folded()
-        _sync(device)
-        _check_folded_clips(params, originals, bound / (norm + 1e-6))
-        samples: dict[str, list[float]] = {c: [] for c in CONTENDERS}
-        for r in range(warmup + rounds):
-            for k in range(len(CONTENDERS)):
-                contender = CONTENDERS[(r + k) % len(CONTENDERS)]
-                restore()
-                if contender in prepare:
-                    prepare[contender]()
-                _sync(device)
-                start = time.perf_counter()
-                calls[contender]()
-                _sync(device)
-                if r >= warmup:
-                    samples[contender].append(time.perf_counter() - start)
-    finally:
-        clipper.remove()
-        restore()
-    base = samples[BASELINE]
-    return StepTiming(
-        workload=name,
-        device=str(device),
-        dtype=str(params[0].dtype).replace("torch.", ""),
-        tensors=len(params),
-        numel=sum(p.numel() for p in params),
-        rounds=rounds,
-        threads=torch.get_num_threads(),
-        medians={c: statistics.median(s) for c, s in samples.items()},
-        ratios={c: statistics.median(t / b for t, b in zip(s, base)) for c, s in samples.items()},
-        samples=samples,
+    return Staged(norm, call)
+
+
+def _folded_step(w: StepPrepared, max_norm: float | None) -> Call:
+    clipper, step = w.clipper(max_norm), w.optimizer.step
+    given: dict[str, torch.Tensor] = {}
+
+    def arm() -> None:
+        given["norm"] = clipper.clip_()
+
+    def call() -> torch.Tensor:
+        step()
+        return given["norm"]
+
+    return Staged(arm, call)
+
+
+CONTENDERS = (
+    Contender(BARE, "step", _bare, group="torch", only_listed=True),
+    Contender(CLIP_THEN_STEP, "clip-step", _clip_then_step, BARE, "fastnorm", only_listed=True),
+    Contender(FOLDED, "clip-step", _folded, BARE, "fastnorm", only_listed=True),
+    Contender(SCALE_THEN_STEP, "scale-step", _scale_then_step, BARE, "fastnorm", only_listed=True),
+    Contender(FOLDED_STEP, "scale-step", _folded_step, BARE, "fastnorm", only_listed=True),
+)
+for _contender in CONTENDERS:
+    register_contender(_contender)
+
+
+def step_workload(
+    base: str, what: str, *, default_on: tuple[str, ...], dtypes: tuple[str, ...] = ("fp32",)
+) -> Workload:
+    """The training-step workload on the parameters of the registered workload ``base``."""
+    w = WORKLOADS[base]
+    return Workload(
+        f"step-{base}",
+        f"fused AdamW steps on {what}, backward excluded: clip_ + step against the step that clips itself",
+        w.full,
+        w.quick,
+        devices=w.devices,
+        default_on=default_on,
+        build=_builder(w),
+        contenders=tuple(c.name for c in CONTENDERS),
+        dtypes=dtypes,
+        # the parameters, the gradients, their copy and AdamW's two moments
+        copies=5,
+        # a call with its norm and the step (~9 passes), the untimed restore and norm
+        passes=12.0,
     )
 
 
-def workload_params(
-    workload: str,
-    *,
-    dtype: torch.dtype = torch.float32,
-    device: str = "cpu",
-    quick: bool = False,
-    seed: int = 0,
-) -> list[Parameter]:
-    """Real parameters shaped like a registered workload, with random gradients of norm ~10."""
-    shapes = WORKLOADS[workload].shapes(quick)
-    scale = 10.0 / math.sqrt(sum(math.prod(s) for s in shapes))
-    generator = torch.Generator(device=device).manual_seed(seed)
-    params = []
-    for shape in shapes:
-        p = Parameter(torch.randn(shape, generator=generator, device=device).to(dtype) * 0.02)
-        p.grad = (torch.randn(shape, generator=generator, device=device) * scale).to(dtype)
-        params.append(p)
-    return params
-
-
-def measure_workload(
-    workload: str,
-    *,
-    dtype: torch.dtype = torch.float32,
-    device: str = "cpu",
-    quick: bool = False,
-    rounds: int = 15,
-    warmup: int = 2,
-) -> StepTiming:
-    """:func:`measure` on a registered workload's shapes (``fastnorm bench``'s names)."""
-    name = f"{workload} (quick)" if quick else workload
-    return measure(
-        workload_params(workload, dtype=dtype, device=device, quick=quick),
-        name=name,
-        rounds=rounds,
-        warmup=warmup,
-    )
-
-
-def table(results: Sequence[StepTiming]) -> str:
-    """A plain-text table: medians in ms and paired ratios to the bare step."""
-    header = ["workload", "dtype", "tensors", "params"]
-    for c in CONTENDERS:
-        header += [f"{c} ms", f"{c} / step"] if c != BASELINE else [f"{c} ms"]
-    rows = [header]
-    for r in results:
-        row = [r.workload, r.dtype, str(r.tensors), f"{r.numel / 1e6:.1f}M"]
-        for c in CONTENDERS:
-            row.append(f"{r.medians[c] * 1e3:.1f}")
-            if c != BASELINE:
-                row.append(f"{r.ratios[c]:.3f}")
-        rows.append(row)
-    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    return "\n".join("  ".join(cell.rjust(w) for cell, w in zip(row, widths)) for row in rows)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m fastnorm.bench.step", description=__doc__.split("\n\n")[0] if __doc__ else None
-    )
-    parser.add_argument(
-        "--workloads", nargs="+", default=["gpt2-small", "llama-300m"], choices=sorted(WORKLOADS)
-    )
-    parser.add_argument("--dtype", default="fp32", choices=sorted(DTYPES))
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--rounds", type=int, default=15)
-    parser.add_argument("--quick", action="store_true", help="the workloads' small variants")
-    parser.add_argument("--threads", type=int, help="torch's intra-op threads (default: torch's own)")
-    args = parser.parse_args(argv)
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
-    results = []
-    for w in args.workloads:
-        results.append(
-            measure_workload(
-                w, dtype=DTYPES[args.dtype], device=args.device, quick=args.quick, rounds=args.rounds
-            )
-        )
-        print(f"{w}: done", file=sys.stderr, flush=True)
-    print(table(results))
-    print(f"device {args.device}, {torch.get_num_threads()} threads, torch {torch.__version__}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+for _workload in (
+    step_workload("gpt2-small", "GPT-2 small (124.4M parameters)", default_on=("cpu", "cuda")),
+    step_workload("llama-300m", "the LLaMA-style 300M stack", default_on=()),
+    step_workload("llama-7b", "LLaMA-2 7B, in bf16", default_on=("cuda",), dtypes=("bf16",)),
+):
+    register_workload(_workload)

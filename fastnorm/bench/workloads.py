@@ -131,7 +131,12 @@ class Workload:
     clipping does. ``threads``: torch's thread count while it runs (1 for
     the single-core kernel workload). ``dtypes``: the dtypes it runs in when
     ``--dtypes`` is not given. ``host_cost``: the tensors are tiny, so its
-    time is the host's: the table shows it per tensor.
+    time is the host's: the table shows it per tensor. ``copies``: how many
+    arrays of the gradients' size it holds while it runs (the gradients and
+    their flat copy; an optimizer step adds the parameters and its state), for
+    the memory check. ``passes``: about how many passes over the gradients'
+    bytes one call makes, its untimed work included, for the progress estimate
+    and the default run's time shares.
     """
 
     name: str
@@ -147,6 +152,8 @@ class Workload:
     threads: int | None = None
     dtypes: tuple[str, ...] | None = None
     host_cost: bool = False
+    copies: int = 2
+    passes: float = 1.0
 
     def shapes(self, quick: bool = False) -> list[Shape]:
         return self.quick() if quick else self.full()
@@ -353,6 +360,15 @@ class Prepared:
         with torch.no_grad():
             torch._foreach_copy_(self._grads, self._originals)
 
+    def applied_coef(self) -> float:
+        """The factor the gradients now hold over the originals: the least-squares
+        fit, in float64 (one group)."""
+        dot = 0.0
+        for g, original in self.originals():
+            for got, orig in zip(_chunks(g), _chunks(original)):
+                dot += float(got.to(torch.float64).mul_(orig.to(torch.float64)).sum())
+        return dot / self.ref_norm**2
+
     def compare(self, coefs: float | list[float], rtol: float) -> str | None:
         """Why the gradients are not ``coef`` times the originals (None when they are).
 
@@ -380,16 +396,17 @@ class Prepared:
         return None
 
 
-def prepare(
-    workload: Workload, dtype: torch.dtype, device: torch.device, *, quick: bool = False, seed: int = 0
-) -> Prepared:
-    """The workload's gradients, filled with seeded normal values of total norm ~1."""
-    if workload.build is not None:
-        return workload.build(dtype=dtype, device=device, quick=quick, seed=seed)
-    reasons = workload.not_supported_reasons(device)
-    if reasons:
-        raise ValueError("; ".join(reasons))
-    shapes = workload.shapes(quick)
+def make_gradients(
+    shapes: list[Shape], dtype: torch.dtype, device: torch.device, *, seed: int = 0, values: bool = False
+) -> tuple[list[Parameter], Tensor]:
+    """Parameters whose ``.grad`` holds seeded normal values of total norm ~1, and
+    a flat copy of those gradients, back to back.
+
+    With ``values``, the parameters have memory of their own, filled with small
+    normal values (an optimizer step reads and writes them); otherwise they are
+    zero-stride views of one element, never read, so that their memory stays
+    out of the measurement (7B fp32 is 27 GB).
+    """
     numel = sum(math.prod(s) for s in shapes)
     scale = 1.0 / math.sqrt(numel)
     flat = torch.empty(numel, dtype=dtype, device=device)
@@ -399,13 +416,28 @@ def prepare(
     with torch.no_grad():
         for shape in shapes:
             n = math.prod(shape)
-            # The parameters' values are never read: a zero-stride view of one
-            # element keeps their memory out of the measurement (7B fp32 is 27 GB).
-            param = Parameter(torch.empty((), dtype=dtype, device=device).expand(shape))
+            if values:
+                value = torch.randn(shape, generator=generator, device=device, dtype=torch.float32)
+                param = Parameter(value.mul_(0.02).to(dtype))
+            else:
+                param = Parameter(torch.empty((), dtype=dtype, device=device).expand(shape))
             grad = torch.randn(shape, generator=generator, device=device, dtype=torch.float32)
             grad = grad.mul_(scale).to(dtype)
             param.grad = grad
             flat[offset : offset + n].copy_(grad.reshape(-1))
             params.append(param)
             offset += n
+    return params, flat
+
+
+def prepare(
+    workload: Workload, dtype: torch.dtype, device: torch.device, *, quick: bool = False, seed: int = 0
+) -> Prepared:
+    """The workload's gradients, filled with seeded normal values of total norm ~1."""
+    if workload.build is not None:
+        return workload.build(dtype=dtype, device=device, quick=quick, seed=seed)
+    reasons = workload.not_supported_reasons(device)
+    if reasons:
+        raise ValueError("; ".join(reasons))
+    params, flat = make_gradients(workload.shapes(quick), dtype, device, seed=seed)
     return Prepared(workload.name, dtype, device, params, flat, workload.groups)
