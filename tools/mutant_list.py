@@ -143,6 +143,14 @@ MUTANTS = [
         "what": "float64 squares that underflow are summed plain (subnormal gradients lose their norm)",
     },
     {
+        "name": "cpp-cached-clip-writes-inference-tensors",
+        "path": "csrc/snapshot.cpp",
+        "old": "      ok = writable(tensor) && PyList_Append(out, tensor) == 0 &&",
+        "new": "      ok = PyList_Append(out, tensor) == 0 &&",
+        "tests": ["tests/test_clip.py::test_an_inference_tensor_at_a_cached_gradients_address_is_refused"],
+        "what": "a cached clip_ plan writes an inference tensor that took a gradient's place",
+    },
+    {
         "name": "cpp-bf16-rounds-ties-up",
         "path": "csrc/convert.h",
         "old": "  const uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;",
@@ -326,6 +334,14 @@ MUTANTS = [
         "what": "an inf L2 sum moved to a larger scale becomes NaN (inf * 0)",
     },
     {
+        "name": "front-l2-sum-overflow-in-addition-kept",
+        "path": "fastnorm/_partial.py",
+        "old": "    overflow = torch.isinf(plain) & torch.isfinite(wide)",
+        "new": "    overflow = torch.zeros_like(plain, dtype=torch.bool)",
+        "tests": ["tests/test_float64_range.py"],
+        "what": "float64 L2 sums that overflow only when added give inf, not the finite norm",
+    },
+    {
         "name": "front-lp-merge-ratio-unguarded",
         "path": "fastnorm/_partial.py",
         "old": "    ratio = torch.where(m == top, torch.ones_like(m), m / top)",
@@ -339,8 +355,8 @@ MUTANTS = [
     {
         "name": "plan-key-ignores-backend-request",
         "path": "fastnorm/_plan.py",
-        "old": "    key = (request, id(group), len(items)",
-        "new": "    key = (id(group), len(items)",
+        "old": "    return (request, id(group), len(items),",
+        "new": "    return (id(group), len(items),",
         "tests": ["tests/test_backends.py::test_request_is_read_at_every_call"],
         "what": "a plan cached for one FASTNORM_BACKEND is reused under another",
     },
@@ -398,8 +414,11 @@ MUTANTS = [
     {
         "name": "dist-l2-sums-left-at-local-scale",
         "path": "fastnorm/distributed.py",
-        "old": "        sums = _sum(_partial.l2_rescaled(m, s, top), domain)",
-        "new": "        sums = _sum(_partial.l2_rescaled(m, s, _partial.l2_active_scale(m, s)), domain)",
+        "old": "        moved = [_partial.l2_rescaled(m, s, top), _partial.l2_rescaled(m, s, _partial.l2_wide_top(top))]",
+        "new": (
+            "        own = _partial.l2_active_scale(m, s)\n"
+            "        moved = [_partial.l2_rescaled(m, s, own), _partial.l2_rescaled(m, s, _partial.l2_wide_top(own))]"
+        ),
         "tests": ["tests/test_distributed.py::test_l2_partials_of_every_scale_merge_across_ranks"],
         "what": "scaled L2 sums are added across ranks without moving them to the global scale",
     },
