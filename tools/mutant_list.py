@@ -414,10 +414,14 @@ MUTANTS = [
     {
         "name": "dist-l2-sums-left-at-local-scale",
         "path": "fastnorm/distributed.py",
-        "old": "        moved = [_partial.l2_rescaled(m, s, top), _partial.l2_rescaled(m, s, _partial.l2_wide_top(top))]",
+        "old": (
+            "        moved = [_partial.l2_rescaled(m, s, top), "
+            "_partial.l2_rescaled(m, s, _partial.l2_wide_top(top))]"
+        ),
         "new": (
             "        own = _partial.l2_active_scale(m, s)\n"
-            "        moved = [_partial.l2_rescaled(m, s, own), _partial.l2_rescaled(m, s, _partial.l2_wide_top(own))]"
+            "        moved = [_partial.l2_rescaled(m, s, own), "
+            "_partial.l2_rescaled(m, s, _partial.l2_wide_top(own))]"
         ),
         "tests": ["tests/test_distributed.py::test_l2_partials_of_every_scale_merge_across_ranks"],
         "what": "scaled L2 sums are added across ranks without moving them to the global scale",
