@@ -7,6 +7,7 @@ tensors (or torch's result on the unsharded model). The test reads the records.
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import traceback
@@ -310,6 +311,39 @@ def norm_types_only_torch_computes_across_ranks(rank: int, world: int) -> dict:
     return out
 
 
+def group_and_dtensors_where_a_rank_holds_no_plain_gradient(rank: int, world: int) -> dict:
+    # group= brings its own communicator (as pipeline or expert groups do), the
+    # DTensors their mesh's. Rank 0 lists a plain gradient first; the other ranks
+    # hold DTensor shards only. Only an order every rank agrees on, not each
+    # rank's order of first appearance, issues the two domains' collectives
+    # alike everywhere; and every rank must join group='s collective, also one
+    # without a plain gradient.
+    group = dist.new_group(list(range(world)))
+    mesh = init_device_mesh("cpu", (world,))
+    # float64, and one tensor whose shards are larger than one C++ task (256 KiB).
+    full = [t.double() for t in full_tensors(11)]
+    large = torch.randn(70_001 * world, generator=torch.Generator().manual_seed(12), dtype=torch.float64)
+    full.insert(1, large)
+    shared, plain = full[:4], full[4:]
+
+    def mine() -> list[torch.Tensor]:
+        sharded = [distribute_tensor(t.clone(), mesh, [Shard(0)]) for t in shared]
+        return ([t.clone() for t in plain] if rank == 0 else []) + sharded
+
+    out = {}
+    for p in NORM_TYPES:
+        out[str(p)] = (fastnorm.total_norm(mine(), p, group=group).item(), reference.norm(full, p))
+    total, per_item = fastnorm.tensor_norms(mine(), group=group)
+    out["tensor_norms total"] = (total.item(), reference.norm(full, 2.0))
+    own = plain if rank == 0 else []
+    out["per item"] = (per_item.tolist(), [reference.norm([t], 2.0) for t in own + shared])
+    grads, before = mine(), reference.norm(full, 2.0)
+    norm = fastnorm.clip_(grads, 1.0, group=group, gradients=True)
+    out["clip"] = (norm.item(), before)
+    out["after clip"] = (fastnorm.total_norm(grads, group=group).item(), before / (before + 1e-6))
+    return out
+
+
 SCENARIOS = [
     l2_extremes_across_ranks_on_the_torch_backend,
     l2_extremes_across_ranks,
@@ -330,19 +364,29 @@ SCENARIOS = [
 ]
 
 
-def worker(rank: int, world: int, port: int, out_dir: str) -> None:
+def worker(
+    rank: int, world: int, port: int, out_dir: str, names: list[str] | None = None, timeout_s: float = 300
+) -> None:
+    """Runs the scenarios (``names``, default all) on this rank and writes their records.
+
+    A collective that never finds its partner on the other ranks (ranks issuing
+    different collectives) raises after ``timeout_s`` instead of hanging.
+    """
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    timeout = datetime.timedelta(seconds=timeout_s)
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timeout)
+    scenarios = SCENARIOS if names is None else [globals()[name] for name in names]
     results = {}
-    for scenario in SCENARIOS:
+    for i, scenario in enumerate(scenarios):
         if scenario is two_d_mesh and world % 2:
             continue
         try:
             results[scenario.__name__] = scenario(rank, world)
         except Exception:
             results[scenario.__name__] = {"exception": traceback.format_exc()}
-        dist.barrier()
+        if i + 1 < len(scenarios):
+            dist.barrier()
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
         json.dump(results, f)
     dist.destroy_process_group()

@@ -33,16 +33,23 @@ def clone_params(params):
     return out
 
 
+# Odd sizes, 0 and 1 elements, more than one chunk of Triton's interpreter
+# (512 elements), and for the C++ kernels more than one task (256 KiB).
 SHAPES = [(123,), (4097,), (7, 9), (1,), (0,), (1500,)]
-# torch's foreach p=inf norm raises on an empty tensor; fastnorm does not.
-PARITY_SHAPES = [s for s in SHAPES if s != (0,)]
+LARGE = {"cpp": [(70001,)], "torch": [(70001,)], "triton": []}
+
+
+def shapes(backend, empty=True):
+    """SHAPES with a tensor larger than the backend's unit of work; without the
+    empty one (torch's foreach p=inf norm raises on it; fastnorm does not)."""
+    return [s for s in SHAPES + LARGE[backend] if empty or s != (0,)]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("p", [2.0, 1.0, float("inf"), 3.0])
 @pytest.mark.parametrize("max_norm", [0.5, 1e6])
 def test_parity_with_torch(backend, dtype, p, max_norm):
-    ours = make_params(PARITY_SHAPES, dtype, seed=1, scale=2.0)
+    ours = make_params(shapes(backend, empty=False), dtype, seed=1, scale=2.0)
     theirs = clone_params(ours)
     norm = fastnorm.clip_(ours, max_norm, p)
     expected = torch.nn.utils.clip_grad_norm_(theirs, max_norm, p)
@@ -53,22 +60,25 @@ def test_parity_with_torch(backend, dtype, p, max_norm):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
-def test_bitwise_equal_to_torch_given_the_same_norm(backend, dtype):
-    # Same norm in, same coefficient (reciprocal then times max_norm, in the
-    # norm's dtype), same rounding of the products: every bit equal.
-    ours = make_params(SHAPES, dtype, seed=2, scale=3.0)
+@pytest.mark.parametrize("scale, max_norm", [(3.0, 0.7), (1e-3, 0.02)], ids=["norm-1e2", "norm-1e-1"])
+def test_bitwise_equal_to_torch_given_the_same_norm(backend, dtype, scale, max_norm):
+    # Same norm in, same coefficient (reciprocal of norm + 1e-6, then times
+    # max_norm, in the norm's dtype), same rounding of the products: every bit
+    # equal. Below a norm of about 1 the + 1e-6 shows in a float32 coefficient.
+    ours = make_params(shapes(backend), dtype, seed=2, scale=scale)
     theirs = clone_params(ours)
     norm = torch.nn.utils.get_total_norm([p.grad for p in theirs if p.grad.numel()]).float()
     if dtype == torch.float64:
         norm = norm.double()
-    fastnorm.clip_(ours, 0.7, total_norm=norm)
-    torch.nn.utils.clip_grads_with_norm_(theirs, 0.7, norm)
+    assert max_norm < norm.item()  # it clips
+    fastnorm.clip_(ours, max_norm, total_norm=norm)
+    torch.nn.utils.clip_grads_with_norm_(theirs, max_norm, norm)
     for a, b in zip(ours, theirs):
         assert torch.equal(a.grad, b.grad)
 
 
 def test_returns_pre_clip_norm_and_clips_to_max(backend):
-    params = make_params([(1000,), (3000,)], seed=3, scale=5.0)
+    params = make_params([(1000,), (3000,), *shapes(backend)], seed=3, scale=5.0)
     before = reference.norm([p.grad for p in params], 2.0)
     norm = fastnorm.clip_(params, 1.0)
     assert norm.item() == pytest.approx(before, rel=1e-6)
@@ -76,7 +86,7 @@ def test_returns_pre_clip_norm_and_clips_to_max(backend):
 
 
 def test_no_clip_leaves_gradients_bitwise_unchanged(backend):
-    params = make_params(SHAPES, seed=4)
+    params = make_params(shapes(backend), seed=4)
     before = [p.grad.clone() for p in params]
     fastnorm.clip_(params, 1e9)
     assert all(torch.equal(p.grad, b) for p, b in zip(params, before))
@@ -116,7 +126,7 @@ def test_no_clip_touches_no_memory(name, tmp_path):
 
 
 def test_total_norm_is_reused_without_a_second_reduction(backend, monkeypatch):
-    params = make_params([(100,), (200,)], seed=5, scale=4.0)
+    params = make_params([(100,), (200,), *shapes(backend)], seed=5, scale=4.0)
     given = fastnorm.total_norm(params)
     calls = []
     from fastnorm.backends import backends
@@ -133,7 +143,7 @@ def test_total_norm_is_reused_without_a_second_reduction(backend, monkeypatch):
 
 
 def test_same_tensor_twice_is_scaled_once(backend):
-    (p,) = make_params([(500,)], seed=6, scale=3.0)
+    (p,) = make_params([max(shapes(backend), key=math.prod)], seed=6, scale=3.0)
     (q,) = clone_params([p])
     fastnorm.clip_([p, p, p], 1.0)
     fastnorm.clip_([q], 1.0)
@@ -141,7 +151,7 @@ def test_same_tensor_twice_is_scaled_once(backend):
 
 
 def test_nan_norm_scales_by_nan_like_torch(backend):
-    ours = make_params([(10,), (20,)], seed=7)
+    ours = make_params([(10,), (20,), *shapes(backend)], seed=7)
     ours[0].grad[3] = float("nan")
     theirs = clone_params(ours)
     norm = fastnorm.clip_(ours, 1.0)
@@ -152,9 +162,9 @@ def test_nan_norm_scales_by_nan_like_torch(backend):
 
 
 def test_zero_max_norm_zeroes_gradients(backend):
-    params = make_params([(64,)], seed=8)
+    params = make_params([(64,), *shapes(backend)], seed=8)
     fastnorm.clip_(params, 0.0)
-    assert torch.count_nonzero(params[0].grad) == 0
+    assert all(torch.count_nonzero(p.grad) == 0 for p in params)
 
 
 def test_sparse_gradients_are_clipped(backend):
@@ -243,7 +253,7 @@ def test_non_tensor_item_is_a_type_error(backend):
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])
 def test_error_if_nonfinite_raises_before_scaling(backend, bad):
-    params = make_params([(10,), (20,)], seed=13, scale=3.0)
+    params = make_params([(10,), (20,), *shapes(backend)], seed=13, scale=3.0)
     params[1].grad[4] = bad
     before = [p.grad.clone() for p in params]
     with pytest.raises(RuntimeError, match="non-finite"):

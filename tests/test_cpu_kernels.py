@@ -154,7 +154,9 @@ def test_sums_follow_the_documented_lane_order(dtype, p):
 def test_result_does_not_depend_on_the_thread_count(isa):
     cpp._C.use_isa(isa)
     g = torch.Generator().manual_seed(2)
-    dtypes = (torch.float32, torch.bfloat16, torch.float16)
+    # A float64 gradient makes the result float64, which keeps every bit of the
+    # order in which the tasks' partials are added.
+    dtypes = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
     tensors = [torch.randn(300_000, generator=g).to(dt) for dt in dtypes]
     threads = torch.get_num_threads()
     try:
@@ -162,9 +164,33 @@ def test_result_does_not_depend_on_the_thread_count(isa):
         one = [fastnorm.total_norm(tensors, p) for p in NORM_TYPES]
         torch.set_num_threads(2)
         two = [fastnorm.total_norm(tensors, p) for p in NORM_TYPES]
+        torch.set_num_threads(3)
+        three = [fastnorm.total_norm(tensors, p) for p in NORM_TYPES]
     finally:
         torch.set_num_threads(threads)
-    assert all(torch.equal(a, b) for a, b in zip(one, two))
+    assert one[0].dtype == torch.float64
+    assert all(torch.equal(a, b) and torch.equal(a, c) for a, b, c in zip(one, two, three))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("norm, max_norm", [(2.7182817, 1.0), (4 - 1e-6, 3.0)], ids=["coef-.37", "coef-.75"])
+def test_every_instruction_set_scales_every_16bit_value_like_torch(dtype, norm, max_norm):
+    """Every 16-bit pattern, in whole vector blocks and in a loop's tail, scaled
+    and rounded as torch rounds it. With the coefficient 3/4 (4 - 1e-6 + 1e-6 is
+    4 in float32) a quarter of the products are exact ties, which round to even."""
+    bits = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16)
+    values = torch.cat([bits.view(dtype), bits[:4103].view(dtype)])
+    total = torch.tensor(norm, dtype=torch.float32)
+    param = torch.nn.Parameter(torch.zeros_like(values))
+    param.grad = values.clone()
+    torch.nn.utils.clip_grads_with_norm_([param], max_norm, total)
+    theirs = param.grad
+    for isa in ISAS:
+        cpp._C.use_isa(isa)
+        ours = values.clone()
+        cpp.BACKEND.scale_(cpp.BACKEND.prepare([ours]), total, max_norm)
+        same = (ours.view(torch.int16) == theirs.view(torch.int16)) | (ours.isnan() & theirs.isnan())
+        assert bool(same.all()), (isa, values[~same][:5])
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import socket
+import time
 
 import pytest
 import torch
@@ -23,15 +24,32 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def run_ranks(world, out, names=None, collective_timeout=120, deadline=600):
+    """Runs scenarios (default: all of dist_scenarios.SCENARIOS) on ``world`` fresh
+    processes; returns each rank's records. Ranks that issue different
+    collectives raise after ``collective_timeout`` seconds; processes still
+    running after ``deadline`` seconds are killed and the test fails."""
+    context = torch.multiprocessing.spawn(
+        dist_scenarios.worker,
+        args=(world, _free_port(), str(out), names, collective_timeout),
+        nprocs=world,
+        join=False,
+    )
+    end = time.monotonic() + deadline
+    while not context.join(timeout=max(0.0, end - time.monotonic())):
+        if time.monotonic() >= end:
+            for process in context.processes:
+                process.kill()
+                process.join()
+            pytest.fail(f"the ranks hung: killed after {deadline} s")
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(world)]
+
+
 @pytest.fixture(scope="module", params=[2, 4], ids=["2ranks", "4ranks"])
 def ranks(request, tmp_path_factory):
     """Runs every scenario once on a fresh process group; returns each rank's records."""
     world = request.param
-    out = tmp_path_factory.mktemp(f"dist{world}")
-    torch.multiprocessing.spawn(
-        dist_scenarios.worker, args=(world, _free_port(), str(out)), nprocs=world, join=True
-    )
-    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(world)]
+    return run_ranks(world, tmp_path_factory.mktemp(f"dist{world}"))
 
 
 def _scenario(ranks, name):
@@ -137,3 +155,14 @@ def test_norm_types_only_torch_computes_across_ranks(ranks):
     for record in records:
         assert "norm_type=0" in record.pop("p=0 on DTensors")  # refused on every rank, before any collective
     _check_pairs(records)
+
+
+def test_group_and_dtensors_where_a_rank_holds_no_plain_gradient(tmp_path):
+    # Ranks that issue their collectives in different orders wait on each other:
+    # each collective gives up after 30 s, and the test after 4 minutes.
+    name = "group_and_dtensors_where_a_rank_holds_no_plain_gradient"
+    records = _scenario(run_ranks(2, tmp_path, [name], collective_timeout=30, deadline=240), name)
+    for record in records:
+        got, expected = record.pop("per item")
+        assert got == pytest.approx(expected, rel=1e-12)
+    _check_pairs(records, rel=1e-12)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import torch
+
 from harness import run_python
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -27,16 +29,46 @@ def torchrun(script: str) -> str:
     return result.stdout
 
 
+def printed_close(printed: str, oracle: float) -> bool:
+    """A value printed with 4 decimals, from float32 arithmetic, against the float64 oracle."""
+    return abs(float(printed) - oracle) <= 5e-5 + 1e-5 * abs(oracle)
+
+
+def fsdp2_oracle() -> list[float]:
+    """The example's three steps in one process, unsharded and in float64, clipped by
+    torch: the same draws from the same seed (FSDP2 averages the ranks' gradients of
+    the same batch, which is this batch's gradient)."""
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4)).double()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        norms = []
+        for _ in range(3):
+            loss = model(torch.randn(16, 32).double()).square().mean()
+            loss.backward()
+            norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0).item())
+            optimizer.step()
+            optimizer.zero_grad()
+    return norms
+
+
 def test_fsdp2_example():
     stdout = torchrun("fsdp2_clip.py")
     steps = re.findall(r"step (\d): grad_norm=([0-9.]+)", stdout)
     assert [s for s, _ in steps] == ["0", "1", "2"]
-    assert all(float(v) > 0 for _, v in steps)
+    oracle = fsdp2_oracle()
+    assert all(printed_close(v, ref) for (_, v), ref in zip(steps, oracle)), (steps, oracle)
 
 
 def test_flat_shards_example():
     stdout = torchrun("flat_shards_group.py")
-    got, expected = re.search(r"global grad_norm=([0-9.]+) \(unsharded: ([0-9.]+)\)", stdout).groups()
-    assert got == expected and float(got) > 1.0
-    # gradients=True: every rank's shard was clipped, so the global norm is max_norm now.
-    assert re.search(r"after clipping: ([0-9.]+)", stdout).group(1) == "1.0000"
+    got, shown = re.search(r"global grad_norm=([0-9.]+) \(unsharded: ([0-9.]+)\)", stdout).groups()
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        full = torch.randn(10_000).double()  # the example's model gradient, in float64
+    oracle = torch.linalg.vector_norm(full).item()
+    assert printed_close(got, oracle) and printed_close(shown, oracle) and oracle > 1.0
+    # gradients=True: every rank's shard was clipped by max_norm / (norm + 1e-6).
+    after = re.search(r"after clipping: ([0-9.]+)", stdout).group(1)
+    assert printed_close(after, oracle / (oracle + 1e-6))
+    assert after == f"{oracle / (oracle + 1e-6):.4f}"

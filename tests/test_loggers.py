@@ -143,14 +143,29 @@ def test_tensorboard_writes_scalars_that_tensorboard_reads(tmp_path):
 
 def test_tensorboard_leaves_a_given_writer_open(tmp_path):
     pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     from torch.utils.tensorboard import SummaryWriter
 
     writer = SummaryWriter(str(tmp_path))
+    file_writer = writer._get_file_writer()
     logger = TensorBoardLogger(writer=writer)
     logger.log_window(window())
     logger.close()
-    writer.add_scalar("still/open", 1.0, 0)  # raises if the writer was closed
+    # The writer's own state: still open, on the same event file. (add_scalar
+    # cannot tell: a closed SummaryWriter silently opens a new file.)
+    assert writer.file_writer is file_writer and writer.all_writers is not None
+    event_files = sorted(tmp_path.iterdir())
+    assert len(event_files) == 1
+    # The logged values are on disk already (flushed), and the owner goes on.
+    acc = EventAccumulator(str(tmp_path))
+    acc.Reload()
+    assert [e.step for e in acc.Scalars("gradient_norm")] == [10, 11, 12, 13]
+    writer.add_scalar("still/open", 1.0, 0)
     writer.close()
+    assert sorted(tmp_path.iterdir()) == event_files  # written where the rest went
+    acc = EventAccumulator(str(tmp_path))
+    acc.Reload()
+    assert [(e.step, e.value) for e in acc.Scalars("still/open")] == [(0, 1.0)]
 
 
 def test_mlflow_logs_every_step(tmp_path, monkeypatch):

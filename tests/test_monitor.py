@@ -230,6 +230,22 @@ def test_clipped_fraction_matches_what_clip_did():
     assert rec.windows[0].stats["clipped_fraction"] == clipped / 20
 
 
+def test_clipped_fraction_counts_what_clip_scales_near_max_norm():
+    # clip_ scales where max_norm / (norm + 1e-6) < 1: also a norm just below max_norm.
+    norms = [1.0 - 2e-6, 1.0 - 5e-7, 1.0, 0.5, 2.0]
+    scaled = 0
+    for norm in norms:
+        grad = torch.tensor([norm], dtype=torch.float64)
+        fastnorm.clip_([grad], 1.0, gradients=True)
+        scaled += grad.item() != norm
+    assert scaled == 3
+    rec = Recorder()
+    with GradNormMonitor(len(norms), [rec], max_norm=1.0, diagnose=False) as monitor:
+        for norm in norms:
+            monitor.update(torch.tensor(norm, dtype=torch.float64))
+    assert rec.windows[0].stats["clipped_fraction"] == scaled / len(norms)
+
+
 def test_warns_once_when_the_verdict_turns_unstable():
     values = [1.0 + 0.01 * (i % 5) for i in range(60)] + [math.nan] * 40
     with warnings.catch_warnings(record=True) as caught:
@@ -505,11 +521,12 @@ def reference_layer_norm(params, p):
 
 
 def model_with_odd_shapes():
+    # The first weight (73923 float32 values) is larger than one task of the C++ kernels.
     torch.manual_seed(0)
     model = torch.nn.Sequential(
-        torch.nn.Linear(123, 17),
+        torch.nn.Linear(123, 601),
         torch.nn.ReLU(),
-        torch.nn.Sequential(torch.nn.Linear(17, 4097 // 17), torch.nn.Linear(4097 // 17, 5, bias=False)),
+        torch.nn.Sequential(torch.nn.Linear(601, 241), torch.nn.Linear(241, 5, bias=False)),
     )
     model(torch.randn(3, 123)).square().sum().backward()
     return model

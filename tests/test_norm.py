@@ -108,6 +108,10 @@ def test_same_tensor_twice_counts_once(backend):
     a, b = grads([(100,), (10,)], torch.float32, 5)
     once = fastnorm.total_norm([a, b])
     assert torch.equal(fastnorm.total_norm([a, b, a, a.view(10, 10)]), once)
+    # A view of the first elements starts at the same address but is another tensor.
+    head = a[:10]
+    got = fastnorm.total_norm([a, head])
+    assert reference.rel_err(got.item(), reference.norm([a, head], 2.0)) <= 5e-6
 
 
 def test_the_same_strided_or_sparse_tensor_twice_counts_once(backend):
@@ -128,26 +132,65 @@ def test_empty_float64_gradients_give_a_float64_zero(backend):
     assert total.dtype == per_item.dtype == torch.float64 and total.item() == 0.0
 
 
-def test_bitwise_deterministic(backend):
-    tensors = grads([(4097,), *LARGE[backend], (5,)], torch.float32, 6)
-    first = fastnorm.total_norm(tensors)
-    for _ in range(3):
-        fastnorm.clear_cache()
-        assert torch.equal(fastnorm.total_norm(tensors), first)
+def _poison_allocator() -> None:
+    """Leaves NaN in freed memory of the sizes the backends allocate for partials,
+    which the CPU allocator hands out again: a kernel that reads a row it did not
+    write gets NaN, not a lucky zero."""
+    for n in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024):
+        for dtype in (torch.float64, torch.float32):
+            torch.full((n,), float("nan"), dtype=dtype)
 
 
-def test_cpp_result_does_not_depend_on_thread_count(monkeypatch):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_bitwise_deterministic(backend, dtype):
+    # What can differ between two calls on the same values: the thread count, the
+    # memory holding the values (fresh copies, at the same 16-byte alignment), a
+    # cached or a rebuilt plan, a per-tensor pass or none, and what the memory the
+    # backend allocates held before. float64 gradients: their sums keep every
+    # difference in the order of the additions that float32 would round away.
+    tensors = grads([(4097,), *LARGE[backend], (5,), (300, 7)], dtype, 6, scale=3.0)
+    ref = reference.norm(tensors, 2.0)
+    threads = torch.get_num_threads()
+    results = []
+    try:
+        for n in (1, 2, 3):
+            torch.set_num_threads(n)
+            for given in (tensors, [t.clone() for t in tensors]):
+                fastnorm.clear_cache()
+                for _ in range(2):  # rebuilt, then cached
+                    _poison_allocator()
+                    results.append(fastnorm.total_norm(given))
+                    _poison_allocator()
+                    total, per_item = fastnorm.tensor_norms(given)
+                    results += [total, per_item]
+    finally:
+        torch.set_num_threads(threads)
+    totals, per_items = results[::3] + results[1::3], results[2::3]
+    assert reference.rel_err(totals[0].item(), ref) <= TOLERANCE[dtype]
+    assert all(torch.equal(t, totals[0]) for t in totals)
+    assert all(torch.equal(t, per_items[0]) for t in per_items)
+    for t, value in zip(tensors, per_items[0].tolist()):
+        assert reference.rel_err(value, reference.norm([t], 2.0)) <= TOLERANCE[dtype]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_cpp_result_does_not_depend_on_thread_count(monkeypatch, dtype):
+    # The split into tasks depends only on the sizes: any thread count adds the
+    # same partials in the same order. float64 gradients and a float64 result
+    # keep every bit of that order.
     monkeypatch.setenv("FASTNORM_BACKEND", "cpp")
-    tensors = grads([(300_001,), (1_000_003,), (17,)], torch.float32, 8)
+    tensors = grads([(300_001,), (1_000_003,), (17,)], dtype, 8)
     threads = torch.get_num_threads()
     try:
         results = []
         for n in (1, 2, 3):
             torch.set_num_threads(n)
-            results.append(fastnorm.total_norm(tensors))
+            results.append([fastnorm.total_norm(tensors, p) for p in (2.0, 1.0, float("inf"), 3.0)])
+            results[-1] += list(fastnorm.tensor_norms(tensors))
     finally:
         torch.set_num_threads(threads)
-    assert all(torch.equal(r, results[0]) for r in results)
+    assert all(torch.equal(a, b) for r in results for a, b in zip(r, results[0]))
+    assert reference.rel_err(results[0][0].item(), reference.norm(tensors, 2.0)) <= TOLERANCE[dtype]
 
 
 # ----------------------------------------------------------------------------
@@ -247,6 +290,12 @@ def test_sparse_gradients(backend):
 def test_complex_gradients_for_p2(backend):
     z = torch.randn(50, dtype=torch.complex64)
     assert fastnorm.total_norm([z]).item() == pytest.approx(torch.linalg.vector_norm(z).item(), rel=1e-6)
+    # complex128 holds float64 parts: a float64 norm, as for float64 gradients.
+    w = torch.randn(70, dtype=torch.complex128, generator=torch.Generator().manual_seed(17))
+    got = fastnorm.total_norm([z, w])
+    assert got.dtype == torch.float64
+    expected = reference.norm([torch.view_as_real(z), torch.view_as_real(w)], 2.0)
+    assert reference.rel_err(got.item(), expected) <= 1e-7
     with pytest.raises(TypeError, match="complex"):
         fastnorm.total_norm([z], 1.0)
 
@@ -256,20 +305,44 @@ def test_complex_gradients_for_p2(backend):
 # ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("p", [2.0, float("inf"), 3.0])
+@pytest.mark.parametrize("p", [2.0, 1.0, float("inf"), 3.0])
 def test_tensor_norms(backend, p):
+    # Tensors larger than one C++ task (256 KiB) and than one Triton chunk, in
+    # four dtypes interleaved so that grouping them by dtype permutes them (not
+    # an involution: putting them back needs the inverse permutation).
     model = torch.nn.Sequential(torch.nn.Linear(9, 8), torch.nn.Linear(8, 2))
     model(torch.randn(3, 9)).sum().backward()
     model[1].bias.grad = None
-    extra = torch.randn(1000, dtype=torch.bfloat16)
-    items = [*model.parameters(), extra]
+    large = LARGE[backend][0][0]
+    extra = [
+        grads([(1000,)], torch.bfloat16, 12)[0],
+        grads([(large // 2,)], torch.float64, 13)[0],
+        grads([(large,)], torch.float32, 14)[0],
+        grads([(77,)], torch.float16, 15)[0],
+    ]
+    items = [*model.parameters(), *extra]
     total, per_item = fastnorm.tensor_norms(items, p)
     assert torch.equal(total, fastnorm.total_norm(items, p))
-    expected = [reference.norm([it.grad], p) if it.grad is not None else 0.0 for it in items[:-1]]
-    expected.append(reference.norm([extra], p))
+    assert total.dtype == torch.float64  # a float64 gradient among them
+    present = [it.grad for it in items[:4] if it.grad is not None] + extra
+    assert reference.rel_err(total.item(), reference.norm(present, p)) <= (5e-5 if p == 3.0 else 1e-6)
+    expected = [reference.norm([it.grad], p) if it.grad is not None else 0.0 for it in items[:4]]
+    expected += [reference.norm([t], p) for t in extra]
     assert per_item.shape == (len(items),) and per_item.dtype == total.dtype
     for got, ref in zip(per_item.tolist(), expected):
         assert got == pytest.approx(ref, rel=5e-5 if p == 3.0 else 1e-6)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("p", [3.0, 0.5])
+def test_p_norm_of_partials_from_two_backends_with_zeros_and_inf(backend, p):
+    # A dense tensor and a view with gaps are read by two backends (the view by
+    # torch's ops); the front merges their partials at the largest scale, where
+    # equal scales of 0 or inf must merge without 0 / 0 or inf / inf.
+    for first, second in ((0.0, 0.0), (math.inf, math.inf), (math.inf, 2.0), (0.0, 2.0)):
+        tensors = [torch.full((1000,), first), torch.full((40, 40), second)[::2, 1::3]]
+        got, ref = fastnorm.total_norm(tensors, p).item(), reference.norm(tensors, p)
+        assert got == ref or reference.rel_err(got, ref) <= 5e-6, (first, second, got)
 
 
 # ----------------------------------------------------------------------------
@@ -466,7 +539,10 @@ def matrix_tolerance(dtype, p):
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_one_answer_per_input(backend, layout, dtype, magnitude, p):
     g = torch.Generator().manual_seed(hash((layout, str(dtype), magnitude, p)) % 2**31)
-    tensors = [laid_out(shape, layout, dtype, magnitude, g) for shape in ((2, 3, 4, 5), (3, 2, 2, 3))]
+    shapes = [(2, 3, 4, 5), (3, 2, 2, 3)]
+    if layout == "contiguous":  # and one larger than a C++ task (256 KiB) or a Triton chunk
+        shapes.append((1, 1, 1, LARGE[backend][0][0]))
+    tensors = [laid_out(shape, layout, dtype, magnitude, g) for shape in shapes]
     assert all(bool((t != 0).all()) and bool(t.isfinite().all()) for t in tensors)  # the dtype holds them
     total, per_item = fastnorm.tensor_norms(tensors, p)
     tolerance = matrix_tolerance(dtype, p)

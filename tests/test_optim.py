@@ -108,6 +108,24 @@ def test_parity_over_50_steps_skipping_nonfinite(name, clipping):
     _assert_close(_state_tensors(opt), _state_tensors(ref), exact=not clipping)
 
 
+def test_the_folded_coefficient_is_torchs_at_small_norms():
+    # 1 / min(1, max_norm / (norm + 1e-6)): at a norm of 1e-3 the + 1e-6 is 0.1% of
+    # the coefficient, far above float32's rounding.
+    g = torch.Generator().manual_seed(5)
+    params = [torch.nn.Parameter(torch.zeros(s)) for s in [*SHAPES, (70001,)]]  # over one C++ task
+    for p in params:
+        p.grad = torch.randn(p.shape, generator=g) * 3e-6
+    norm = torch.linalg.vector_norm(torch.cat([p.grad.double().flatten() for p in params])).item()
+    assert 1e-4 < norm < 1e-3
+    expected = [p.grad.double() * (1e-4 / (norm + 1e-6)) for p in params]
+    opt = torch.optim.SGD(params, lr=1.0, fused=True)
+    clipper = StepClipper(opt, max_norm=1e-4)
+    assert clipper.clip_().item() == pytest.approx(norm, rel=1e-6)
+    opt.step()  # p = 0 - lr * clipped gradient
+    for p, e in zip(params, expected):
+        torch.testing.assert_close(-p.detach().double(), e, rtol=1e-5, atol=0)
+
+
 @pytest.mark.parametrize("name", ["adamw", "sgd-momentum", "adagrad"])
 def test_parity_keeping_torch_behaviour(name):
     # An inf norm clips by 0 (the inf element turns NaN), a NaN norm poisons all: as torch does.

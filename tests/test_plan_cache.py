@@ -66,12 +66,17 @@ def _attacks():
         g.as_strided_((g.numel() // 2,), (2,))  # same address, same storage, now with gaps
 
     def new_dtype(g):
+        # Same address, same bytes, same layout: only the dtype tells.
+        g.data = g.data.view(torch.bfloat16)
+        g.copy_(torch.randn(g.numel(), generator=torch.Generator().manual_seed(1)).to(torch.bfloat16))
+
+    def fewer_bytes_of_a_new_dtype(g):
         g.data = g.data.view(torch.int32).view(torch.float32)[: g.numel() // 2].view(torch.bfloat16)
 
     def transposed(g):
         g.data = g.data.reshape(8, -1).t()  # dense, no longer contiguous
 
-    return [resize, set_storage, gaps, new_dtype, transposed]
+    return [resize, set_storage, gaps, new_dtype, fewer_bytes_of_a_new_dtype, transposed]
 
 
 @pytest.mark.parametrize("attack", _attacks(), ids=lambda f: f.__name__)

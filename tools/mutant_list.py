@@ -1,0 +1,587 @@
+"""The mutants of tools/mutants.py: plausible bugs, each a single exact edit.
+
+Each entry: ``name``; ``path`` (from the repository root); ``old``, a snippet
+that occurs exactly once in that file; ``new``, what it becomes; ``tests``,
+the pytest node ids (or files) meant to catch it; ``what``, the bug in a few
+words. ``requires`` (optional): an instruction set the CPU must have for the
+planted code to run at all (the campaign skips the mutant elsewhere).
+"""
+
+MUTANTS = [
+    # ------------------------------------------------------------------
+    # C++ kernels (csrc/)
+    # ------------------------------------------------------------------
+    {
+        "name": "cpp-per-tensor-keeps-last-piece",
+        "path": "csrc/kernels.cpp",
+        "old": "      merge(tensors[size_t(plan.piece(i).tensor)], pieces[size_t(i)], mode, p);",
+        "new": "      tensors[size_t(plan.piece(i).tensor)] = pieces[size_t(i)];",
+        "tests": ["tests/test_norm.py::test_tensor_norms"],
+        "what": "a tensor's own norm keeps only its last piece (a tensor over one 256 KiB task)",
+    },
+    {
+        "name": "cpp-merge-grouped-by-thread",
+        "path": "csrc/kernels.cpp",
+        "old": "  Partial total;\n  for (const Partial& acc : partial) merge(total, acc, mode, p);\n",
+        "new": (
+            "  Partial total;\n"
+            "  const int64_t threads = threads_for(plan, num_threads);\n"
+            "  for (int64_t t = 0; t < threads; ++t) {\n"
+            "    Partial own;\n"
+            "    for (int64_t task = t; task < plan.num_tasks(); task += threads) {\n"
+            "      merge(own, partial[size_t(task)], mode, p);\n"
+            "    }\n"
+            "    merge(total, own, mode, p);\n"
+            "  }\n"
+        ),
+        "tests": ["tests/test_norm.py::test_cpp_result_does_not_depend_on_thread_count"],
+        "what": "task partials summed per thread first: the grouping depends on the thread count",
+    },
+    {
+        "name": "cpp-clip-float32-drops-eps",
+        "path": "csrc/kernels.cpp",
+        "old": "    coef = (1.0f / (norm + float(1e-6))) * float(max_norm);",
+        "new": "    coef = (1.0f / norm) * float(max_norm);",
+        "tests": ["tests/test_clip.py::test_bitwise_equal_to_torch_given_the_same_norm"],
+        "what": "the clip coefficient of a float32 norm without torch's + 1e-6",
+    },
+    {
+        "name": "cpp-clip-float64-drops-eps",
+        "path": "csrc/kernels.cpp",
+        "old": "    coef64 = (1.0 / (norm + 1e-6)) * max_norm;",
+        "new": "    coef64 = (1.0 / norm) * max_norm;",
+        "tests": ["tests/test_clip.py::test_bitwise_equal_to_torch_given_the_same_norm"],
+        "what": "the clip coefficient of a float64 norm without torch's + 1e-6",
+    },
+    {
+        "name": "cpp-scale-writes-without-clipping",
+        "path": "csrc/kernels.cpp",
+        "old": "  if (coef64 >= 1.0) return false;",
+        "new": "  if (coef64 >= 1.0) {\n    coef = 1.0f;\n    coef64 = 1.0;\n  }",
+        "tests": ["tests/test_clip.py::test_no_clip_touches_no_memory"],
+        "what": "a clip that does not clip still rewrites every gradient (by 1.0)",
+    },
+    {
+        "name": "cpp-linf-merge-drops-nan",
+        "path": "csrc/fastnorm.h",
+        "old": "{ return (b > a || b != b) ? b : a; }",
+        "new": "{ return b > a ? b : a; }",
+        "tests": ["tests/test_norm.py::test_nan_and_inf_propagate"],
+        "what": "the max of two pieces drops a NaN (p=inf)",
+    },
+    {
+        "name": "cpp-portable-fold-order",
+        "path": "csrc/lanes.h",
+        "old": "  return (j[0] + j[2]) + (j[1] + j[3]);",
+        "new": "  return (j[0] + j[1]) + (j[2] + j[3]);",
+        "tests": [
+            "tests/test_cpu_kernels.py::test_every_instruction_set_gives_the_same_bits",
+            "tests/test_cpu_kernels.py::test_sums_follow_the_documented_lane_order",
+        ],
+        "what": "the portable loops fold their lanes in another order than the vector ones",
+    },
+    {
+        "name": "cpp-avx512-fold-order",
+        "path": "csrc/isa_avx512.h",
+        "old": (
+            "  const __m512d h01 = _mm512_add_pd(a.z[0], a.z[2]);  // (H0 | H1)\n"
+            "  const __m512d h23 = _mm512_add_pd(a.z[1], a.z[3]);  // (H2 | H3)\n"
+        ),
+        "new": (
+            "  const __m512d h01 = _mm512_add_pd(a.z[0], a.z[1]);\n"
+            "  const __m512d h23 = _mm512_add_pd(a.z[2], a.z[3]);\n"
+        ),
+        "tests": ["tests/test_cpu_kernels.py::test_every_instruction_set_gives_the_same_bits"],
+        "what": "the AVX-512 fold pairs the wrong lane groups (same sum, other rounding)",
+        "requires": "avx512",
+    },
+    {
+        "name": "cpp-avx2-tail-drops-last",
+        "path": "csrc/isa_avx2.h",
+        "old": (
+            "  alignas(32) typename E::T padded[kLanes] = {};\n"
+            "  std::memcpy(padded, x, size_t(n) * sizeof(typename E::T));"
+        ),
+        "new": (
+            "  alignas(32) typename E::T padded[kLanes] = {};\n"
+            "  std::memcpy(padded, x, size_t(n - 1) * sizeof(typename E::T));"
+        ),
+        "tests": ["tests/test_norm.py::test_matches_oracle"],
+        "what": "the AVX2 loop's last partial block misses its last element",
+        "requires": "avx2",
+    },
+    {
+        "name": "cpp-piece-offset-in-elements",
+        "path": "csrc/kernels.cpp",
+        "old": "pieces_.push_back({addrs[i] + uintptr_t(done * size), take",
+        "new": "pieces_.push_back({addrs[i] + uintptr_t(done), take",
+        "tests": ["tests/test_norm.py::test_matches_oracle"],
+        "what": "a tensor's second task starts at an offset counted in elements, not bytes",
+    },
+    {
+        "name": "cpp-16bit-inf-unchecked",
+        "path": "csrc/kernels_impl.h",
+        "old": "  if constexpr (sizeof(typename E::T) == 2) {\n    if (s >= (Power == 2",
+        "new": "  if constexpr (sizeof(typename E::T) == 1) {\n    if (s >= (Power == 2",
+        "tests": ["tests/test_cpu_kernels.py::test_16bit_infinity_and_nan_survive_the_widening"],
+        "what": "16-bit inf and NaN, widened to large finite values, are never checked",
+    },
+    {
+        "name": "cpp-l2-rescale-shift-sign",
+        "path": "csrc/kernels.cpp",
+        "old": "2 * (std::ilogb(small.m > 0.0 ? small.m : 1.0) - std::ilogb(big.m > 0.0 ? big.m : 1.0));",
+        "new": "2 * (std::ilogb(big.m > 0.0 ? big.m : 1.0) - std::ilogb(small.m > 0.0 ? small.m : 1.0));",
+        "tests": ["tests/test_cpu_kernels.py::test_float64_l2_merges"],
+        "what": "merging scaled L2 partials moves the smaller one up instead of down",
+    },
+    {
+        "name": "cpp-l2-underflow-unscaled",
+        "path": "csrc/fastnorm.h",
+        "old": "return s >= 0x1p-969 && s <= 0x1.fffffffffffffp+1023;",
+        "new": "return s >= 0.0 && s <= 0x1.fffffffffffffp+1023;",
+        "tests": ["tests/test_cpu_kernels.py::test_float64_l2_is_accurate_at_every_magnitude"],
+        "what": "float64 squares that underflow are summed plain (subnormal gradients lose their norm)",
+    },
+    {
+        "name": "cpp-cached-clip-writes-inference-tensors",
+        "path": "csrc/snapshot.cpp",
+        "old": "      ok = writable(tensor) && PyList_Append(out, tensor) == 0 &&",
+        "new": "      ok = PyList_Append(out, tensor) == 0 &&",
+        "tests": ["tests/test_clip.py::test_an_inference_tensor_at_a_cached_gradients_address_is_refused"],
+        "what": "a cached clip_ plan writes an inference tensor that took a gradient's place",
+    },
+    {
+        "name": "cpp-bf16-rounds-ties-up",
+        "path": "csrc/convert.h",
+        "old": "  const uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;",
+        "new": "  const uint32_t rounded = (u + 0x8000u) >> 16;",
+        "tests": [
+            "tests/test_cpu_kernels.py::test_every_instruction_set_scales_every_16bit_value_like_torch",
+        ],
+        "what": "the portable bfloat16 rounding breaks ties upwards, not to even like torch",
+    },
+    {
+        "name": "cpp-cache-ignores-dtype",
+        "path": "csrc/snapshot.cpp",
+        "old": "  if (dtype != f.dtype.ptr()) return false;",
+        "new": "  (void)f;",
+        "tests": [
+            "tests/test_plan_cache.py::test_a_gradient_changed_in_place_rebuilds_the_plan",
+            "tests/test_backends.py::test_cache_notices_a_new_dtype_at_the_same_address",
+        ],
+        "what": "the plan cache misses a new dtype at the same address",
+    },
+    {
+        "name": "cpp-cache-ignores-strides",
+        "path": "csrc/snapshot.cpp",
+        "old": "    if (equal != 1) return false;",
+        "new": "    (void)equal;",
+        "tests": ["tests/test_plan_cache.py::test_channels_last_gradients_keep_their_strides"],
+        "what": "the plan cache misses new strides of a dense, non-contiguous gradient",
+    },
+    # ------------------------------------------------------------------
+    # Triton kernels (fastnorm/backends/triton_kernels.py, triton_backend.py)
+    # ------------------------------------------------------------------
+    {
+        "name": "triton-per-tensor-keeps-last-chunk",
+        "path": "fastnorm/backends/triton_kernels.py",
+        "old": "    m, s = _reduce_rows(chunk_partial_ptr, start, end, p, MODE, BLOCK)",
+        "new": "    m, s = _reduce_rows(chunk_partial_ptr, end - 1, end, p, MODE, BLOCK)",
+        "tests": ["tests/test_norm.py::test_tensor_norms"],
+        "what": "a tensor's own norm keeps only its last chunk",
+    },
+    {
+        "name": "triton-scale-writes-without-clipping",
+        "path": "fastnorm/backends/triton_kernels.py",
+        "old": "    if (coef < 1.0) | (coef != coef):\n",
+        "new": "    coef = tl.where(coef > 1.0, 1.0, coef)\n    if True:\n",
+        "tests": ["tests/test_clip.py::test_no_clip_touches_no_memory"],
+        "what": "the scale kernel rewrites every gradient (by 1.0) when nothing needs clipping",
+    },
+    {
+        "name": "triton-clip-float32-drops-eps",
+        "path": "fastnorm/backends/triton_kernels.py",
+        "old": "coef = tl.math.div_rn(one, norm + tl.full((), 1e-6, tl.float32)) * max_norm.to(tl.float32)",
+        "new": "coef = tl.math.div_rn(one, norm) * max_norm.to(tl.float32)",
+        "tests": ["tests/test_clip.py::test_bitwise_equal_to_torch_given_the_same_norm"],
+        "what": "the clip coefficient of a float32 norm without torch's + 1e-6",
+    },
+    {
+        "name": "triton-float32-underflow-unchecked",
+        "path": "fastnorm/backends/triton_kernels.py",
+        "old": "                    lost = lost | (nonzero & (s < tl.full((), F32_TRUSTED_MIN, tl.float64)))",
+        "new": "                    lost = lost",
+        "tests": ["tests/test_triton_kernels.py::test_squares_below_float32_range_are_summed_in_float64"],
+        "what": "float32 squares lost to underflow are trusted",
+    },
+    {
+        "name": "triton-linf-merge-drops-nan",
+        "path": "fastnorm/backends/triton_kernels.py",
+        "old": "    return tl.where((a > b) | (a != a), a, b)",
+        "new": "    return tl.where(a > b, a, b)",
+        "tests": ["tests/test_norm.py::test_nan_and_inf_propagate"],
+        "what": "the max of two chunks drops a NaN (p=inf)",
+    },
+    {
+        "name": "triton-tail-mask-off-by-one",
+        "path": "fastnorm/backends/triton_kernels.py",
+        "old": "        return tl.load(chunk_ptr + idx, mask=idx < n, other=0.0)",
+        "new": "        return tl.load(chunk_ptr + idx, mask=idx < n - 1, other=0.0)",
+        "tests": ["tests/test_triton_kernels.py::test_every_tail_length"],
+        "what": "the masked tail of a chunk misses its last element",
+    },
+    {
+        "name": "triton-l2-rescale-one-ratio",
+        "path": "fastnorm/backends/triton_kernels.py",
+        "old": '    return tl.where((s == float("inf")) | (s == 0), s, finite * ratio * ratio)',
+        "new": '    return tl.where((s == float("inf")) | (s == 0), s, finite * ratio)',
+        "tests": ["tests/test_triton_kernels.py::test_float64_extremes_are_scaled_and_accurate"],
+        "what": "a scaled L2 sum moved to a larger scale by the ratio, not its square",
+    },
+    {
+        "name": "triton-programs-skip-last-chunk",
+        "path": "fastnorm/backends/triton_kernels.py",
+        "old": "    for c in range(pid, num_chunks, tl.num_programs(0)):",
+        "new": "    for c in range(pid, num_chunks - 1, tl.num_programs(0)):",
+        "tests": ["tests/test_norm.py::test_matches_oracle"],
+        "what": "the programs never read the last chunk",
+    },
+    {
+        "name": "triton-per-tensor-order-not-inverted",
+        "path": "fastnorm/backends/triton_backend.py",
+        "old": "            order[torch.tensor(grouped)] = torch.arange(len(tensors))",
+        "new": "            order = torch.tensor(grouped)",
+        "tests": ["tests/test_norm.py::test_tensor_norms"],
+        "what": "per-tensor norms of mixed dtypes put back by the permutation, not its inverse",
+    },
+    # ------------------------------------------------------------------
+    # The front (fastnorm/_collect.py, norm.py, _partial.py)
+    # ------------------------------------------------------------------
+    {
+        "name": "front-dedup-ignores-numel",
+        "path": "fastnorm/_collect.py",
+        "old": "            key = (norm_t.device, norm_t.data_ptr(), norm_t.dtype, norm_t.numel())",
+        "new": "            key = (norm_t.device, norm_t.data_ptr(), norm_t.dtype)",
+        "tests": ["tests/test_norm.py::test_same_tensor_twice_counts_once"],
+        "what": "a view of a tensor's first elements counts as the tensor itself (deduplicated)",
+    },
+    {
+        "name": "front-group-without-tensors-skips-collective",
+        "path": "fastnorm/_collect.py",
+        "old": "        domain_id(plain)  # group= always joins its collective, even with no tensor here",
+        "new": "        pass",
+        "tests": ["tests/test_distributed.py::test_group_and_dtensors_where_a_rank_holds_no_plain_gradient"],
+        "what": "a rank without plain gradients does not join group='s collective (the others hang)",
+    },
+    {
+        "name": "front-complex128-gives-float32",
+        "path": "fastnorm/_collect.py",
+        "old": "            if grad.dtype in (torch.float64, torch.complex128):",
+        "new": "            if grad.dtype == torch.float64:",
+        "tests": ["tests/test_norm.py::test_complex_gradients_for_p2"],
+        "what": "complex128 gradients give a float32 norm",
+    },
+    {
+        "name": "front-clip-writes-before-finite-check",
+        "path": "fastnorm/norm.py",
+        "old": (
+            "    if error_if_nonfinite:\n"
+            "        _check_finite(norm, p)\n"
+            "    torch._C._increment_version(written)\n"
+            "    with torch.no_grad():\n"
+            "        _scale(plan, norm, bound)\n"
+        ),
+        "new": (
+            "    torch._C._increment_version(written)\n"
+            "    with torch.no_grad():\n"
+            "        _scale(plan, norm, bound)\n"
+            "    if error_if_nonfinite:\n"
+            "        _check_finite(norm, p)\n"
+        ),
+        "tests": ["tests/test_clip.py::test_error_if_nonfinite_raises_before_scaling"],
+        "what": "error_if_nonfinite raises after the gradients were scaled",
+    },
+    {
+        "name": "front-clip-bumps-no-version",
+        "path": "fastnorm/norm.py",
+        "old": "    torch._C._increment_version(written)\n",
+        "new": "",
+        "tests": ["tests/test_clip.py::test_every_gradient_that_may_be_written_has_its_version_bumped"],
+        "what": "clip_ writes in place without autograd seeing it",
+    },
+    {
+        "name": "front-overlap-check-wrong-code",
+        "path": "fastnorm/norm.py",
+        "old": "torch._debug_has_internal_overlap(local) == 1:",
+        "new": "torch._debug_has_internal_overlap(local) == 2:",
+        "tests": ["tests/test_clip.py::test_expanded_gradient_is_refused_before_anything_is_written"],
+        "what": "an expanded gradient (elements sharing memory) is scaled instead of refused",
+    },
+    {
+        "name": "front-plain-item-norms-reduced-across-ranks",
+        "path": "fastnorm/norm.py",
+        "old": '        if domain.groups and domain.key[0] == "mesh":',
+        "new": "        if domain.groups:",
+        "tests": ["tests/test_distributed.py::test_group_tensor_norms_with_uneven_items"],
+        "what": "with group=, each plain item's own norm is all-reduced as if it were a shard",
+    },
+    {
+        "name": "front-l2-merge-inf-times-zero",
+        "path": "fastnorm/_partial.py",
+        "old": "    moved = torch.where(torch.isfinite(s), s * ratio.square(), s)",
+        "new": "    moved = s * ratio.square()",
+        "tests": ["tests/test_backends.py::test_non_finite_l2_sums_stay_non_finite_when_moved"],
+        "what": "an inf L2 sum moved to a larger scale becomes NaN (inf * 0)",
+    },
+    {
+        "name": "front-l2-sum-overflow-in-addition-kept",
+        "path": "fastnorm/_partial.py",
+        "old": "    overflow = torch.isinf(plain) & torch.isfinite(wide)",
+        "new": "    overflow = torch.zeros_like(plain, dtype=torch.bool)",
+        "tests": ["tests/test_float64_range.py"],
+        "what": "float64 L2 sums that overflow only when added give inf, not the finite norm",
+    },
+    {
+        "name": "front-lp-merge-ratio-unguarded",
+        "path": "fastnorm/_partial.py",
+        "old": "    ratio = torch.where(m == top, torch.ones_like(m), m / top)",
+        "new": "    ratio = m / top",
+        "tests": ["tests/test_norm.py::test_p_norm_of_partials_from_two_backends_with_zeros_and_inf"],
+        "what": "merging p-norm partials divides 0 by 0 and inf by inf",
+    },
+    # ------------------------------------------------------------------
+    # The plan cache (fastnorm/_plan.py)
+    # ------------------------------------------------------------------
+    {
+        "name": "plan-key-ignores-backend-request",
+        "path": "fastnorm/_plan.py",
+        "old": "    return (request, id(group), len(items),",
+        "new": "    return (id(group), len(items),",
+        "tests": ["tests/test_backends.py::test_request_is_read_at_every_call"],
+        "what": "a plan cached for one FASTNORM_BACKEND is reused under another",
+    },
+    {
+        "name": "plan-python-snapshot-skips-strides",
+        "path": "fastnorm/_plan.py",
+        "old": "return all((tensors[i].shape, tensors[i].stride()) == layout for",
+        "new": "return all(True for",
+        "tests": ["tests/test_plan_cache.py::test_channels_last_gradients_keep_their_strides"],
+        "what": "the Python snapshot misses new strides of a dense, non-contiguous gradient",
+    },
+    {
+        "name": "plan-caches-torch-backend-plans",
+        "path": "fastnorm/_plan.py",
+        "old": '    cacheable = grads.cacheable and all(g.backend.name != "torch" for g in norm_groups)',
+        "new": "    cacheable = grads.cacheable",
+        "tests": ["tests/test_backends.py::test_cache_does_not_keep_gradients_alive"],
+        "what": "plans whose backend state holds the gradients are cached (and keep them alive)",
+    },
+    {
+        "name": "plan-gapped-views-to-fused-backend",
+        "path": "fastnorm/_plan.py",
+        "old": "[0 if flat else 1].append(i)",
+        "new": "[0].append(i)",
+        "tests": ["tests/test_norm.py::test_mixed_dtypes_and_layouts"],
+        "what": "a view with gaps goes to a fused backend, which reads it as flat memory",
+    },
+    {
+        "name": "plan-collective-order-first-appearance",
+        "path": "fastnorm/_plan.py",
+        "old": "        return sorted(range(len(self.domains)), key=lambda i: repr(self.domains[i].key))",
+        "new": "        return list(range(len(self.domains)))",
+        "tests": ["tests/test_distributed.py::test_group_and_dtensors_where_a_rank_holds_no_plain_gradient"],
+        "what": "collectives run in each rank's order of first appearance, not an agreed one",
+    },
+    # ------------------------------------------------------------------
+    # The distributed stage (fastnorm/distributed.py)
+    # ------------------------------------------------------------------
+    {
+        "name": "dist-nan-flag-dropped",
+        "path": "fastnorm/distributed.py",
+        "old": '    return torch.where(flagged[k:] > 0, torch.full_like(m, float("nan")), top)',
+        "new": "    return top",
+        "tests": ["tests/test_distributed.py::test_nan_on_one_rank_reaches_every_rank"],
+        "what": "a NaN on one rank is lost in the MAX across ranks",
+    },
+    {
+        "name": "dist-replicate-summed-over-ranks",
+        "path": "fastnorm/distributed.py",
+        "old": "tuple(d for d, placement in enumerate(t.placements) if placement.is_shard())",
+        "new": "tuple(range(len(t.placements)))",
+        "tests": ["tests/test_distributed.py::test_dtensor_shard_and_replicate"],
+        "what": "a replicated DTensor counts once per rank",
+    },
+    {
+        "name": "dist-l2-sums-left-at-local-scale",
+        "path": "fastnorm/distributed.py",
+        "old": (
+            "        moved = [_partial.l2_rescaled(m, s, top), "
+            "_partial.l2_rescaled(m, s, _partial.l2_wide_top(top))]"
+        ),
+        "new": (
+            "        own = _partial.l2_active_scale(m, s)\n"
+            "        moved = [_partial.l2_rescaled(m, s, own), "
+            "_partial.l2_rescaled(m, s, _partial.l2_wide_top(own))]"
+        ),
+        "tests": ["tests/test_distributed.py::test_l2_partials_of_every_scale_merge_across_ranks"],
+        "what": "scaled L2 sums are added across ranks without moving them to the global scale",
+    },
+    # ------------------------------------------------------------------
+    # The monitor (fastnorm/monitoring/monitor.py)
+    # ------------------------------------------------------------------
+    {
+        "name": "monitor-window-drops-last-step",
+        "path": "fastnorm/monitoring/monitor.py",
+        "old": "        values = host[:k]\n",
+        "new": "        values = host[: k - 1]\n",
+        "tests": ["tests/test_monitor.py::test_every_step_reaches_the_loggers_in_one_transfer_per_window"],
+        "what": "a window loses its last step's norm",
+    },
+    {
+        "name": "monitor-float64-norms-in-float32",
+        "path": "fastnorm/monitoring/monitor.py",
+        "old": '            dtype = torch.float64 if wide or device.type == "cpu" else torch.float32',
+        "new": "            dtype = torch.float32",
+        "tests": ["tests/test_monitor.py::test_float64_norms_keep_their_precision"],
+        "what": "float64 norms are kept in a float32 buffer",
+    },
+    {
+        "name": "monitor-skip-flags-read-from-loss-row",
+        "path": "fastnorm/monitoring/monitor.py",
+        "old": "        skipped = tuple(host[_SKIPPED * n + i] != 0",
+        "new": "        skipped = tuple(host[_LOSS * n + i] != 0",
+        "tests": ["tests/test_monitor.py::test_skip_flags_cross_in_the_same_transfer_and_are_counted"],
+        "what": "the skip flags are read from the loss's row of the buffer",
+    },
+    {
+        "name": "monitor-failing-logger-stops-the-others",
+        "path": "fastnorm/monitoring/monitor.py",
+        "old": '-{steps[-1]}")\n',
+        "new": '-{steps[-1]}")\n                break\n',
+        "tests": [
+            "tests/test_monitor.py::test_a_failing_logger_is_reported_once_and_the_others_get_every_window"
+        ],
+        "what": "a logger that raises keeps the loggers after it from the window",
+    },
+    # ------------------------------------------------------------------
+    # The loggers (fastnorm/monitoring/loggers.py)
+    # ------------------------------------------------------------------
+    {
+        "name": "tensorboard-closes-a-given-writer",
+        "path": "fastnorm/monitoring/loggers.py",
+        "old": "        if self._owned:\n            self.writer.close()\n",
+        "new": "        if True:\n            self.writer.close()\n",
+        "tests": ["tests/test_loggers.py::test_tensorboard_leaves_a_given_writer_open"],
+        "what": "TensorBoardLogger.close closes a writer its caller owns",
+    },
+    {
+        "name": "stats-count-skipped-steps-as-clipped",
+        "path": "fastnorm/monitoring/loggers.py",
+        "old": "        applied = [v for i, v in enumerate(values) if not (i < len(skipped) and skipped[i])]",
+        "new": "        applied = values",
+        "tests": ["tests/test_loggers.py::test_the_skip_flags_are_logged_at_their_step_and_counted_last"],
+        "what": "the clipped fraction counts the steps the optimizer skipped",
+    },
+    {
+        "name": "stats-clip-threshold-without-eps",
+        "path": "fastnorm/monitoring/loggers.py",
+        "old": "        clipped = sum(max_norm < v + 1e-6 for v in applied)",
+        "new": "        clipped = sum(max_norm < v for v in applied)",
+        "tests": ["tests/test_monitor.py::test_clipped_fraction_counts_what_clip_scales_near_max_norm"],
+        "what": "a norm within 1e-6 below max_norm, which clip_ scales, is not counted as clipped",
+    },
+    {
+        "name": "jsonl-appends-by-default",
+        "path": "fastnorm/monitoring/loggers.py",
+        "old": 'def __init__(self, path: str | os.PathLike, mode: str = "w")',
+        "new": 'def __init__(self, path: str | os.PathLike, mode: str = "a")',
+        "tests": ["tests/test_loggers.py::test_jsonl_starts_afresh_by_default_and_appends_on_request"],
+        "what": "a new run appends to an old run's metrics.jsonl",
+    },
+    {
+        "name": "window-statistics-at-first-step",
+        "path": "fastnorm/monitoring/loggers.py",
+        "old": "            if i == last:\n",
+        "new": "            if i == 0:\n",
+        "tests": ["tests/test_loggers.py::test_metrics_put_each_value_at_its_step_and_the_statistics_last"],
+        "what": "a window's statistics are logged at its first step",
+    },
+    # ------------------------------------------------------------------
+    # The diagnosis (fastnorm/monitoring/diagnosis.py)
+    # ------------------------------------------------------------------
+    {
+        "name": "diagnosis-thresholds-swapped",
+        "path": "fastnorm/monitoring/diagnosis.py",
+        "old": "        return self.explode_orders if side > 0 else self.vanish_orders",
+        "new": "        return self.vanish_orders if side > 0 else self.explode_orders",
+        "tests": ["tests/test_diagnosis.py"],
+        "what": "a rise is judged by the vanishing threshold and a fall by the exploding one",
+    },
+    {
+        "name": "diagnosis-zero-is-invalid",
+        "path": "fastnorm/monitoring/diagnosis.py",
+        "old": "        if value is None or value < 0:\n            _extend(self._invalid, step, raw)",
+        "new": "        if value is None or value <= 0:\n            _extend(self._invalid, step, raw)",
+        "tests": ["tests/test_diagnosis.py::test_zero_norm_reads_as_vanishing"],
+        "what": "an exact zero norm is reported as an invalid value, not as vanishing",
+    },
+    {
+        "name": "diagnosis-new-normal-test-inverted",
+        "path": "fastnorm/monitoring/diagnosis.py",
+        "old": "        if dep.count >= self.window and not self._alarming(dep):",
+        "new": "        if dep.count >= self.window and self._alarming(dep):",
+        "tests": ["tests/test_diagnosis.py"],
+        "what": "a sustained explosion is taken for a new normal, a mild shift is not",
+    },
+    {
+        "name": "diagnosis-side-inverted",
+        "path": "fastnorm/monitoring/diagnosis.py",
+        "old": "        side = 0 if abs(dev) <= base.band else (1 if dev > 0 else -1)",
+        "new": "        side = 0 if abs(dev) <= base.band else (1 if dev < 0 else -1)",
+        "tests": ["tests/test_diagnosis.py"],
+        "what": "a departure above the band is read as a fall, below as a rise",
+    },
+    {
+        "name": "diagnosis-nonfinite-to-the-end-read-as-skipped",
+        "path": "fastnorm/monitoring/diagnosis.py",
+        "old": "            persists = r.open and (not loss_logged or r.count > self.max_skip_run)",
+        "new": "            persists = r.open and r.count > self.max_skip_run",
+        "tests": ["tests/test_diagnosis.py"],
+        "what": "non-finite norms to the last step, with no loss to tell, read as skipped steps",
+    },
+    # ------------------------------------------------------------------
+    # StepClipper (fastnorm/optim.py)
+    # ------------------------------------------------------------------
+    {
+        "name": "stepclipper-grad-scale-drops-eps",
+        "path": "fastnorm/optim.py",
+        "old": "                grad_scale = torch.clamp_min((norm + 1e-6) / self.max_norm, 1.0)",
+        "new": "                grad_scale = torch.clamp_min(norm / self.max_norm, 1.0)",
+        "tests": ["tests/test_optim.py::test_the_folded_coefficient_is_torchs_at_small_norms"],
+        "what": "the folded clip divides by norm / max_norm, without torch's + 1e-6",
+    },
+    {
+        "name": "stepclipper-found-inf-summed",
+        "path": "fastnorm/optim.py",
+        "old": "                found_inf = outer if found_inf is None else torch.maximum(found_inf, outer)",
+        "new": "                found_inf = outer if found_inf is None else found_inf + outer",
+        "tests": ["tests/test_optim.py::test_both_flags_skip_once"],
+        "what": "the scaler's and the norm's skip flags are added (2 is not a skip to the kernels)",
+    },
+    {
+        "name": "stepclipper-attributes-outlive-the-step",
+        "path": "fastnorm/optim.py",
+        "old": '        found_inf = vars(opt).get("found_inf")\n        self._uninstall(opt)\n',
+        "new": '        found_inf = vars(opt).get("found_inf")\n',
+        "tests": ["tests/test_optim.py::test_attributes_live_only_inside_one_step"],
+        "what": "grad_scale and found_inf stay on the optimizer after its step",
+    },
+    {
+        "name": "stepclipper-unfused-default-folds",
+        "path": "fastnorm/optim.py",
+        "old": 'if not g.get("fused")]',
+        "new": 'if g.get("fused") is False]',
+        "tests": ["tests/test_optim.py::test_unsupported_optimizers_fall_back_with_one_note"],
+        "what": "an optimizer built without fused=True (fused=None) is taken to fold the clip",
+    },
+]
