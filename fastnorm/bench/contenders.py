@@ -397,6 +397,11 @@ def for_workload(
         pool = [CONTENDERS[n] for n in workload.contenders if n in CONTENDERS and wanted(CONTENDERS[n])]
     else:
         pool = [c for c in CONTENDERS.values() if wanted(c) and not c.only_listed]
+    return _runnable(pool, device)
+
+
+def _runnable(pool: list[Contender], device: torch.device) -> tuple[list[Contender], dict[str, list[str]]]:
+    """Those of ``pool`` that can run on ``device``, and why each other one cannot."""
     chosen, skipped = [], {}
     for c in pool:
         reasons = c.reasons(device)
@@ -425,20 +430,11 @@ def select(
     With ``prefixes``, every contender whose name starts with one of them (even
     one not run by default there); the references always run.
     """
-    chosen, skipped = [], {}
-    for c in CONTENDERS.values():
-        if c.only_listed:
-            continue
-        wanted = (
-            c.group == "reference"
-            or (prefixes is None and device.type in c.default_on)
-            or (prefixes is not None and any(c.name.startswith(p) for p in prefixes))
-        )
-        if not wanted:
-            continue
-        reasons = c.reasons(device)
-        if reasons:
-            skipped[c.name] = reasons
-        else:
-            chosen.append(c)
-    return chosen, skipped
+    default = default_wanted(device)
+
+    def wanted(c: Contender) -> bool:
+        if prefixes is None:
+            return default(c)
+        return c.group == "reference" or c.name.startswith(tuple(prefixes))
+
+    return _runnable([c for c in CONTENDERS.values() if not c.only_listed and wanted(c)], device)

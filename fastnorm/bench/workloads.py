@@ -183,7 +183,8 @@ def defaults(device: torch.device) -> list[str]:
     return [w.name for w in WORKLOADS.values() if device.type in w.default_on]
 
 
-# Per-group calls: fastnorm's and torch's, and the roofline of the same bytes.
+# Workloads of many calls (one per group, or per rank's shards): fastnorm's and
+# torch's calls, and the roofline of the same bytes.
 GROUPED_CONTENDERS = (
     "fastnorm.total_norm",
     "fastnorm.clip_/noop",
