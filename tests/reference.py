@@ -48,3 +48,25 @@ def total_norm(tensors: list[torch.Tensor], p: float) -> float:
         return bottom
     with np.errstate(over="ignore"):  # a ratio past float64's range: its power is 0, exactly
         return bottom * float(np.sum((x / bottom) ** p)) ** (1.0 / p)
+
+
+def torch_clip_loop(layers: tuple[int, int, int], batch: int, steps: int = 3, seed: int = 0) -> list[float]:
+    """The pre-clip norms of a short loop clipped by torch, in float64: a
+    Linear-ReLU-Linear model of widths ``layers`` and SGD (lr 0.1), built and fed
+    after ``torch.manual_seed(seed)``, as the README's and the examples' loops do,
+    so from the same draws. The caller's random state is left as it was."""
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        d_in, hidden, d_out = layers
+        model = torch.nn.Sequential(
+            torch.nn.Linear(d_in, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, d_out)
+        ).double()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        norms = []
+        for _ in range(steps):
+            loss = model(torch.randn(batch, d_in).double()).square().mean()
+            loss.backward()
+            norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0).item())
+            optimizer.step()
+            optimizer.zero_grad()
+    return norms

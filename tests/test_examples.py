@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 
+import reference
 from harness import run_python
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -38,18 +39,7 @@ def fsdp2_oracle() -> list[float]:
     """The example's three steps in one process, unsharded and in float64, clipped by
     torch: the same draws from the same seed (FSDP2 averages the ranks' gradients of
     the same batch, which is this batch's gradient)."""
-    with torch.random.fork_rng():
-        torch.manual_seed(0)
-        model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4)).double()
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-        norms = []
-        for _ in range(3):
-            loss = model(torch.randn(16, 32).double()).square().mean()
-            loss.backward()
-            norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0).item())
-            optimizer.step()
-            optimizer.zero_grad()
-    return norms
+    return reference.torch_clip_loop((32, 64, 4), batch=16)
 
 
 def test_fsdp2_example():

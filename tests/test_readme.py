@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import reference
 from fastnorm.cli import main
 
 README = Path(__file__).resolve().parents[1] / "README.md"
@@ -49,17 +50,7 @@ def test_plain_loop_example_runs_and_diagnoses_as_shown(tmp_path, monkeypatch, c
 
 def quick_start_oracle() -> list[float]:
     """The quick start's loop in float64 with torch's clip, from the same draws."""
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8)).double()
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    norms = []
-    for _ in range(3):
-        loss = model(torch.randn(32, 64).double()).square().mean()
-        loss.backward()
-        norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0).item())
-        optimizer.step()
-        optimizer.zero_grad()
-    return norms
+    return reference.torch_clip_loop((64, 64, 8), batch=32)
 
 
 def test_quick_start_prints_the_norms_of_its_loop(capsys):
