@@ -53,14 +53,23 @@ def test_a_prepared_step_has_real_parameters_and_the_optimizers_state():
 def test_staged_work_is_not_timed():
     clock = harness.Clock(CPU)
     calls = []
-    staged = C.Staged(lambda: (calls.append("before"), time.sleep(0.05)), lambda: calls.append("call"))
+    staged = C.Staged(lambda: (calls.append("before"), time.sleep(0.5)), lambda: calls.append("call"))
     elapsed, host = clock.time(staged, undo=lambda: calls.append("undo"))
-    assert calls == ["before", "call", "undo"] and elapsed < 0.04
+    assert calls == ["before", "call", "undo"] and elapsed < 0.25
     staged()  # called whole (the correctness check): both parts
     assert calls[3:] == ["before", "call"]
 
 
-def test_step_rows_in_a_quick_run(tmp_path, capsys):
+class QuietMeter:
+    """A load meter that sees no other process: the rows below are read as
+    figures, not as ``disturbed``, however busy the machine running the tests."""
+
+    def stop(self):
+        return {"other_cores_busy": 0.0, "steal_cores": 0.0}
+
+
+def test_step_rows_in_a_quick_run(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(harness, "LoadMeter", QuietMeter)
     argv = ["bench", "--full", "--quick", "--workloads", "step-gpt2-small", "--repeats", "3", "--no-plot"]
     assert main(argv + ["--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
