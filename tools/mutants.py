@@ -124,8 +124,9 @@ class Tree:
         count = original.count(mutant.old)
         if count != 1:
             return f"its snippet occurs {count} times in {mutant.path}"
-        self._journal(mutant.path, original, path.stat().st_mtime_ns)
-        path.write_text(original.replace(mutant.old, mutant.new))
+        planted = original.replace(mutant.old, mutant.new)
+        self._journal(mutant.path, original, planted, path.stat().st_mtime_ns)
+        path.write_text(planted)
         return None
 
     def restore(self) -> None:
@@ -159,22 +160,37 @@ class Tree:
         JOURNAL.unlink()
 
     @staticmethod
-    def _journal(path: str, original: str, mtime_ns: int) -> None:
+    def _journal(path: str, original: str, planted: str, mtime_ns: int) -> None:
         JOURNAL.parent.mkdir(exist_ok=True)
         staged = JOURNAL.with_suffix(".tmp")
-        staged.write_text(json.dumps({"path": path, "original": original, "mtime_ns": mtime_ns}))
+        entry = {"path": path, "original": original, "planted": planted, "mtime_ns": mtime_ns}
+        staged.write_text(json.dumps(entry))
         os.replace(staged, JOURNAL)
 
 
-def recover() -> None:
-    """Restores a file a killed run left planted (its journal is still there)."""
-    if JOURNAL.exists():
-        entry = json.loads(JOURNAL.read_text())
-        print(
-            f"mutants.py: restoring {entry['path']}, left planted by a run that was killed", file=sys.stderr
+def recover() -> str | None:
+    """Restores a file a killed run left planted (its journal is still there).
+
+    Only while the file still holds exactly what was planted: a file edited,
+    restored or updated since is left alone, and the reason is returned.
+    """
+    if not JOURNAL.exists():
+        return None
+    entry = json.loads(JOURNAL.read_text())
+    path = ROOT / entry["path"]
+    current = path.read_text() if path.is_file() else None
+    if current == entry["original"]:
+        JOURNAL.unlink()  # put back already (killed between the restore and the journal's removal)
+        return None
+    if current != entry.get("planted"):
+        return (
+            f"{JOURNAL} says a killed run planted a mutant in {entry['path']}, but the file has "
+            "changed since: check it (`git diff`), then delete the journal"
         )
-        tree = Tree(Path(tempfile.gettempdir()))
-        tree.restore()  # a C++ file: rebuilt, since no clean build was saved
+    print(f"mutants.py: restoring {entry['path']}, left planted by a run that was killed", file=sys.stderr)
+    tree = Tree(Path(tempfile.gettempdir()))
+    tree.restore()  # a C++ file: rebuilt, since no clean build was saved
+    return None
 
 
 def build() -> str | None:
@@ -200,7 +216,8 @@ def build() -> str | None:
 
 
 def run_tests(tests: tuple[str, ...], timeout: float) -> tuple[str, str]:
-    """``('passed' | 'failed', detail)`` for one pytest run of ``tests``.
+    """``('passed' | 'failed' | 'skipped', detail)`` for one pytest run of ``tests``
+    (skipped: it passed, but not one of its tests ran here).
 
     pytest runs in a session of its own, so that on a timeout or Ctrl-C its
     whole process tree (torchrun, spawned ranks) is killed, not only pytest.
@@ -228,6 +245,8 @@ def run_tests(tests: tuple[str, ...], timeout: float) -> tuple[str, str]:
         where = f" in {running[-1]}" if running else ""
         return "failed", f"hung{where}: killed after {timeout:.0f} s"
     if code == 0:
+        if not any(line.endswith(" PASSED") or " PASSED " in line for line in lines):
+            return "skipped", "every test it names was skipped here"
         return "passed", "every test passed"
     if code in (4, 5):  # a test named that does not exist, or nothing collected
         complaint = next((line for line in lines if line.startswith("ERROR: ")), lines[-1] if lines else "")
@@ -296,7 +315,7 @@ def campaign(mutants: list[Mutant], full: bool, timeout: float, tree: Tree, isas
                 result, detail = "stale", f"does not compile: {problem}"
             else:
                 ran, detail = run_tests(("tests",) if full else m.tests, timeout)
-                result = "caught" if ran == "failed" else "survived"
+                result = {"failed": "caught", "passed": "survived", "skipped": "skipped"}[ran]
         finally:
             tree.restore()
         outcomes.append(Outcome(m, result, detail, time.monotonic() - t0))
@@ -356,7 +375,10 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     started = time.monotonic()
     try:
-        recover()
+        problem = recover()
+        if problem:
+            print(f"mutants.py: {problem}", file=sys.stderr)
+            return 2
         problem, isas = check_environment()
         if problem:
             print(f"mutants.py: {problem}", file=sys.stderr)
