@@ -33,22 +33,10 @@ struct F64 {
     return d;
   }
 };
-// bfloat16 and float32 values are widened to float64 with integer operations,
-// several to a 64-bit word: element k of the word is shifted by
-// kWidenShift[k] (left; right when negative) and masked with kWidenMask, which
-// puts its exponent and mantissa on the float64's own, sign cleared. That
-// float64 is exactly |x| * 2^-896 for every finite x, subnormals included, and
-// one multiply by kWidenScale = 2^896 makes it |x|. inf and NaN become finite
-// values of at least kFiniteBound = 2^128 instead, above every finite |x|: a
-// sum that reaches kFiniteBound (L1) or its square (L2) is checked against
-// max |x|. float16 values go through float32 first (F16C, exact), so that no
-// float64 is subnormal: some CPUs take a hundred cycles over each such operand.
-struct F32Pairs {
-  static constexpr int kWidenShift[2] = {29, -3};
-  static constexpr uint64_t kWidenMask = 0x0FFFFFFFE0000000ull;
-  static constexpr double kWidenScale = 0x1p896;
-};
-
+// 16-bit values are widened to float64 exactly, through float32: float16 with
+// F16C (or convert.h), bfloat16 by placing its bits in the upper half of a
+// float32. kFiniteBound = 2^128 is above every finite |x|: sum_pow_checked
+// (kernels_impl.h) asks max |x| about sums that reach it (L1) or its square (L2).
 struct F16 {
   using T = uint16_t;
   using Bits = uint16_t;
@@ -63,9 +51,6 @@ struct BF16 {
   using Bits = uint16_t;
   static constexpr int kCode = kBFloat16;
   static constexpr Bits kAbsMask = 0x7FFFu;
-  static constexpr int kWidenShift[4] = {45, 29, 13, -3};
-  static constexpr uint64_t kWidenMask = 0x0FFFE00000000000ull;  // the same bits as F32Pairs
-  static constexpr double kWidenScale = 0x1p896;
   static constexpr double kFiniteBound = 0x1p128;
   static FASTNORM_INLINE double to_double(T x) { return double(bf16_to_float(x)); }
   static FASTNORM_INLINE double from_bits(Bits b) { return double(bf16_to_float(b)); }

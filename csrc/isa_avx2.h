@@ -32,19 +32,19 @@ FASTNORM_INLINE __m256d step(__m256d acc, __m256d v) {
   }
 }
 
-// Element k of every 64-bit word of w, widened (elements.h): |x| * 2^-896.
-template <class W, int K>
-FASTNORM_INLINE __m256d widen(__m256i w) {
-  constexpr int shift = W::kWidenShift[K];
-  const __m256i moved = shift >= 0 ? _mm256_slli_epi64(w, shift) : _mm256_srli_epi64(w, -shift);
-  return _mm256_castsi256_pd(_mm256_and_si256(moved, _mm256_set1_epi64x(int64_t(W::kWidenMask))));
+// The float32 values of four words, or sixteen bfloat16 as float32 (exact):
+// the even elements are the upper halves of the words shifted up, the odd
+// ones the upper halves kept.
+FASTNORM_INLINE __m256 bf16_even(__m256i w) { return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16)); }
+FASTNORM_INLINE __m256 bf16_odd(__m256i w) {
+  return _mm256_castsi256_ps(_mm256_and_si256(w, _mm256_set1_epi32(int32_t(0xFFFF0000u))));
 }
 
-// Adds element k of every word of w, widened, to lane group `group`.
-template <class W, int Power, int K>
-FASTNORM_INLINE void add_widened(Acc& a, int group, __m256i w) {
-  const __m256d v = _mm256_mul_pd(widen<W, K>(w), _mm256_set1_pd(W::kWidenScale));
-  a.g[group] = step<Power, true>(a.g[group], v);
+// Adds the eight float32 values of f, widened (exact), to groups lo and hi.
+template <int Power>
+FASTNORM_INLINE void add_floats(Acc& a, int lo, int hi, __m256 f) {
+  a.g[lo] = step<Power, true>(a.g[lo], _mm256_cvtps_pd(_mm256_castps256_ps128(f)));
+  a.g[hi] = step<Power, true>(a.g[hi], _mm256_cvtps_pd(_mm256_extractf128_ps(f, 1)));
 }
 
 template <class E, int Power>
@@ -58,38 +58,20 @@ FASTNORM_INLINE void add_block(Acc& a, const typename E::T* x) {
       a.g[k] = step<Power, true>(a.g[k], _mm256_cvtps_pd(_mm_loadu_ps(x + 4 * k)));
     }
   } else if constexpr (E::kCode == kFloat16) {
-    // Eight halves to floats per quarter q: element 8q + 2j + k goes to group 4k + q.
-    for (int q = 0; q < 4; ++q) {
-      const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x + 8 * q));
-      const __m256i w = _mm256_castps_si256(_mm256_cvtph_ps(h));
-      add_widened<F32Pairs, Power, 0>(a, q, w);
-      add_widened<F32Pairs, Power, 1>(a, 4 + q, w);
+    // Four halves to floats to doubles per group: element e goes to lane e.
+    for (int k = 0; k < kGroups; ++k) {
+      const __m128i h = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(x + 4 * k));
+      a.g[k] = step<Power, true>(a.g[k], _mm256_cvtps_pd(_mm_cvtph_ps(h)));
     }
   } else {
-    // Sixteen bfloat16 per half h: element 16h + 4j + k goes to group 2k + h.
+    // Sixteen bfloat16 per half h, as float32 (lanes.h: 16h + 2j + k goes to
+    // group 4h + 2(j / 4) + k).
     for (int h = 0; h < 2; ++h) {
       const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 16 * h));
-      add_widened<E, Power, 0>(a, h, w);
-      add_widened<E, Power, 1>(a, 2 + h, w);
-      add_widened<E, Power, 2>(a, 4 + h, w);
-      add_widened<E, Power, 3>(a, 6 + h, w);
+      add_floats<Power>(a, 4 * h, 4 * h + 2, bf16_even(w));
+      add_floats<Power>(a, 4 * h + 1, 4 * h + 3, bf16_odd(w));
     }
   }
-}
-
-// Every sum runs the loop of kernels_impl.h here.
-template <class E>
-constexpr bool kSumElsewhere = false;
-
-template <class E, int Power>
-FASTNORM_INLINE double sum_elsewhere(const typename E::T*, int64_t) {
-  return 0.0;
-}
-
-// The lanes are in lanes.h's order already.
-template <class E>
-FASTNORM_INLINE const Acc& canonical(const Acc& a) {
-  return a;
 }
 
 template <class E, int Power>
@@ -97,6 +79,157 @@ FASTNORM_INLINE void add_tail(Acc& a, const typename E::T* x, int64_t n) {
   alignas(32) typename E::T padded[kLanes] = {};
   std::memcpy(padded, x, size_t(n) * sizeof(typename E::T));
   add_block<E, Power>(a, padded);
+}
+
+// ---------------------------------------------------------------------------
+// bfloat16 sums at the speed of float32 ones
+//
+// A bfloat16 is the upper half of a float32, so 32 bfloat16 can be widened by
+// reading memory as float32 words and converting those straight from memory,
+// which costs no more than a float32 sum: the odd elements are the upper
+// halves of the words at x, the even ones those of the words two bytes
+// earlier (x - 1 element). The lower half of each word is a neighbour, which
+// adds 16 low bits to the float32's mantissa; they land below the bfloat16's
+// 7 mantissa bits in the float64 and one AND clears them, which leaves the
+// element's exact value (inf and NaN become NaN: sum_pow_checked then asks
+// max |x|).
+//
+// That fails only where an element's exponent bits are all zero (zero or
+// subnormal) and its neighbour is not zero: the float32 word is then a
+// subnormal holding the neighbour's bits. The blocks are read in chunks, each
+// in the first of these ways that holds, with the lanes restored before the next:
+//   1. as words: converting a subnormal sets the denormal-operand flag (DE) of
+//      MXCSR, and nothing else in the loop can: a chunk that leaves DE clear
+//      had no such word;
+//   2. as words with denormals-are-zero (DAZ) set, which reads those words as
+//      zero: right for every zero element, and a running minimum of
+//      (|x| bits - 1) over the chunk tells whether any element was subnormal;
+//   3. block by block, widened in registers (add_block).
+// After a chunk that way 1 could not read, the next ones start with way 2.
+// Every way adds the same exact values to the same lanes in the same order,
+// so the result is that of the other instruction sets.
+
+// MXCSR's denormal-operand flag and denormals-are-zero mode.
+constexpr unsigned kDenormalFlag = 0x0002;
+constexpr unsigned kDenormalsAreZero = 0x0040;
+// Blocks per chunk (16 KiB: a chunk read again comes from L1). MXCSR is read
+// once per chunk; reading it waits for the conversions in flight.
+constexpr int64_t kChunkBlocks = 256;
+// After a chunk that way 1 could not read, this many start with way 2.
+constexpr int kCarefulChunks = 16;
+
+// Adds |x|^Power of a block of 32 bfloat16 read as float32 words (x[-1] is
+// read too). Exact unless an element's exponent is zero.
+template <int Power>
+FASTNORM_INLINE void add_bf16_words(Acc& a, const uint16_t* x) {
+  const __m256d keep = _mm256_castsi256_pd(_mm256_set1_epi64x(int64_t(0x7FFFE00000000000ull)));
+  const float* odd = reinterpret_cast<const float*>(x);
+  const float* even = reinterpret_cast<const float*>(x - 1);
+  for (int q = 0; q < 4; ++q) {
+    const __m256d e = _mm256_and_pd(_mm256_cvtps_pd(_mm_loadu_ps(even + 4 * q)), keep);
+    const __m256d o = _mm256_and_pd(_mm256_cvtps_pd(_mm_loadu_ps(odd + 4 * q)), keep);
+    a.g[2 * q] = step<Power, true>(a.g[2 * q], e);
+    a.g[2 * q + 1] = step<Power, true>(a.g[2 * q + 1], o);
+  }
+}
+
+// min over the block of the 16-bit (|x| bits - 1), wrapping: 0xFFFF for zero,
+// below 0x7F exactly for subnormals.
+FASTNORM_INLINE __m256i min_magnitude_bits(__m256i m, const uint16_t* x) {
+  const __m256i magnitude = _mm256_set1_epi16(0x7FFF);
+  const __m256i minus_one = _mm256_set1_epi16(-1);
+  for (int h = 0; h < 2; ++h) {
+    const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 16 * h));
+    m = _mm256_min_epu16(m, _mm256_add_epi16(_mm256_and_si256(w, magnitude), minus_one));
+  }
+  return m;
+}
+
+FASTNORM_INLINE bool any_below(__m256i m, int16_t bound) {
+  const __m256i below = _mm256_cmpeq_epi16(_mm256_min_epu16(m, _mm256_set1_epi16(bound - 1)), m);
+  return !_mm256_testz_si256(below, below);
+}
+
+// Keeps the compiler from moving loads or conversions across the reads and
+// writes of MXCSR: every lane is computed before it, and nothing is loaded
+// before it that is used after.
+FASTNORM_INLINE void mxcsr_fence(Acc& a) {
+  for (__m256d& g : a.g) asm volatile("" : "+x"(g));
+  asm volatile("" ::: "memory");
+}
+
+template <int Power>
+FASTNORM_NOINLINE double sum_bf16(const uint16_t* x, int64_t n) {
+  Acc acc = acc_zero();
+  const int64_t blocks = n / kLanes;
+  int64_t b = 0;
+  if (blocks >= 2) {
+    const unsigned entry = _mm_getcsr();
+    const unsigned clear = entry & ~(kDenormalFlag | kDenormalsAreZero);
+    bool written = entry != clear;  // MXCSR may differ from `clear`
+    if (written) _mm_setcsr(clear);
+    // The first block reads nothing before x.
+    add_block<BF16, Power>(acc, x);
+    b = 1;
+    int careful = 0;
+    for (; b < blocks; b = std::min(blocks, b + kChunkBlocks)) {
+      const int64_t end = std::min(blocks, b + kChunkBlocks);
+      __m256d before[kGroups];
+      for (int k = 0; k < kGroups; ++k) before[k] = acc.g[k];
+      if (careful == 0) {  // way 1
+        if (written) _mm_setcsr(clear);
+        written = false;
+        mxcsr_fence(acc);
+        for (int64_t i = b; i < end; ++i) add_bf16_words<Power>(acc, x + i * kLanes);
+        mxcsr_fence(acc);
+        if (!(_mm_getcsr() & kDenormalFlag)) continue;
+        written = true;
+        for (int k = 0; k < kGroups; ++k) acc.g[k] = before[k];
+        careful = kCarefulChunks;
+      } else {
+        --careful;
+      }
+      // way 2
+      _mm_setcsr(clear | kDenormalsAreZero);
+      written = true;
+      __m256i least = _mm256_set1_epi16(-1);
+      mxcsr_fence(acc);
+      for (int64_t i = b; i < end; ++i) {
+        least = min_magnitude_bits(least, x + i * kLanes);
+        add_bf16_words<Power>(acc, x + i * kLanes);
+      }
+      mxcsr_fence(acc);
+      _mm_setcsr(clear);
+      if (!any_below(least, 0x7F)) continue;
+      // way 3
+      for (int k = 0; k < kGroups; ++k) acc.g[k] = before[k];
+      for (int64_t i = b; i < end; ++i) add_block<BF16, Power>(acc, x + i * kLanes);
+    }
+    // DE and DAZ as they were on entry: a DE this loop raised says nothing
+    // about the caller's values.
+    const unsigned mine = kDenormalFlag | kDenormalsAreZero;
+    const unsigned now = _mm_getcsr();
+    const unsigned exit = (now & ~mine) | (entry & mine);
+    if (exit != now) _mm_setcsr(exit);
+  }
+  for (; b < blocks; ++b) add_block<BF16, Power>(acc, x + b * kLanes);
+  if (blocks * kLanes < n) add_tail<BF16, Power>(acc, x + blocks * kLanes, n - blocks * kLanes);
+  return fold(acc);
+}
+
+// bfloat16 sums run sum_bf16, the others the loop of kernels_impl.h.
+template <class E>
+constexpr bool kSumElsewhere = E::kCode == kBFloat16;
+
+template <class E, int Power>
+FASTNORM_INLINE double sum_elsewhere(const typename E::T* x, int64_t n) {
+  return sum_bf16<Power>(x, n);
+}
+
+// The lanes are in lanes.h's order already.
+template <class E>
+FASTNORM_INLINE const Acc& canonical(const Acc& a) {
+  return a;
 }
 
 // Rounds float32 values to bfloat16 like c10::BFloat16 (convert.h), eight

@@ -32,45 +32,28 @@ FASTNORM_INLINE __m512d step(__m512d acc, __m512d v) {
   }
 }
 
-// Element k of every 64-bit word of w, widened (elements.h): |x| * 2^-896.
-template <class W, int K>
-FASTNORM_INLINE __m512d widen(__m512i w) {
-  constexpr int shift = W::kWidenShift[K];
-  const __m512i moved = shift >= 0 ? _mm512_slli_epi64(w, shift) : _mm512_srli_epi64(w, -shift);
-  return _mm512_castsi512_pd(_mm512_and_si512(moved, _mm512_set1_epi64(int64_t(W::kWidenMask))));
-}
-
-// Adds element k of every word of w, widened, to register r.
-template <class W, int Power, int K>
-FASTNORM_INLINE void add_widened(Acc& a, int r, __m512i w) {
-  a.z[r] = step<Power, true>(a.z[r], _mm512_mul_pd(widen<W, K>(w), _mm512_set1_pd(W::kWidenScale)));
-}
-
-// Thirty-two bfloat16: element 4j + k goes to register k.
-template <class E, int Power>
-FASTNORM_INLINE void add_bf16(Acc& a, __m512i w) {
-  add_widened<E, Power, 0>(a, 0, w);
-  add_widened<E, Power, 1>(a, 1, w);
-  add_widened<E, Power, 2>(a, 2, w);
-  add_widened<E, Power, 3>(a, 3, w);
-}
-
-// float64 and bfloat16 only: the others run the AVX2 loop (kSumElsewhere below).
+// float64 and float16 only: the others run the AVX2 loops (kSumElsewhere below).
+// Eight halves to floats (F16C, from memory) to doubles per register: element
+// e goes to lane e.
 template <class E, int Power>
 FASTNORM_INLINE void add_block(Acc& a, const typename E::T* x) {
-  static_assert(E::kCode == kFloat64 || E::kCode == kBFloat16, "summed by the AVX2 loop");
-  if constexpr (E::kCode == kFloat64) {
-    for (int k = 0; k < 4; ++k) a.z[k] = step<Power, false>(a.z[k], _mm512_loadu_pd(x + 8 * k));
-  } else {
-    add_bf16<E, Power>(a, _mm512_loadu_si512(x));
+  static_assert(E::kCode == kFloat64 || E::kCode == kFloat16, "summed by the AVX2 loops");
+  for (int k = 0; k < 4; ++k) {
+    if constexpr (E::kCode == kFloat64) {
+      a.z[k] = step<Power, false>(a.z[k], _mm512_loadu_pd(x + 8 * k));
+    } else {
+      const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x + 8 * k));
+      a.z[k] = step<Power, true>(a.z[k], _mm512_cvtps_pd(_mm256_cvtph_ps(h)));
+    }
   }
 }
 
-// float32 and float16 sums run the AVX2 loop: its 4-wide conversions (from
-// memory for float32) are faster on AMD Zen 4 than the 8- and 16-wide ones,
-// which cross the 256-bit halves of the register (same lanes, same bits).
+// float32 sums run the AVX2 loop: its 4-wide conversions from memory are
+// faster on AMD Zen 4 than the 8-wide ones, which cross the 256-bit halves of
+// the register (same lanes, same bits); bfloat16 sums run its float32-word
+// loop (isa_avx2.h).
 template <class E>
-constexpr bool kSumElsewhere = E::kCode == kFloat32 || E::kCode == kFloat16;
+constexpr bool kSumElsewhere = E::kCode == kFloat32 || E::kCode == kBFloat16;
 
 template <class E, int Power>
 FASTNORM_INLINE double sum_elsewhere(const typename E::T* x, int64_t n) {
@@ -84,13 +67,14 @@ FASTNORM_INLINE uint32_t first_n(int64_t n, int width) {
 
 template <class E, int Power>
 FASTNORM_INLINE void add_tail(Acc& a, const typename E::T* x, int64_t n) {
-  if constexpr (E::kCode == kFloat64) {
-    for (int k = 0; k < 4; ++k) {
-      const __m512d v = _mm512_maskz_loadu_pd(__mmask8(first_n(n - 8 * k, 8)), x + 8 * k);
-      a.z[k] = step<Power, false>(a.z[k], v);
+  for (int k = 0; k < 4; ++k) {
+    const __mmask8 m = __mmask8(first_n(n - 8 * k, 8));
+    if constexpr (E::kCode == kFloat64) {
+      a.z[k] = step<Power, false>(a.z[k], _mm512_maskz_loadu_pd(m, x + 8 * k));
+    } else {
+      const __m128i h = _mm_maskz_loadu_epi16(m, x + 8 * k);
+      a.z[k] = step<Power, true>(a.z[k], _mm512_cvtps_pd(_mm256_cvtph_ps(h)));
     }
-  } else {
-    add_bf16<E, Power>(a, _mm512_maskz_loadu_epi16(__mmask32(first_n(n, 32)), x));
   }
 }
 

@@ -29,7 +29,7 @@ FASTNORM_INLINE void add_block(Acc& a, const typename E::T* x) {
     double v[kLanes];
     for (int e = 0; e < kLanes; ++e) v[e] = E::to_double(x[e]);
     for (int e = 0; e < kLanes; ++e) {
-      step<Power>(a.lane[E::kCode == kFloat16 ? f16_lane(e) : bf16_lane(e)], v[e]);
+      step<Power>(a.lane[E::kCode == kBFloat16 ? bf16_lane(e) : e], v[e]);
     }
   } else {
     for (int e = 0; e < kLanes; ++e) step<Power>(a.lane[e], E::to_double(x[e]));

@@ -31,9 +31,11 @@ FASTNORM_INLINE double sum_pow(const typename E::T* x, int64_t n) {
   }
 }
 
-// sum_pow with the widening of 16-bit values checked: their inf and NaN are
-// widened to large finite values (elements.h), so a sum that large is what
-// max |x| says when that is inf or NaN. Other sums are exact already.
+// sum_pow with the sums of 16-bit values checked: where an element is inf or
+// NaN, the bfloat16 loop of isa_avx2.h may give NaN for inf (the float32 word
+// of an inf and its neighbour is a NaN), so a sum that is NaN, inf or at least
+// kFiniteBound (L1) or its square (L2) is answered by max |x| when that is inf
+// or NaN. Other sums are exact already.
 template <class E, int Power>
 FASTNORM_INLINE double sum_pow_checked(const typename E::T* x, int64_t n);
 
@@ -66,7 +68,7 @@ template <class E, int Power>
 FASTNORM_INLINE double sum_pow_checked(const typename E::T* x, int64_t n) {
   const double s = sum_pow<E, Power>(x, n);
   if constexpr (sizeof(typename E::T) == 2) {
-    if (s >= (Power == 2 ? E::kFiniteBound * E::kFiniteBound : E::kFiniteBound)) {
+    if (!(s < (Power == 2 ? E::kFiniteBound * E::kFiniteBound : E::kFiniteBound))) {
       const double top = max_abs<E>(x, n);
       if (!(top < INFINITY)) return top;
     }

@@ -11,12 +11,12 @@
 //   H_k = G_k + G_{k+4} (k < 4),  I_k = H_k + H_{k+2} (k < 2),  J = I_0 + I_1,
 //   result = (J_0 + J_2) + (J_1 + J_3).
 //
-// Where an element goes follows how it is widened to float64 (elements.h), so
-// that every widening step fills whole groups:
-//   float32, float64: element e goes to lane e;
-//   bfloat16 (four to a 64-bit word): e = 4j + k goes to lane 8k + j;
-//   float16 (to float32, then two to a 64-bit word, in halves of 16):
-//     e = 16h + 2j + k goes to lane 16k + 8h + j.
+// Where an element goes follows how it is widened to float64, so that every
+// conversion fills a whole group:
+//   float32, float64, float16: element e goes to lane e;
+//   bfloat16 (read as the upper halves of float32 words, isa_avx2.h: the odd
+//     elements from the words at the block, the even ones from the words one
+//     element earlier): e = 8q + 2j + k goes to lane 8q + 4k + j.
 //
 // 32 lanes keep 8 AVX2 or 4 AVX-512 fused multiply-adds in flight, enough to
 // hide their 4-cycle latency at the memory's pace; adding more would only make
@@ -36,10 +36,7 @@ constexpr int kGroups = 8;
 constexpr int kGroupWidth = 4;
 
 // The lane of element e (< 32) of a block of bfloat16 values.
-constexpr int bf16_lane(int e) { return 8 * (e % 4) + e / 4; }
-
-// The lane of element e (< 32) of a block of float16 values.
-constexpr int f16_lane(int e) { return 16 * (e % 2) + 8 * (e / 16) + (e % 16) / 2; }
+constexpr int bf16_lane(int e) { return 8 * (e / 8) + 4 * (e % 2) + (e % 8) / 2; }
 
 // The fold above, on lanes held as plain doubles.
 inline double fold_lanes(const double (&lane)[kLanes]) {

@@ -105,8 +105,8 @@ def test_every_instruction_set_clips_to_the_same_bits(dtype):
 LANE_OF = {
     torch.float32: list(range(32)),
     torch.float64: list(range(32)),
-    torch.bfloat16: [8 * (e % 4) + e // 4 for e in range(32)],
-    torch.float16: [16 * (e % 2) + 8 * (e // 16) + (e % 16) // 2 for e in range(32)],
+    torch.bfloat16: [8 * (e // 8) + 4 * (e % 2) + (e % 8) // 2 for e in range(32)],
+    torch.float16: list(range(32)),
 }
 
 
@@ -144,7 +144,7 @@ def test_sums_follow_the_documented_lane_order(dtype, p):
         for t in tensors:
             m, s = _reduce([t], p, isa)[:2].tolist()
             assert m == 0.0 and s == _canonical_sum(t.double().numpy(), int(p), dtype), (isa, t.numel())
-    if dtype in (torch.float16, torch.bfloat16) and p == 2.0:
+    if dtype == torch.bfloat16 and p == 2.0:
         # The data tells the orders apart: the natural one gives other bits somewhere.
         natural = [_canonical_sum(t.double().numpy(), int(p), torch.float32) for t in tensors]
         assert natural != [_canonical_sum(t.double().numpy(), int(p), dtype) for t in tensors]
@@ -209,6 +209,125 @@ def test_16bit_infinity_and_nan_survive_the_widening(dtype, p):
             x[123] = bad
             got = _reduce([x], p, isa)[2].item()
             assert got == want or (math.isnan(want) and math.isnan(got)), (isa, bad)
+
+
+# ----------------------------------------------------------------------------
+# bfloat16 read as float32 words (csrc/isa_avx2.h): the zeros, subnormals, inf
+# and NaN that the word loop cannot read, in chunks of 8192 elements
+# ----------------------------------------------------------------------------
+
+BF16_CHUNK = 256 * 32
+
+
+def _tiny_bf16(n: int, seed: int) -> torch.Tensor:
+    """Normal bfloat16 values near 2^-120, so small that the 2^-266 a neighbour's
+    bits would add to a zero's square shows in the sum's last bits."""
+    g = torch.Generator().manual_seed(seed)
+    sign = torch.randint(0, 2, (n,), generator=g) * 2 - 1
+    return (sign * (1 + torch.rand(n, generator=g)) * 2.0**-120).to(torch.bfloat16)
+
+
+def _bf16_word_cases() -> dict[str, torch.Tensor]:
+    n = 3 * BF16_CHUNK + 77
+    base = _tiny_bf16(n, 11)
+    g = torch.Generator().manual_seed(12)
+    cases = {"dense": base}
+    cases["scattered zeros"] = base.masked_fill(torch.rand(n, generator=g) < 0.02, 0)
+    rows = base[: 32 * 768].clone()
+    rows.view(32, 768)[::3] = 0  # zero rows, as an embedding's unused ones
+    cases["zero rows"] = rows
+    late = base.clone()
+    late[-200] = 0  # only the last chunk has one
+    cases["one zero in the last chunk"] = late
+    sub = cases["scattered zeros"].clone()
+    sub[BF16_CHUNK + 999] = torch.finfo(torch.bfloat16).smallest_normal / 4
+    cases["a subnormal among zeros"] = sub
+    lone = base.clone()
+    lone[2 * BF16_CHUNK + 5] = torch.finfo(torch.bfloat16).smallest_normal / 8
+    cases["a lone subnormal"] = lone
+    return cases
+
+
+@pytest.mark.parametrize("p", [2.0, 1.0])
+@pytest.mark.parametrize("case", list(_bf16_word_cases()))
+def test_bf16_words_give_the_exact_lane_sums(case, p):
+    x = _bf16_word_cases()[case]
+    want = _canonical_sum(x.double().numpy(), int(p), torch.bfloat16)
+    # The data tells a neighbour's bits apart: adding 2^-266 for every zero changes the sum.
+    if "zero" in case and p == 2.0:
+        wrong = x.double().numpy().copy()
+        wrong[wrong == 0] = 2.0**-133
+        assert _canonical_sum(wrong, 2, torch.bfloat16) != want
+    for isa in ISAS:
+        m, s = _reduce([x], p, isa)[:2].tolist()
+        assert m == 0.0 and s == want, (isa, case)
+
+
+@pytest.mark.parametrize("p", [2.0, 1.0])
+@pytest.mark.parametrize("bad", [float("inf"), float("-inf"), float("nan")])
+def test_bf16_words_keep_inf_and_nan(bad, p):
+    """The float32 word of an inf and a non-zero neighbour is a NaN."""
+    x = _tiny_bf16(2 * BF16_CHUNK, 13)
+    x[BF16_CHUNK + 3] = bad  # an even element: its word holds x[BF16_CHUNK + 2] below it
+    for isa in ISAS:
+        got = _reduce([x], p, isa)[2].item()
+        assert math.isnan(got) if math.isnan(bad) else got == math.inf, isa
+
+
+_GUARDED = """
+import ctypes, json, mmap, sys
+import torch
+from fastnorm.backends import Mode, cpp
+
+page, pages = mmap.PAGESIZE, 6
+region = mmap.mmap(-1, page * (pages + 2))
+base = ctypes.addressof(ctypes.c_char.from_buffer(region))
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mprotect.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+x = torch.frombuffer(region, dtype=torch.bfloat16, offset=page, count=pages * page // 2)
+x.copy_(torch.load(sys.argv[1]))
+for guard in (base, base + (pages + 1) * page):
+    assert libc.mprotect(guard, page, 0) == 0, ctypes.get_errno()  # PROT_NONE
+sums = {}
+for isa in cpp._C.supported_isas():
+    cpp._C.use_isa(isa)
+    partial = cpp.BACKEND.reduce(cpp.BACKEND.prepare([x]), Mode.of(2.0), 2.0, torch.float64)[0]
+    sums[isa] = partial[1].item()
+print(json.dumps(sums))
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="mprotect through libc: Linux")
+def test_bf16_words_read_nothing_outside_the_tensor(tmp_path):
+    """A tensor that starts and ends next to a page that cannot be read: the word
+    loop reads one element before each block but the piece's first. Run in a
+    child process, which a stray read would kill."""
+    import mmap
+
+    x = _tiny_bf16(6 * mmap.PAGESIZE // 2, 14)
+    x[100::97] = 0
+    want = _canonical_sum(x.double().numpy(), 2, torch.bfloat16)
+    torch.save(x, tmp_path / "x.pt")
+    result = run_python(["-c", _GUARDED, str(tmp_path / "x.pt")])
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert json.loads(result.stdout) == {isa: want for isa in ISAS}
+
+
+def test_bf16_words_leave_the_callers_denormal_mode_as_it_was():
+    """The word loop sets denormals-are-zero for a while on the calling thread
+    (a plan under 1 MiB runs there); afterwards torch's own float32 compares
+    still see a subnormal as above zero, or as zero where the caller asked
+    torch to flush them."""
+    x = _bf16_word_cases()["scattered zeros"]
+    tiny = torch.full((64,), 1e-40, dtype=torch.float32)
+    for flush in (False, True):
+        torch.set_flush_denormal(flush)
+        try:
+            for isa in ISAS:
+                _reduce([x], 2.0, isa)
+                assert bool((tiny > 0).all()) is not flush, (isa, flush)
+        finally:
+            torch.set_flush_denormal(False)
 
 
 # ----------------------------------------------------------------------------
