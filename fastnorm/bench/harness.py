@@ -260,7 +260,10 @@ class Checked:
 
 
 def check(contenders: list[Contender], w: Prepared, calls: dict[str, Call]) -> Checked:
-    """First call of each contender: correctness, error and peak extra memory.
+    """Each contender's first call: correctness and error; its second call: the
+    peak extra memory of a call as a training loop makes it, every step (the
+    first one also imports modules and fills caches once: a distributed call's
+    first costs megabytes of resident memory that no later call adds).
 
     Raises CorrectnessError on a wrong result (or an exception of a contender
     that is not optional); optional contenders that raise are dropped.
@@ -269,7 +272,7 @@ def check(contenders: list[Contender], w: Prepared, calls: dict[str, Call]) -> C
     dtype = str(w.dtype).replace("torch.", "")
     for c in contenders:
         try:
-            result, extra, out.memory_method = peak_extra_bytes(calls[c.name], w.device)
+            result = calls[c.name]()
         except Exception as exc:
             if not c.optional:
                 raise CorrectnessError(f"{c.name} on {w.name} {dtype}: raised {exc!r}") from exc
@@ -284,6 +287,9 @@ def check(contenders: list[Contender], w: Prepared, calls: dict[str, Call]) -> C
             w.restore()
         if wrong is not None:
             raise CorrectnessError(f"{c.name} on {w.name} {dtype}: {wrong}")
+        _, extra, out.memory_method = peak_extra_bytes(calls[c.name], w.device)
+        if c.restores:
+            w.restore()
         out.extra_bytes[c.name], out.errors[c.name] = extra, error
     return out
 
