@@ -25,12 +25,20 @@ FASTNORM_INLINE void step(double& lane, double v) {
 // elements, then the lanes of lanes.h.
 template <class E, int Power>
 FASTNORM_INLINE void add_block(Acc& a, const typename E::T* x) {
-  if constexpr (sizeof(typename E::T) == 2) {
+  if constexpr (E::kCode == kBFloat16) {
+    // lanes.h: element 8q + 2j + k goes to lane 8q + 4k + j.
     double v[kLanes];
     for (int e = 0; e < kLanes; ++e) v[e] = E::to_double(x[e]);
-    for (int e = 0; e < kLanes; ++e) {
-      step<Power>(a.lane[E::kCode == kBFloat16 ? bf16_lane(e) : e], v[e]);
+    for (int q = 0; q < kLanes; q += 8) {
+      for (int j = 0; j < 4; ++j) {
+        step<Power>(a.lane[q + j], v[q + 2 * j]);
+        step<Power>(a.lane[q + 4 + j], v[q + 2 * j + 1]);
+      }
     }
+  } else if constexpr (E::kCode == kFloat16) {
+    double v[kLanes];
+    for (int e = 0; e < kLanes; ++e) v[e] = E::to_double(x[e]);
+    for (int e = 0; e < kLanes; ++e) step<Power>(a.lane[e], v[e]);
   } else {
     for (int e = 0; e < kLanes; ++e) step<Power>(a.lane[e], E::to_double(x[e]));
   }
