@@ -497,11 +497,20 @@ def test_faster_than_the_roofline_is_disturbed():
         kept=3,
         others_busy=[0.0] * 3,
     )
-    record = harness._record(WORKLOADS["many-small"], w, chosen, timings, harness.Checked(), True)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        record = harness._record(WORKLOADS["many-small"], w, chosen, timings, harness.Checked(), True)
+        # On one thread torch's reads are bound by their arithmetic: beating them is no sign.
+        torch.set_num_threads(1)
+        one = harness._record(WORKLOADS["many-small"], w, chosen, timings, harness.Checked(), True)
+    finally:
+        torch.set_num_threads(threads)
     record.update(dtype="fp32", skipped={})
     fast = record["results"][0]
     assert fast["roofline_pct"] == pytest.approx(200) and "200% of the roofline" in fast["disturbed"]
     assert "fastnorm.total_norm  disturbed" in report.table(record).replace("   ", "  ")
+    assert one["results"][0]["roofline_pct"] == pytest.approx(200) and "disturbed" not in one["results"][0]
 
 
 def test_the_single_core_workload_runs_every_instruction_set(tmp_path):

@@ -221,9 +221,12 @@ FLAT_NUMEL = 1 << 25
 # The instruction sets of the CPU kernels: the single-core workload runs each
 # one the CPU has against torch.sum of the same tensor.
 ISAS = ("generic", "avx2", "avx512")
-KERNEL_CONTENDERS = ("roofline.read/sum", "roofline.read/dot", "roofline.read/amax") + tuple(
-    f"fastnorm.total_norm/{isa}" for isa in ISAS
-)
+KERNEL_CONTENDERS = (
+    "roofline.read/sum",
+    "roofline.read/int64-sum",
+    "roofline.read/dot",
+    "roofline.read/amax",
+) + tuple(f"fastnorm.total_norm/{isa}" for isa in ISAS)
 
 
 for _workload in (
