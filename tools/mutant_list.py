@@ -199,7 +199,7 @@ MUTANTS = [
     {
         "name": "cpp-cached-clip-writes-inference-tensors",
         "path": "csrc/snapshot.cpp",
-        "old": "      ok = writable(tensor) && PyList_Append(out, tensor) == 0 &&",
+        "old": "      ok = writable(tensor, facts) && PyList_Append(out, tensor) == 0 &&",
         "new": "      ok = PyList_Append(out, tensor) == 0 &&",
         "tests": ["tests/test_clip.py::test_an_inference_tensor_at_a_cached_gradients_address_is_refused"],
         "what": "a cached clip_ plan writes an inference tensor that took a gradient's place",
