@@ -78,12 +78,7 @@ Snapshot::Snapshot(int kind, const py::list& items, const py::list& grads, Tenso
     py::object tensor = grads[i];
     if (tensor.is_none()) continue;
     if (kind == kDTensorParams) tensor = tensor.attr(local_tensor_);
-    Facts& facts = facts_[i];
-    if (!read(tensor.ptr(), &facts)) throw py::error_already_set();
-    facts.writable = writable(tensor.ptr());
-    PyObject* weak = PyWeakref_NewRef(tensor.ptr(), nullptr);
-    if (weak != nullptr) facts.weak = py::reinterpret_steal<py::object>(weak);
-    PyErr_Clear();  // not writable, or no weak reference: read in matches()
+    if (!read(tensor.ptr(), &facts_[i])) throw py::error_already_set();
   }
 }
 
@@ -183,21 +178,6 @@ bool Snapshot::writable(PyObject* tensor) const {
   return true;
 }
 
-bool Snapshot::writable(PyObject* tensor, const Facts& facts) const {
-  if (facts.writable && facts.weak) {
-#if PY_VERSION_HEX >= 0x030D0000
-    PyObject* alive = nullptr;
-    if (PyWeakref_GetRef(facts.weak.ptr(), &alive) == 1) {
-      Py_DECREF(alive);  // only compared by identity
-      if (alive == tensor) return true;
-    }
-#else
-    if (PyWeakref_GET_OBJECT(facts.weak.ptr()) == tensor) return true;
-#endif
-  }
-  return writable(tensor);
-}
-
 bool Snapshot::matches(const py::list& items, const py::handle& grads, const py::handle& written) const {
   PyObject* list = items.ptr();
   const auto n = Py_ssize_t(items_.size());
@@ -217,7 +197,7 @@ bool Snapshot::matches(const py::list& items, const py::handle& grads, const py:
     const Facts& facts = facts_[size_t(i)];
     bool ok = tensor != nullptr ? facts.present && same(tensor, facts) : missing && !facts.present;
     if (ok && tensor != nullptr && out != nullptr) {
-      ok = writable(tensor, facts) && PyList_Append(out, tensor) == 0 &&
+      ok = writable(tensor) && PyList_Append(out, tensor) == 0 &&
            (dtensor == nullptr || PyList_Append(out, dtensor) == 0);
     }
     Py_XDECREF(tensor);

@@ -84,11 +84,6 @@ class Snapshot {
     py::object dtype;
     bool contiguous = true;
     py::object shape, stride;  // only when not contiguous
-    // The tensor read (a weak reference: the cache must not keep gradients
-    // alive), and whether clip_ may write it. A tensor never becomes an
-    // inference tensor, so while the same object is there it stays writable.
-    py::object weak;
-    bool writable = false;
   };
 
   // The tensor an item's facts are read from (a new reference), given its
@@ -102,9 +97,6 @@ class Snapshot {
   // Whether clip_ may write `tensor`: not an inference tensor, which is the one
   // kind whose ._version cannot be read (a getter: cheaper than is_inference()).
   bool writable(PyObject* tensor) const;
-  // writable(), answered without a read where `tensor` is the very object the
-  // facts were read from.
-  bool writable(PyObject* tensor, const Facts& facts) const;
 
   int kind_;
   TensorAccess access_;

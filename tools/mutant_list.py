@@ -137,14 +137,6 @@ MUTANTS = [
         "requires": "avx2",
     },
     {
-        "name": "cpp-snapshot-writable-by-history",
-        "path": "csrc/snapshot.cpp",
-        "old": "    if (PyWeakref_GET_OBJECT(facts.weak.ptr()) == tensor) return true;",
-        "new": "    return true;",
-        "tests": ["tests/test_clip.py::test_an_inference_tensor_at_a_cached_gradients_address_is_refused"],
-        "what": "a cached plan takes a gradient as writable because the one it was built from was",
-    },
-    {
         "name": "cpp-bf16-words-unchecked",
         "path": "csrc/isa_avx2.h",
         "old": "        if (!(_mm_getcsr() & kDenormalFlag)) continue;",
