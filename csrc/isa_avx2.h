@@ -107,12 +107,15 @@ FASTNORM_INLINE void add_tail(Acc& a, const typename E::T* x, int64_t n) {
 //   3. block by block, widened in registers (add_block).
 // After a chunk that way 1 could not read, the next ones start with way 2.
 // Every way adds the same exact values to the same lanes in the same order,
-// so the result is that of the other instruction sets.
+// so the result is that of the other instruction sets. The exceptions these
+// words raise are not the caller's: they are masked meanwhile, and MXCSR is
+// left as the caller had it, flags included.
 
-// MXCSR's denormal-operand flag and denormals-are-zero mode.
+// MXCSR's denormal-operand flag, denormals-are-zero mode and exception masks.
 constexpr unsigned kDenormalFlag = 0x0002;
 constexpr unsigned kDenormalsAreZero = 0x0040;
-// Blocks per chunk (16 KiB: a chunk read again comes from L1). MXCSR is read
+constexpr unsigned kExceptionMasks = 0x1F80;
+// Blocks per chunk (16 KiB: a chunk read again comes from L1 or L2). MXCSR is read
 // once per chunk; reading it waits for the conversions in flight.
 constexpr int64_t kChunkBlocks = 256;
 // After a chunk that way 1 could not read, this many start with way 2.
@@ -164,13 +167,21 @@ FASTNORM_NOINLINE double sum_bf16(const uint16_t* x, int64_t n) {
   const int64_t blocks = n / kLanes;
   int64_t b = 0;
   if (blocks >= 2) {
+    // Exceptions masked while the words are read: the word of an inf and its
+    // neighbour is a signalling NaN, that of a zero and its neighbour a
+    // subnormal, neither of them the caller's. MXCSR is put back as it was,
+    // flags included, at the end.
     const unsigned entry = _mm_getcsr();
-    const unsigned clear = entry & ~(kDenormalFlag | kDenormalsAreZero);
-    bool written = entry != clear;  // MXCSR may differ from `clear`
-    if (written) _mm_setcsr(clear);
+    // DAZ stays as the caller has it: with it (torch.set_flush_denormal(True))
+    // every conversion here and in the other loops reads a subnormal as zero,
+    // the word of a zero and its neighbour too, and DE is never raised.
+    const unsigned clear = (entry & ~kDenormalFlag) | kExceptionMasks;
+    if (entry != clear) _mm_setcsr(clear);
     // The first block reads nothing before x.
     add_block<BF16, Power>(acc, x);
     b = 1;
+    mxcsr_fence(acc);
+    bool written = (_mm_getcsr() & kDenormalFlag) != 0;  // MXCSR may differ from `clear`
     int careful = 0;
     for (; b < blocks; b = std::min(blocks, b + kChunkBlocks)) {
       const int64_t end = std::min(blocks, b + kChunkBlocks);
@@ -205,12 +216,8 @@ FASTNORM_NOINLINE double sum_bf16(const uint16_t* x, int64_t n) {
       for (int k = 0; k < kGroups; ++k) acc.g[k] = before[k];
       for (int64_t i = b; i < end; ++i) add_block<BF16, Power>(acc, x + i * kLanes);
     }
-    // DE and DAZ as they were on entry: a DE this loop raised says nothing
-    // about the caller's values.
-    const unsigned mine = kDenormalFlag | kDenormalsAreZero;
-    const unsigned now = _mm_getcsr();
-    const unsigned exit = (now & ~mine) | (entry & mine);
-    if (exit != now) _mm_setcsr(exit);
+    mxcsr_fence(acc);
+    if (_mm_getcsr() != entry) _mm_setcsr(entry);
   }
   for (; b < blocks; ++b) add_block<BF16, Power>(acc, x + b * kLanes);
   if (blocks * kLanes < n) add_tail<BF16, Power>(acc, x + blocks * kLanes, n - blocks * kLanes);

@@ -68,7 +68,9 @@ template <class E, int Power>
 FASTNORM_INLINE double sum_pow_checked(const typename E::T* x, int64_t n) {
   const double s = sum_pow<E, Power>(x, n);
   if constexpr (sizeof(typename E::T) == 2) {
-    if (!(s < (Power == 2 ? E::kFiniteBound * E::kFiniteBound : E::kFiniteBound))) {
+    // s != s, not !(s < bound): an ordered compare with NaN raises the invalid
+    // exception, and this NaN may be the word loop's, not the caller's.
+    if (s != s || s >= (Power == 2 ? E::kFiniteBound * E::kFiniteBound : E::kFiniteBound)) {
       const double top = max_abs<E>(x, n);
       if (!(top < INFINITY)) return top;
     }

@@ -330,6 +330,65 @@ def test_bf16_words_leave_the_callers_denormal_mode_as_it_was():
             torch.set_flush_denormal(False)
 
 
+def test_bf16_under_the_callers_flush_denormal_mode_every_instruction_set_agrees():
+    """With torch.set_flush_denormal(True) on the calling thread (where a plan
+    under 1 MiB runs), every loop reads a bfloat16 subnormal as zero, in chunks,
+    in short pieces and in tails alike."""
+    sub = _bf16_word_cases()["a subnormal among zeros"]
+    short = torch.tensor([1.0, 0.0, 2.0**-130, 3.0] * 10, dtype=torch.bfloat16)  # 40: no word loop
+    tensors = [sub, short, sub[: BF16_CHUNK + 45]]
+    flushed = [
+        t.masked_fill((t != 0) & (t.abs() < torch.finfo(torch.bfloat16).smallest_normal), 0) for t in tensors
+    ]
+    want = [_canonical_sum(t.double().numpy(), 2, torch.bfloat16) for t in flushed]
+    torch.set_flush_denormal(True)
+    try:
+        for isa in ISAS:
+            got = [_reduce([t], 2.0, isa)[1].item() for t in tensors]
+            assert got == want, isa
+    finally:
+        torch.set_flush_denormal(False)
+
+
+_TRAPPING = """
+import ctypes, json, math, sys
+import torch
+from fastnorm.backends import Mode, cpp
+
+tensors = torch.load(sys.argv[1])
+libc = ctypes.CDLL(None)
+FE_INVALID, FE_DENORMAL = 0x01, 0x02
+out = {}
+for isa in cpp._C.supported_isas():
+    cpp._C.use_isa(isa)
+    plans = [cpp.BACKEND.prepare([t]) for t in tensors]
+    libc.feclearexcept(0x3F)
+    assert libc.feenableexcept(FE_INVALID) != -1
+    roots = [cpp.BACKEND.reduce(plan, Mode.of(2.0), 2.0, torch.float64)[1].item() for plan in plans]
+    raised = libc.fetestexcept(FE_INVALID | FE_DENORMAL)
+    libc.fedisableexcept(FE_INVALID)
+    out[isa] = {"roots": [str(r) for r in roots], "raised": raised}
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="glibc's fenv through ctypes: Linux")
+def test_bf16_words_raise_no_exception_of_their_own(tmp_path):
+    """The float32 word of an inf and its neighbour is a signalling NaN, that of
+    a zero and its neighbour a subnormal: converting them must neither trap
+    where the caller unmasked the invalid exception nor leave a flag behind.
+    Run in a child process, which a trap would kill."""
+    x = _tiny_bf16(2 * BF16_CHUNK, 15)
+    x[BF16_CHUNK + 3] = float("inf")
+    zeros = _bf16_word_cases()["scattered zeros"]
+    torch.save([x, zeros], tmp_path / "t.pt")
+    result = run_python(["-c", _TRAPPING, str(tmp_path / "t.pt")])
+    assert result.returncode == 0, (result.returncode, result.stderr[-2000:])
+    want = ["inf", str(math.sqrt(_canonical_sum(zeros.double().numpy(), 2, torch.bfloat16)))]
+    for isa, got in json.loads(result.stdout).items():
+        assert got == {"roots": want, "raised": 0}, isa
+
+
 # ----------------------------------------------------------------------------
 # float64 L2: finite and accurate from subnormals to the largest doubles
 # ----------------------------------------------------------------------------
