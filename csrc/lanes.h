@@ -35,9 +35,6 @@ constexpr int kLanes = 32;
 constexpr int kGroups = 8;
 constexpr int kGroupWidth = 4;
 
-// The lane of element e (< 32) of a block of bfloat16 values.
-constexpr int bf16_lane(int e) { return 8 * (e / 8) + 4 * (e % 2) + (e % 8) / 2; }
-
 // The fold above, on lanes held as plain doubles.
 inline double fold_lanes(const double (&lane)[kLanes]) {
   double h[4][kGroupWidth], i[2][kGroupWidth], j[kGroupWidth];
