@@ -35,10 +35,6 @@ FASTNORM_INLINE void add_block(Acc& a, const typename E::T* x) {
         step<Power>(a.lane[q + 4 + j], v[q + 2 * j + 1]);
       }
     }
-  } else if constexpr (E::kCode == kFloat16) {
-    double v[kLanes];
-    for (int e = 0; e < kLanes; ++e) v[e] = E::to_double(x[e]);
-    for (int e = 0; e < kLanes; ++e) step<Power>(a.lane[e], v[e]);
   } else {
     for (int e = 0; e < kLanes; ++e) step<Power>(a.lane[e], E::to_double(x[e]));
   }
