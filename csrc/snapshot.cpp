@@ -55,7 +55,12 @@ PyObject* Attr::read(PyObject* obj) const {
 }
 
 Snapshot::Snapshot(int kind, const py::list& items, const py::list& grads, TensorAccess access)
-    : kind_(kind), access_(std::move(access)), local_tensor_("_local_tensor") {
+    : kind_(kind),
+      access_(std::move(access)),
+      local_tensor_("_local_tensor"),
+      spec_("_spec"),
+      mesh_("mesh"),
+      placements_("placements") {
   for (Attr* a : {&access_.grad, &access_.tensor_grad, &access_.requires_grad, &access_.data_ptr,
                   &access_.nbytes, &access_.dtype, &access_.is_contiguous, &access_.shape, &access_.stride,
                   &access_.version}) {
@@ -74,12 +79,49 @@ Snapshot::Snapshot(int kind, const py::list& items, const py::list& grads, Tenso
   items_.reserve(items.size());
   facts_.resize(items.size());
   for (size_t i = 0; i < items.size(); ++i) {
-    items_.push_back(items[i].ptr());
+    PyObject* item = items[i].ptr();
+    if (i == 0) {
+      item_type_ = py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(Py_TYPE(item)));
+    } else if (reinterpret_cast<PyObject*>(Py_TYPE(item)) != item_type_.ptr()) {
+      throw std::invalid_argument("fastnorm._C.Snapshot: the items are not all of one type");
+    }
+    items_.push_back(item);
     py::object tensor = grads[i];
+    if (kind == kDTensorParams && !read_spec(tensor.is_none() ? item : tensor.ptr(), &facts_[i])) {
+      throw py::error_already_set();
+    }
     if (tensor.is_none()) continue;
     if (kind == kDTensorParams) tensor = tensor.attr(local_tensor_);
     if (!read(tensor.ptr(), &facts_[i])) throw py::error_already_set();
   }
+}
+
+bool Snapshot::read_spec(PyObject* dtensor, Facts* out) const {
+  PyObject* spec = PyObject_GetAttr(dtensor, spec_.ptr());
+  if (spec == nullptr) return false;
+  out->spec = py::reinterpret_steal<py::object>(spec);
+  PyObject* mesh = PyObject_GetAttr(spec, mesh_.ptr());
+  if (mesh == nullptr) return false;
+  out->mesh = py::reinterpret_steal<py::object>(mesh);
+  PyObject* placements = PyObject_GetAttr(spec, placements_.ptr());
+  if (placements == nullptr) return false;
+  out->placements = py::reinterpret_steal<py::object>(placements);
+  return true;
+}
+
+bool Snapshot::same_spec(PyObject* dtensor, const Facts& f) const {
+  PyObject* spec = PyObject_GetAttr(dtensor, spec_.ptr());
+  if (spec == nullptr) return false;
+  bool same = spec == f.spec.ptr();
+  if (!same) {
+    PyObject* mesh = PyObject_GetAttr(spec, mesh_.ptr());
+    PyObject* placements = mesh == f.mesh.ptr() ? PyObject_GetAttr(spec, placements_.ptr()) : nullptr;
+    same = placements != nullptr && PyObject_RichCompareBool(placements, f.placements.ptr(), Py_EQ) == 1;
+    Py_XDECREF(mesh);
+    Py_XDECREF(placements);
+  }
+  Py_DECREF(spec);
+  return same;
 }
 
 bool Snapshot::read(PyObject* tensor, Facts* out) const {
@@ -136,7 +178,7 @@ PyObject* Snapshot::tensor_of(PyObject* item, PyObject* grad, bool* missing, PyO
   }
   if (grad != nullptr && kind_ == kDTensorParams) {
     PyObject* local = PyObject_GetAttr(grad, local_tensor_.ptr());
-    if (dtensor != nullptr && local != nullptr) {
+    if (local != nullptr) {
       *dtensor = grad;
     } else {
       Py_DECREF(grad);
@@ -187,15 +229,19 @@ bool Snapshot::matches(const py::list& items, const py::handle& grads, const py:
   PyObject* out = written.is_none() ? nullptr : written.ptr();
   if (out != nullptr && !PyList_Check(out)) return false;
   for (Py_ssize_t i = 0; i < n; ++i) {
-    if (PyList_GET_ITEM(list, i) != items_[size_t(i)]) return false;
+    PyObject* item = PyList_GET_ITEM(list, i);
+    if (item != items_[size_t(i)]) return false;
+    if (reinterpret_cast<PyObject*>(Py_TYPE(item)) != item_type_.ptr()) return false;
   }
   for (Py_ssize_t i = 0; i < n; ++i) {
     bool missing = false;
     PyObject* dtensor = nullptr;
     PyObject* grad = given != nullptr ? PyList_GET_ITEM(given, i) : nullptr;
-    PyObject* tensor = tensor_of(items_[size_t(i)], grad, &missing, out != nullptr ? &dtensor : nullptr);
+    PyObject* item = items_[size_t(i)];
+    PyObject* tensor = tensor_of(item, grad, &missing, &dtensor);
     const Facts& facts = facts_[size_t(i)];
     bool ok = tensor != nullptr ? facts.present && same(tensor, facts) : missing && !facts.present;
+    if (ok && kind_ == kDTensorParams) ok = same_spec(dtensor != nullptr ? dtensor : item, facts);
     if (ok && tensor != nullptr && out != nullptr) {
       ok = writable(tensor) && PyList_Append(out, tensor) == 0 &&
            (dtensor == nullptr || PyList_Append(out, dtensor) == 0);

@@ -60,7 +60,14 @@ class Snapshot {
   enum Kind : int { kTensors = 0, kParams = 1, kDTensorParams = 2 };
 
   // The facts of `grads` (one per item, None where an item has no gradient),
-  // the gradients the plan was built from. Raises when a fact cannot be read.
+  // the gradients the plan was built from. Raises when a fact cannot be read,
+  // or when the items are not all of one type.
+  //
+  // It holds no reference to an item, strong or weak: a weak reference would
+  // make torch.utils.swap_tensors (and so nn.Module.to on DTensor parameters)
+  // refuse the item. An item that dies may leave its address to a new object;
+  // that object matches only if it is of the same type and its gradient has
+  // every fact the plan depends on, which makes the plan right for it too.
   Snapshot(int kind, const py::list& items, const py::list& grads, TensorAccess access);
 
   // Whether `items` are the same objects, in the same order, whose gradients
@@ -84,25 +91,33 @@ class Snapshot {
     py::object dtype;
     bool contiguous = true;
     py::object shape, stride;  // only when not contiguous
+    // kDTensorParams: the DTensorSpec the domain came from (the gradient's, or
+    // the item's where it has none), with its mesh and placements.
+    py::object spec, mesh, placements;
   };
 
   // The tensor an item's facts are read from (a new reference), given its
   // .grad when the caller read it (`grad`, borrowed; nullptr to read it here);
   // nullptr with *missing set when the item has no gradient; nullptr otherwise
   // when it has changed kind or cannot be read. A DTensor gradient whose local
-  // shard that is goes to *dtensor (a new reference) when dtensor is not null.
+  // shard that is goes to *dtensor (a new reference).
   PyObject* tensor_of(PyObject* item, PyObject* grad, bool* missing, PyObject** dtensor) const;
   bool read(PyObject* tensor, Facts* out) const;
   bool same(PyObject* tensor, const Facts& facts) const;
   // Whether clip_ may write `tensor`: not an inference tensor, which is the one
   // kind whose ._version cannot be read (a getter: cheaper than is_inference()).
   bool writable(PyObject* tensor) const;
+  // kDTensorParams: whether `dtensor` (the gradient, or the item) is laid out
+  // as `facts` records: the same spec object (FSDP2 reuses one per parameter),
+  // or the same mesh object with equal placements.
+  bool same_spec(PyObject* dtensor, const Facts& facts) const;
+  bool read_spec(PyObject* dtensor, Facts* out) const;
 
   int kind_;
   TensorAccess access_;
-  py::str local_tensor_;
-  std::vector<PyObject*> items_;  // borrowed: only compared by identity (_plan.py drops
-                                  // the snapshot when any of them dies)
+  py::str local_tensor_, spec_, mesh_, placements_;
+  py::object item_type_;          // every item's type, exactly
+  std::vector<PyObject*> items_;  // not owned: only compared by identity
   std::vector<Facts> facts_;
 };
 

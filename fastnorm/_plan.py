@@ -2,18 +2,18 @@
 prepared tables, and the cache that reuses a plan while nothing it depends on
 has changed.
 
-A plan is cached per list of items (by identity) and reused while every item
-is alive and every gradient keeps its address (see _Cache). Values are never cached: they are read afresh by
-every call. Plans that hold tensors made for the call (merged sparse values,
-complex views) or whose backend state holds tensors (the torch backend) are
-not cached, so the cache never keeps a gradient alive.
+A plan is cached per list of items (by identity) and reused while every
+gradient keeps its address, size, dtype and layout (see _Cache). Values are
+never cached: they are read afresh by every call. Plans that hold tensors made
+for the call (merged sparse values, complex views) or whose backend state
+holds tensors (the torch backend) are not cached, so the cache never keeps a
+gradient alive.
 """
 
 from __future__ import annotations
 
 import operator
 import threading
-import weakref
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -143,12 +143,23 @@ class _PySnapshot:
     """The facts of ``csrc/snapshot.h``, read from Python: for builds without
     ``fastnorm._C`` (a CUDA machine without a compiler, say)."""
 
-    __slots__ = ("kind", "items", "present", "signature", "layouts")
+    __slots__ = ("kind", "ids", "item_type", "present", "signature", "layouts", "specs")
 
     def __init__(self, kind: str, items: list[Any], grads: list[Tensor | None]) -> None:
         self.kind = kind
-        self.items = items  # compared by identity only (the entry dies with any of them)
+        # No reference to an item, as in the extension: ids, and their one type.
+        self.ids = list(map(id, items))
+        types = set(map(type, items))
+        if len(types) > 1:
+            raise ValueError("_PySnapshot: the items are not all of one type")
+        self.item_type = types.pop() if types else None
         self.present = [g is not None for g in grads]
+        # DTensor parameters: the spec each item's domain came from.
+        self.specs = (
+            [(g if g is not None else t)._spec for t, g in zip(items, grads)]
+            if kind == "dtensor_params"
+            else []
+        )
         tensors = self._tensors(grads)
         self.signature = _signature(tensors)
         # Tensors read as flat without being contiguous (channels_last, permuted):
@@ -163,7 +174,7 @@ class _PySnapshot:
     def matches(self, items: list[Any], grads: list[Any] | None = None, written: list | None = None) -> bool:
         if written is not None:
             return False  # clip_'s checks run in Python (norm._written) without the extension
-        if len(items) != len(self.items) or any(map(operator.is_not, items, self.items)):
+        if list(map(id, items)) != self.ids or any(type(t) is not self.item_type for t in items):
             return False
         if self.kind == "tensors":
             # An item that starts requiring grad, or gets a .grad, is a parameter now.
@@ -177,12 +188,20 @@ class _PySnapshot:
             if [g is not None for g in grads] != self.present:
                 return False
         try:
+            if self.specs and not all(map(_same_spec, items, grads, self.specs)):
+                return False
             tensors = self._tensors(grads)
             if _signature(tensors) != self.signature:
                 return False
         except (TypeError, RuntimeError, AttributeError):  # a gradient now sparse, or not sharded
             return False
         return all((tensors[i].shape, tensors[i].stride()) == layout for i, layout in self.layouts.items())
+
+
+def _same_spec(item: Any, grad: Any, spec: Any) -> bool:
+    """Whether a DTensor parameter's domain is still the one of ``spec``."""
+    now = (grad if grad is not None else item)._spec
+    return now is spec or (now.mesh is spec.mesh and now.placements == spec.placements)
 
 
 def _descriptor(owner: type, name: str) -> Any:
@@ -219,26 +238,34 @@ def _snapshot(kind: str, items: list[Any], grads: list[Tensor | None]) -> Any:
 
 
 class _Entry:
-    __slots__ = ("snapshot", "plan", "alive", "refs", "__weakref__")
+    __slots__ = ("snapshot", "plan")
 
     def __init__(self, kind: str, items: list[Any], grads: list[Tensor | None], plan: Plan) -> None:
         # "params": every item is a Parameter; "dtensor_params": every item is a
         # DTensor parameter; "tensors": no item requires grad or has a .grad.
         self.snapshot = _snapshot(kind, items, grads)
         self.plan = plan
-        self.alive = True
-        self.refs: list[weakref.ref] = []
 
 
 class _Cache:
     """Plans keyed by (backend request, group, number of items, first and last
-    item's id); a hit also checks that every item is the same object.
+    item's id); a hit also checks that every item is the same object, of the
+    same type.
 
     A plan stays valid while every gradient has the same address, size, dtype
     and layout, also as a new tensor (``zero_grad(set_to_none=True)`` makes new
     ones, often at the old addresses). Anything else (a resize, a new dtype at
-    the same address, a sparse or missing gradient) rebuilds it. Those facts
-    are read on every call, in the extension (``csrc/snapshot.h``).
+    the same address, a sparse or missing gradient, a DTensor gradient on
+    another mesh or with other placements) rebuilds it. Those facts are read
+    on every call, in the extension (``csrc/snapshot.h``).
+
+    It holds no reference to an item or a gradient, not even a weak one:
+    ``torch.utils.swap_tensors``, which ``nn.Module.to`` uses on DTensor
+    parameters (and on every parameter under
+    ``torch.__future__.set_swap_module_params_on_conversion(True)``), refuses
+    a tensor that has weak references. An item that dies may leave its id to a
+    new object; the entry then serves that object only if it has the same type
+    and its gradient every fact above, which is all the plan depends on.
 
     It holds the ``size`` lists used last, so that clipping many lists per step
     (per parameter group, per expert) keeps hitting: an entry costs a few bytes
@@ -262,7 +289,7 @@ class _Cache:
         ``written`` (for ``clip_``): on a hit, the tensors it writes, none of them
         an inference tensor (see ``csrc/snapshot.h``)."""
         entry = self._entries.get(key)
-        if entry is None or not entry.alive or not entry.snapshot.matches(items, grads, written):
+        if entry is None or not entry.snapshot.matches(items, grads, written):
             return None
         try:
             self._entries.move_to_end(key)  # atomic under the GIL, as are the dict's reads
@@ -279,14 +306,6 @@ class _Cache:
         plan: Plan,
     ) -> None:
         entry = _Entry(kind, items, grads, plan)
-        entry_ref = weakref.ref(entry)
-
-        def expire(_: object) -> None:
-            e = entry_ref()
-            if e is not None:
-                e.alive = False
-
-        entry.refs = [weakref.ref(t, expire) for t in items]
         with self._lock:
             self._entries[key] = entry
             self._entries.move_to_end(key)

@@ -184,6 +184,68 @@ def cached_plan_follows_dtensor_gradients(rank: int, world: int) -> dict:
     return out
 
 
+def cached_plan_follows_dtensor_layouts(rank: int, world: int) -> dict:
+    # A cached plan serves a DTensor gradient with a new spec of the same
+    # layout; the same local shard with other placements is looked at afresh.
+    from torch.distributed.tensor import DTensor
+
+    from fastnorm import _plan
+
+    mesh = init_device_mesh("cpu", (world,))
+    full = full_tensors(9)
+    params = []
+    for t in full:
+        param = torch.nn.Parameter(distribute_tensor(torch.zeros_like(t), mesh, [Shard(0)]))
+        param.grad = distribute_tensor(t, mesh, [Shard(0)])
+        params.append(param)
+    fastnorm.total_norm(params)
+    builds = [0]
+    build = _plan.build
+
+    def counting(*args, **kwargs):
+        builds[0] += 1
+        return build(*args, **kwargs)
+
+    def regrad(placement: object) -> None:
+        grad = params[1].grad
+        shape, stride = grad.shape, grad.stride()
+        params[1].grad = DTensor.from_local(grad._local_tensor, mesh, [placement], shape=shape, stride=stride)
+
+    _plan.build = counting
+    try:
+        regrad(Shard(0))  # a new DTensorSpec, equal to the old one
+        out = {"same layout": (fastnorm.total_norm(params).item(), reference.norm(full, 2.0))}
+        out["same layout, no rebuild"] = (float(builds[0]), 0.0)
+        # Unreduced partial sums in the same local shard: refused, as on a first call.
+        regrad(Partial())
+        try:
+            fastnorm.total_norm(params)
+            out["partial refused"] = (0.0, 1.0)
+        except ValueError as exc:
+            out["partial refused"] = (float("Partial" in str(exc)), 1.0)
+    finally:
+        _plan.build = build
+    return out
+
+
+def module_to_after_a_cached_clip(rank: int, world: int) -> dict:
+    # nn.Module.to swaps DTensor parameters in place (torch.utils.swap_tensors),
+    # which refuses a tensor that anything holds a weak reference to.
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh("cpu", (world,))
+    model = _model()
+    fully_shard(model, mesh=mesh)
+    model(torch.randn(16, 13, generator=torch.Generator().manual_seed(2))).square().sum().backward()
+    fastnorm.clip_(model.parameters(), 1e9)
+    fastnorm.clip_(model.parameters(), 1e9)
+    model.to(torch.float64)
+    gathered = [p.grad.full_tensor() for p in model.parameters()]
+    out = {"dtype": (float(gathered[0].dtype == torch.float64), 1.0)}
+    out["norm"] = (fastnorm.total_norm(model.parameters()).item(), reference.norm(gathered, 2.0))
+    return out
+
+
 def group_tensor_norms_with_uneven_items(rank: int, world: int) -> dict:
     # Each rank holds a different number of gapped views (served by the torch
     # backend): the total is global, each item's norm its own.
@@ -353,6 +415,8 @@ SCENARIOS = [
     norm_types_only_torch_computes_across_ranks,
     group_tensor_norms_with_uneven_items,
     cached_plan_follows_dtensor_gradients,
+    cached_plan_follows_dtensor_layouts,
+    module_to_after_a_cached_clip,
     plain_shards_with_group,
     dtensor_placements,
     two_d_mesh,

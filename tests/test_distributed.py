@@ -118,6 +118,14 @@ def test_cached_plan_follows_dtensor_gradients(ranks):
     _check_pairs(_scenario(ranks, "cached_plan_follows_dtensor_gradients"))
 
 
+def test_cached_plan_follows_dtensor_layouts(ranks):
+    _check_pairs(_scenario(ranks, "cached_plan_follows_dtensor_layouts"))
+
+
+def test_module_to_swaps_dtensor_parameters_after_a_cached_clip(ranks):
+    _check_pairs(_scenario(ranks, "module_to_after_a_cached_clip"))
+
+
 def test_group_tensor_norms_with_uneven_items(ranks):
     for record in _scenario(ranks, "group_tensor_norms_with_uneven_items"):
         got, expected = record["total"]

@@ -181,3 +181,50 @@ def test_plain_tensors_that_get_a_grad_rebuild(snapshot, builds):
         reference.norm([grads[0], grads[1].grad, grads[2]], 2.0), rel=1e-6
     )
     assert builds[0] == 2
+
+
+@pytest.fixture
+def swap_on_conversion():
+    """nn.Module.to swaps parameters in place (torch.utils.swap_tensors), as it
+    always does for DTensor parameters."""
+    before = torch.__future__.get_swap_module_params_on_conversion()
+    torch.__future__.set_swap_module_params_on_conversion(True)
+    yield
+    torch.__future__.set_swap_module_params_on_conversion(before)
+
+
+def test_a_cached_plan_lets_module_to_swap_the_parameters(snapshot, builds, swap_on_conversion):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Linear(5, 2))
+    model(torch.randn(3, 6)).square().sum().backward()
+    fastnorm.clip_(model.parameters(), 1e9)
+    fastnorm.clip_(model.parameters(), 1e9)  # from the cached plan
+    weight = model[0].weight
+    model.to(torch.float64)  # swaps each parameter and each .grad in place
+    assert model[0].weight is weight and weight.dtype == weight.grad.dtype == torch.float64
+    _check(list(model.parameters()))
+    assert builds[0] == 2
+
+
+def test_the_cache_keeps_no_item_or_gradient_alive(snapshot):
+    import gc
+    import weakref
+
+    params = _params()
+    fastnorm.clip_(params, 1e9)
+    fastnorm.clip_(params, 1e9)
+    alive = [weakref.ref(params[0]), weakref.ref(params[0].grad)]
+    del params
+    gc.collect()
+    assert [ref() for ref in alive] == [None, None]
+
+
+def test_an_item_of_another_type_at_the_same_address_rebuilds(snapshot, builds):
+    class Tagged(torch.nn.Parameter):
+        pass
+
+    params = _params()
+    _check(params)
+    params[1].__class__ = Tagged  # the same object (so the same id), another type
+    _check(params)
+    assert builds[0] == 2

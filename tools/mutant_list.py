@@ -254,6 +254,30 @@ MUTANTS = [
         "tests": ["tests/test_plan_cache.py::test_channels_last_gradients_keep_their_strides"],
         "what": "the plan cache misses new strides of a dense, non-contiguous gradient",
     },
+    {
+        "name": "cpp-cache-ignores-item-type",
+        "path": "csrc/snapshot.cpp",
+        "old": "    if (reinterpret_cast<PyObject*>(Py_TYPE(item)) != item_type_.ptr()) return false;",
+        "new": "",
+        "tests": ["tests/test_plan_cache.py::test_an_item_of_another_type_at_the_same_address_rebuilds"],
+        "what": "the plan cache serves an object of another type at a cached item's address",
+    },
+    {
+        "name": "cpp-cache-ignores-dtensor-placements",
+        "path": "csrc/snapshot.cpp",
+        "old": "ok = same_spec(dtensor != nullptr ? dtensor : item, facts);",
+        "new": "ok = true;",
+        "tests": ["tests/test_distributed.py::test_cached_plan_follows_dtensor_layouts"],
+        "what": "a cached plan serves a DTensor gradient with other placements (Partial sums read as shards)",
+    },
+    {
+        "name": "cpp-cache-compares-dtensor-specs-by-identity",
+        "path": "csrc/snapshot.cpp",
+        "old": "  bool same = spec == f.spec.ptr();\n  if (!same) {",
+        "new": "  bool same = spec == f.spec.ptr();\n  if (false) {",
+        "tests": ["tests/test_distributed.py::test_cached_plan_follows_dtensor_layouts"],
+        "what": "every new DTensor gradient spec rebuilds the plan, even with the same layout",
+    },
     # ------------------------------------------------------------------
     # Triton kernels (fastnorm/backends/triton_kernels.py, triton_backend.py)
     # ------------------------------------------------------------------
@@ -442,6 +466,14 @@ MUTANTS = [
         "new": "return all(True for",
         "tests": ["tests/test_plan_cache.py::test_channels_last_gradients_keep_their_strides"],
         "what": "the Python snapshot misses new strides of a dense, non-contiguous gradient",
+    },
+    {
+        "name": "plan-python-snapshot-holds-items",
+        "path": "fastnorm/_plan.py",
+        "old": "        self.ids = list(map(id, items))\n",
+        "new": "        self.ids = list(map(id, items))\n        _PySnapshot.held = items\n",
+        "tests": ["tests/test_plan_cache.py::test_the_cache_keeps_no_item_or_gradient_alive"],
+        "what": "the Python snapshot keeps every item (and so its gradient) alive",
     },
     {
         "name": "plan-caches-torch-backend-plans",
