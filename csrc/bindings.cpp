@@ -56,7 +56,9 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("num_pieces", &Plan::num_pieces)
       .def_property_readonly("num_tensors", &Plan::num_tensors)
       .def_property_readonly("numel", &Plan::numel)
-      .def_property_readonly("nbytes", &Plan::nbytes);
+      .def_property_readonly("nbytes", &Plan::nbytes)
+      .def("set_gates", &Plan::set_gates, py::arg("first_item"),
+           "For reduce_checked: the index of the first item that gives each tensor.");
 
   py::class_<Snapshot>(m, "Snapshot")
       .def(py::init([](int kind, const py::list& items, const py::list& grads, const py::tuple& access) {
@@ -73,6 +75,40 @@ PYBIND11_MODULE(_C, m) {
         py::arg("partial_addr"), py::arg("root_addr"), py::arg("root_is_double"),
         py::arg("per_tensor_addr"), py::arg("num_threads"),
         py::call_guard<py::gil_scoped_release>());
+  m.def(
+      "reduce_checked",
+      [](const Snapshot& snapshot, const py::list& items, const py::handle& written, const Plan& plan,
+         int mode, double p, uintptr_t partial_addr, uintptr_t root_addr, bool root_is_double,
+         int num_threads) {
+        // The check needs the GIL; the kernel, once the check is done, does not.
+        PyThreadState* released = nullptr;
+        auto check = [&](std::atomic<int64_t>& progress) {
+          bool ok = false;
+          try {
+            ok = snapshot.check(items, py::none(), written, &progress);
+          } catch (...) {  // a fact that cannot be read is a difference: the caller's slow path tells
+            ok = false;
+          }
+          PyErr_Clear();
+          released = PyEval_SaveThread();
+          return ok;
+        };
+        bool ok = false;
+        try {
+          ok = fastnorm::reduce_checked(plan, check, mode, p, partial_addr, root_addr, root_is_double,
+                                        num_threads);
+        } catch (...) {
+          if (released != nullptr) PyEval_RestoreThread(released);
+          throw;
+        }
+        if (released != nullptr) PyEval_RestoreThread(released);
+        return ok;
+      },
+      py::arg("snapshot"), py::arg("items"), py::arg("written"), py::arg("plan"), py::arg("mode"),
+      py::arg("p"), py::arg("partial_addr"), py::arg("root_addr"), py::arg("root_is_double"),
+      py::arg("num_threads"),
+      "reduce() while snapshot.matches(items, None, written) runs: False, with nothing written, "
+      "where it does not match.");
   m.def("scale_by_norm", &fastnorm::scale_by_norm, py::arg("plan"), py::arg("norm_addr"),
         py::arg("norm_is_double"), py::arg("max_norm"), py::arg("num_threads"),
         py::call_guard<py::gil_scoped_release>());

@@ -6,7 +6,9 @@
 // needs no torch at all.
 #pragma once
 
+#include <atomic>
 #include <cmath>
+#include <functional>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -97,6 +99,11 @@ class Plan {
   int64_t num_pieces() const { return int64_t(pieces_.size()); }
   int64_t num_tensors() const { return num_tensors_; }
   const Piece& piece(int64_t i) const { return pieces_[size_t(i)]; }
+  // For reduce_checked: given the index of the first item that gives each
+  // tensor (not decreasing), records how many items must be checked before
+  // each task may run.
+  void set_gates(const std::vector<int64_t>& first_item);
+  const std::vector<int64_t>& gates() const { return gates_; }
   int64_t task_begin(int64_t task) const { return task_start_[size_t(task)]; }
 
   // Calls fn(index, piece) for the pieces of a task, in order. Tensors are
@@ -126,6 +133,7 @@ class Plan {
  private:
   std::vector<Piece> pieces_;
   std::vector<int64_t> task_start_;
+  std::vector<int64_t> gates_;  // empty until set_gates
   int64_t numel_ = 0;
   int64_t nbytes_ = 0;
   int64_t num_tensors_ = 0;
@@ -137,6 +145,14 @@ class Plan {
 // per_tensor_addr (2 doubles per tensor, in plan order) when it is not 0.
 void reduce(const Plan& plan, int mode, double p, uintptr_t partial_addr, uintptr_t root_addr,
             bool root_is_double, uintptr_t per_tensor_addr, int num_threads);
+
+// reduce() without per-tensor norms, run while `check` confirms on the calling
+// thread that the plan still describes the gradients: check(progress) raises
+// progress to the number of items confirmed so far, and task t waits until it
+// reaches plan.gates()[t] (Plan::set_gates). Returns false, with nothing
+// written, when check returns false; the tasks then read only confirmed tensors.
+bool reduce_checked(const Plan& plan, const std::function<bool(std::atomic<int64_t>&)>& check, int mode, double p,
+                    uintptr_t partial_addr, uintptr_t root_addr, bool root_is_double, int num_threads);
 
 // Reads the norm at norm_addr (float64 or float32), computes the coefficient as
 // torch.nn.utils.clip_grad_norm_ does, and scales every tensor in place by it,

@@ -7,7 +7,10 @@
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
+#include <thread>
+#include <functional>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #if defined(__x86_64__)
@@ -257,13 +260,36 @@ void merge_l2_rescaled(Partial& a, const Partial& b) {
   a.s = s;
 }
 
-void reduce(const Plan& plan, int mode, double p, uintptr_t partial_addr, uintptr_t root_addr,
-            bool root_is_double, uintptr_t per_tensor_addr, int num_threads) {
+namespace {
+
+// Waits while `ready()` is false: spins a while (the wait is usually short),
+// then yields the core.
+template <class Ready>
+void wait_until(Ready&& ready) {
+  for (int spins = 0; !ready(); ++spins) {
+    if (spins < 4096) {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+      __builtin_ia32_pause();
+#endif
+    } else {
+      std::this_thread::yield();
+    }
+  }
+}
+
+// The shared body of reduce() and reduce_checked(): each task's partial (and
+// each piece's, with per_tensor_addr), then the total and its root.
+// `task_ready(task)` is false when a task must be skipped.
+template <class Ready>
+void reduce_tasks(const Plan& plan, int mode, double p, uintptr_t partial_addr, uintptr_t root_addr,
+                  bool root_is_double, uintptr_t per_tensor_addr, int num_threads, Ready&& task_ready,
+                  const std::function<void()>* leader, const std::atomic<bool>* failed) {
   if (mode < kL2 || mode > kLp) throw std::invalid_argument("fastnorm._C.reduce: unknown mode");
   const ReduceFn reduce_piece = kernels().reduce;
   std::vector<Partial> partial(size_t(plan.num_tasks()));
   std::vector<Partial> pieces(per_tensor_addr != 0 ? size_t(plan.num_pieces()) : 0);
-  ThreadPool::instance().run(plan.num_tasks(), threads_for(plan, num_threads), [&](int64_t task) {
+  const std::function<void(int64_t)> body = [&](int64_t task) {
+    if (!task_ready(task)) return;
     Partial acc;
     plan.for_each_piece(task, [&](int64_t index, const Plan::Piece& piece) {
       Partial own;
@@ -273,7 +299,9 @@ void reduce(const Plan& plan, int mode, double p, uintptr_t partial_addr, uintpt
       if (!pieces.empty()) pieces[size_t(index)] = own;
     });
     partial[size_t(task)] = acc;
-  });
+  };
+  ThreadPool::instance().run(plan.num_tasks(), threads_for(plan, num_threads), body, leader);
+  if (failed != nullptr && failed->load(std::memory_order_acquire)) return;
 
   Partial total;
   for (const Partial& acc : partial) merge(total, acc, mode, p);
@@ -301,6 +329,57 @@ void reduce(const Plan& plan, int mode, double p, uintptr_t partial_addr, uintpt
       per_tensor[2 * t + 1] = tensors[t].s;
     }
   }
+}
+
+}  // namespace
+
+void reduce(const Plan& plan, int mode, double p, uintptr_t partial_addr, uintptr_t root_addr,
+            bool root_is_double, uintptr_t per_tensor_addr, int num_threads) {
+  reduce_tasks(plan, mode, p, partial_addr, root_addr, root_is_double, per_tensor_addr, num_threads,
+               [](int64_t) { return true; }, nullptr, nullptr);
+}
+
+void Plan::set_gates(const std::vector<int64_t>& first_item) {
+  if (int64_t(first_item.size()) != num_tensors_) {
+    throw std::invalid_argument("fastnorm._C.Plan.set_gates: one item index per tensor is needed");
+  }
+  for (size_t i = 1; i < first_item.size(); ++i) {
+    if (first_item[i] < first_item[i - 1]) {
+      throw std::invalid_argument("fastnorm._C.Plan.set_gates: item indices must not decrease");
+    }
+  }
+  std::vector<int64_t> gates(static_cast<size_t>(num_tasks()));
+  for (int64_t task = 0; task < num_tasks(); ++task) {
+    // The tasks read the tensors in order: a task's last piece holds its last
+    // tensor, which the last of its items gives.
+    gates[size_t(task)] = first_item[size_t(pieces_[size_t(task_start_[size_t(task) + 1] - 1)].tensor)] + 1;
+  }
+  gates_ = std::move(gates);
+}
+
+bool reduce_checked(const Plan& plan, const std::function<bool(std::atomic<int64_t>&)>& check, int mode,
+                    double p, uintptr_t partial_addr, uintptr_t root_addr, bool root_is_double, int num_threads) {
+  const std::vector<int64_t>& gates = plan.gates();
+  if (int64_t(gates.size()) != plan.num_tasks()) {
+    throw std::invalid_argument("fastnorm._C.reduce_checked: the plan has no gates (Plan.set_gates)");
+  }
+  std::atomic<int64_t> progress{0};
+  std::atomic<bool> failed{false};
+  const std::function<void()> leader = [&] {
+    if (!check(progress)) failed.store(true, std::memory_order_release);
+  };
+  // A task reads its tensors only once they are known to be the plan's: a
+  // stale address is never read, even where the check fails further on.
+  auto ready = [&](int64_t task) {
+    const int64_t gate = gates[size_t(task)];
+    wait_until([&] {
+      return progress.load(std::memory_order_acquire) >= gate || failed.load(std::memory_order_acquire);
+    });
+    return progress.load(std::memory_order_acquire) >= gate;
+  };
+  reduce_tasks(plan, mode, p, partial_addr, root_addr, root_is_double, 0, num_threads, ready, &leader,
+               &failed);
+  return !failed.load(std::memory_order_acquire);
 }
 
 bool scale_by_norm(const Plan& plan, uintptr_t norm_addr, bool norm_is_double, double max_norm,

@@ -221,6 +221,11 @@ bool Snapshot::writable(PyObject* tensor) const {
 }
 
 bool Snapshot::matches(const py::list& items, const py::handle& grads, const py::handle& written) const {
+  return check(items, grads, written, nullptr);
+}
+
+bool Snapshot::check(const py::list& items, const py::handle& grads, const py::handle& written,
+                     std::atomic<int64_t>* progress) const {
   PyObject* list = items.ptr();
   const auto n = Py_ssize_t(items_.size());
   if (PyList_GET_SIZE(list) != n) return false;
@@ -253,6 +258,7 @@ bool Snapshot::matches(const py::list& items, const py::handle& grads, const py:
       if (out != nullptr) PyList_SetSlice(out, 0, PyList_GET_SIZE(out), nullptr);
       return false;
     }
+    if (progress != nullptr) progress->store(i + 1, std::memory_order_release);
   }
   return true;
 }

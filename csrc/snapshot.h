@@ -12,6 +12,7 @@
 
 #include <pybind11/pybind11.h>
 
+#include <atomic>
 #include <cstdint>
 #include <vector>
 
@@ -80,6 +81,13 @@ class Snapshot {
   // DTensor's local shard beside it). An inference tensor is a difference
   // there, so that the caller's slower path refuses it, as torch does.
   bool matches(const py::list& items, const py::handle& grads, const py::handle& written) const;
+
+  // matches(), which also stores in `progress` how many items, from the
+  // first, are known to match so far (release order): a kernel may read the
+  // gradients of those while the rest are checked. It is not raised past an
+  // item that differs.
+  bool check(const py::list& items, const py::handle& grads, const py::handle& written,
+             std::atomic<int64_t>* progress) const;
 
   int64_t size() const { return int64_t(items_.size()); }
 

@@ -59,14 +59,18 @@ class ThreadPool {
   static bool uses_openmp() { return openmp_parallel() != nullptr; }
 
   // Runs fn(task) for every task in [0, num_tasks) on at most num_threads
-  // threads, the caller included, and returns when all are done.
-  void run(int64_t num_tasks, int num_threads, const std::function<void(int64_t)>& fn) {
+  // threads, the caller included, and returns when all are done. With a
+  // `leader`, the calling thread runs it first, while the helpers start on the
+  // tasks (which may wait for something the leader does).
+  void run(int64_t num_tasks, int num_threads, const std::function<void(int64_t)>& fn,
+           const std::function<void()>* leader = nullptr) {
     if (num_threads <= 1 || num_tasks <= 1) {
+      if (leader != nullptr) (*leader)();
       for (int64_t t = 0; t < num_tasks; ++t) fn(t);
       return;
     }
     if (GompParallel parallel = openmp_parallel()) {
-      OpenMPJob job{&fn, num_tasks, {0}};
+      OpenMPJob job{&fn, num_tasks, {0}, leader, std::this_thread::get_id()};
       const auto threads = unsigned(std::min<int64_t>(num_threads, num_tasks));
       parallel(&OpenMPJob::work, &job, threads, 0);
       return;
@@ -84,6 +88,7 @@ class ThreadPool {
       ++generation_;
     }
     wake_.notify_all();
+    if (leader != nullptr) (*leader)();
     drain();
     std::unique_lock<std::mutex> lock(mutex_);
     done_.wait(lock, [this] { return pending_.load() == 0; });
@@ -102,9 +107,12 @@ class ThreadPool {
     const std::function<void(int64_t)>* fn;
     int64_t num_tasks;
     std::atomic<int64_t> next;
+    const std::function<void()>* leader;
+    std::thread::id caller;  // GOMP_parallel runs the work on the calling thread too
 
     static void work(void* data) {
       auto* job = static_cast<OpenMPJob*>(data);
+      if (job->leader != nullptr && std::this_thread::get_id() == job->caller) (*job->leader)();
       for (int64_t t = job->next.fetch_add(1); t < job->num_tasks; t = job->next.fetch_add(1)) (*job->fn)(t);
     }
   };

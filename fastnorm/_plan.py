@@ -26,7 +26,7 @@ from torch import Tensor
 from torch.nn import Parameter
 
 from fastnorm._collect import Gradients, collect
-from fastnorm.backends import Backend, choose, cpp, requested, warn_if_slow
+from fastnorm.backends import Backend, Mode, choose, cpp, requested, warn_if_slow
 from fastnorm.distributed import Domain, DTensor, collective_device
 
 _get_grad = attrgetter("grad")
@@ -238,13 +238,33 @@ def _snapshot(kind: str, items: list[Any], grads: list[Tensor | None]) -> Any:
 
 
 class _Entry:
-    __slots__ = ("snapshot", "plan")
+    __slots__ = ("snapshot", "plan", "gated")
 
-    def __init__(self, kind: str, items: list[Any], grads: list[Tensor | None], plan: Plan) -> None:
+    def __init__(
+        self, kind: str, items: list[Any], grads: list[Tensor | None], plan: Plan, slots: list[int | None]
+    ) -> None:
         # "params": every item is a Parameter; "dtensor_params": every item is a
         # DTensor parameter; "tensors": no item requires grad or has a .grad.
         self.snapshot = _snapshot(kind, items, grads)
         self.plan = plan
+        # The C++ plan of a plan that one C++ call computes (one group on the
+        # cpp backend, nothing to reduce across ranks), with its gates set:
+        # then the kernel runs while the snapshot checks (cached_norm).
+        self.gated: Any = None
+        if (
+            len(plan.norm_groups) == 1
+            and plan.norm_groups[0].backend is cpp.BACKEND
+            and not plan.distributed
+            and not isinstance(self.snapshot, _PySnapshot)
+        ):
+            state = plan.norm_groups[0].state
+            first_item = [-1] * state.num_tensors
+            for i, slot in reversed(list(enumerate(slots))):
+                if slot is not None:
+                    first_item[slot] = i
+            if -1 not in first_item:
+                state.set_gates(first_item)
+                self.gated = state
 
 
 class _Cache:
@@ -297,6 +317,15 @@ class _Cache:
             pass
         return entry.plan
 
+    def entry(self, key: tuple[Any, ...]) -> _Entry | None:
+        return self._entries.get(key)
+
+    def touch(self, key: tuple[Any, ...]) -> None:
+        try:
+            self._entries.move_to_end(key)
+        except KeyError:  # evicted or cleared by another thread meanwhile
+            pass
+
     def store(
         self,
         key: tuple[Any, ...],
@@ -304,8 +333,9 @@ class _Cache:
         items: list[Any],
         grads: list[Tensor | None],
         plan: Plan,
+        slots: list[int | None],
     ) -> None:
-        entry = _Entry(kind, items, grads, plan)
+        entry = _Entry(kind, items, grads, plan, slots)
         with self._lock:
             self._entries[key] = entry
             self._entries.move_to_end(key)
@@ -336,14 +366,49 @@ def _key(items: list[Any], group: Any, request: str) -> tuple[Any, ...]:
     return (request, id(group), len(items), id(items[0]) if items else 0, id(items[-1]) if items else 0)
 
 
-def cached_for_writing(items: list[Any], group: Any = None) -> tuple[Plan, list[Tensor]] | None:
+Reduced = tuple[Tensor, Tensor, None]  # what Backend.reduce returns, without per-tensor norms
+
+
+def cached_norm(
+    items: list[Any], p: float, group: Any = None, written: list[Tensor] | None = None
+) -> tuple[Plan, Reduced | None] | None:
+    """The cached plan of ``items`` if it still describes them, and where one
+    C++ call serves it, its reduction, computed while the plan is checked: the
+    kernel reads each tensor as soon as the items up to the one that gives it
+    are confirmed, so the check, item after item on this thread, and the read
+    of the memory, on the others, overlap. A tensor that fails the check is
+    never read. None when there is no valid plan. ``written``: see
+    ``cached_for_writing``."""
+    key = _key(items, group, requested())
+    entry = _CACHE.entry(key)
+    if entry is None:
+        return None
+    if entry.gated is None:
+        plan = _CACHE.lookup(key, items, None, written)
+        return None if plan is None else (plan, None)
+    reduced = cpp.BACKEND.reduce_checked(
+        entry.snapshot, items, written, entry.gated, Mode.of(p), p, entry.plan.result_dtype
+    )
+    if reduced is None:
+        return None
+    _CACHE.touch(key)
+    return entry.plan, reduced
+
+
+def cached_for_writing(
+    items: list[Any], group: Any = None, p: float | None = None
+) -> tuple[Plan, list[Tensor], Reduced | None] | None:
     """For ``clip_``: the cached plan of ``items`` and the tensors it writes (each
     gradient, and a DTensor's local shard), read and checked in one pass in the
-    extension; None when there is no valid plan, or where ``clip_``'s own checks
-    must run (an inference tensor, a build without the extension)."""
+    extension, and with ``p`` the norm's reduction where ``cached_norm`` gives
+    it; None when there is no valid plan, or where ``clip_``'s own checks must
+    run (an inference tensor, a build without the extension)."""
     written: list[Tensor] = []
+    if p is not None:
+        hit = cached_norm(items, p, group, written)
+        return None if hit is None else (hit[0], written, hit[1])
     plan = _CACHE.lookup(_key(items, group, requested()), items, None, written)
-    return None if plan is None else (plan, written)
+    return None if plan is None else (plan, written, None)
 
 
 def plan_for(items: list[Any], p: float, fn: str, group: Any = None, grads: list[Any] | None = None) -> Plan:
@@ -358,7 +423,7 @@ def plan_for(items: list[Any], p: float, fn: str, group: Any = None, grads: list
     plan = build(grads, request)
     kind = _kind(items)
     if plan.cacheable and kind is not None:
-        _CACHE.store(key, kind, items, grads.per_item, plan)
+        _CACHE.store(key, kind, items, grads.per_item, plan, grads.slots)
     return plan
 
 

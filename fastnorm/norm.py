@@ -34,7 +34,7 @@ from fastnorm._collect import (
 )
 from fastnorm._collect import max_norm as check_max_norm
 from fastnorm._collect import norm_type as check_norm_type
-from fastnorm._plan import Plan, cached_for_writing, clear_cache, plan_for
+from fastnorm._plan import Plan, Reduced, cached_for_writing, cached_norm, clear_cache, plan_for
 from fastnorm._plan import build as build_plan
 from fastnorm.backends import Mode
 from fastnorm.backends.torch_backend import accumulate_dtype
@@ -97,8 +97,11 @@ def _plan_for(items: list[Any], p: float, fn: str, group: Any, grads: list[Any] 
     return build_plan(collect(items, p, fn, group), "torch")
 
 
-def _reduce(plan: Plan, p: float, fn: str, per_item: bool = False) -> tuple[Tensor, Tensor | None]:
-    """The total norm and, with ``per_item``, each item's norm (from the same pass)."""
+def _reduce(
+    plan: Plan, p: float, fn: str, per_item: bool = False, reduced: Reduced | None = None
+) -> tuple[Tensor, Tensor | None]:
+    """The total norm and, with ``per_item``, each item's norm (from the same pass).
+    ``reduced``: the plan's one group, reduced already (``_plan.cached_norm``)."""
     mode = Mode.of(p)
     first, dtype = plan.result_device, plan.result_dtype
     if mode == Mode.ZERO and any(d.key[0] == "mesh" for d in plan.domains):
@@ -106,7 +109,10 @@ def _reduce(plan: Plan, p: float, fn: str, per_item: bool = False) -> tuple[Tens
             f"{fn}: norm_type=0 counts the tensors that hold a non-zero, which DTensor shards "
             "cannot tell on their own; use it on plain (full) tensors"
         )
-    results = [g.backend.reduce(g.state, mode, p, dtype, per_item) for g in plan.norm_groups]
+    if reduced is not None:
+        results = [reduced]
+    else:
+        results = [g.backend.reduce(g.state, mode, p, dtype, per_item) for g in plan.norm_groups]
 
     if len(results) == 1 and not plan.distributed:
         total = _to_device(results[0][1], first)  # the backend's own root: no extra launch
@@ -293,8 +299,9 @@ def total_norm(
     if torch.compiler.is_compiling():
         ops.check_compilable("total_norm", group, error_if_nonfinite)
         return torch.ops.fastnorm.total_norm(ops.traced_gradients(items, "total_norm"), p)
-    plan = _plan_for(items, p, "total_norm", group)
-    norm, _ = _reduce(plan, p, "total_norm")
+    hit = cached_norm(items, p, group) if Mode.of(p).fused else None
+    plan, reduced = hit if hit is not None else (_plan_for(items, p, "total_norm", group), None)
+    norm, _ = _reduce(plan, p, "total_norm", reduced=reduced)
     if error_if_nonfinite:
         _check_finite(norm, p)
     return norm
@@ -371,14 +378,15 @@ def clip_(
         torch.ops.fastnorm.scale_(grads, total_norm, bound)
         return total_norm
     # A cached plan's check also gives what to write, checked (see _plan.cached_for_writing).
-    hit = cached_for_writing(targets, group) if Mode.of(p).fused else None
+    hit = cached_for_writing(targets, group, p if total_norm is None else None) if Mode.of(p).fused else None
+    reduced = None
     if hit is not None:
-        plan, written = hit
+        plan, written, reduced = hit
     else:
         grads = _gradients(targets)  # read once: the plan's check and the writes share them
         plan = _plan_for(targets, p, "clip_", group, None if grads is targets else grads)
         written = _written(targets, grads, plan)
-    norm = _reduce(plan, p, "clip_")[0] if total_norm is None else total_norm
+    norm = _reduce(plan, p, "clip_", reduced=reduced)[0] if total_norm is None else total_norm
     if error_if_nonfinite:
         _check_finite(norm, p)
     torch._C._increment_version(written)

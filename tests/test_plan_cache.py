@@ -3,6 +3,9 @@ every change to a gradient that a plan depends on; many lists stay cached."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -10,6 +13,7 @@ import fastnorm
 import reference
 from fastnorm import _plan
 from fastnorm.backends import cpp
+from harness import run_python
 
 
 @pytest.fixture(params=["extension", "python"])
@@ -228,3 +232,104 @@ def test_an_item_of_another_type_at_the_same_address_rebuilds(snapshot, builds):
     params[1].__class__ = Tagged  # the same object (so the same id), another type
     _check(params)
     assert builds[0] == 2
+
+
+# ----------------------------------------------------------------------------
+# The norm computed while the cached plan is checked (_plan.cached_norm)
+
+
+def _gated_params(dtype, count, numel, seed):
+    g = torch.Generator().manual_seed(seed)
+    params = []
+    for i in range(count):
+        p = torch.nn.Parameter(torch.zeros(numel + i % 7, dtype=dtype))
+        p.grad = (torch.randn(numel + i % 7, generator=g) * 10 ** (i % 5 - 2)).to(dtype)
+        params.append(p)
+    return params
+
+
+@pytest.mark.skipif(cpp._C is None, reason="the C++ kernels are not built")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+@pytest.mark.parametrize("p", [2.0, 1.0, float("inf"), 3.0])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_the_norm_read_while_checking_has_the_bits_of_a_fresh_plan(monkeypatch, dtype, p, threads):
+    monkeypatch.setenv("FASTNORM_BACKEND", "cpp")
+    monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
+    fastnorm.clear_cache()
+    for count, numel in ((300, 4096), (40, 33)):  # several MiB over many tasks; one small task
+        params = _gated_params(dtype, count, numel, count)
+        fresh = fastnorm.total_norm(params, p)  # builds the plan and reduces it apart
+        entry = _plan._CACHE.entry(_plan._key(params, None, "cpp"))
+        assert entry is not None and entry.gated is not None
+        assert _plan.cached_norm(params, p)[1] is not None
+        cached = fastnorm.total_norm(params, p)
+        assert cached.dtype == fresh.dtype and cached.item() == fresh.item()
+        assert fresh.item() == pytest.approx(reference.norm([q.grad for q in params], p), rel=1e-5)
+        clipped = fastnorm.clip_(params, 1e30, p)  # from the cached plan, with what it writes
+        assert clipped.item() == fresh.item()
+    fastnorm.clear_cache()
+
+
+@pytest.mark.skipif(cpp._C is None, reason="the C++ kernels are not built")
+def test_gates_need_one_non_decreasing_item_per_tensor():
+    plan = cpp._C.Plan([4096, 8192], [16, 16], [0, 0], 1 << 18)
+    with pytest.raises(ValueError, match="one item index per tensor"):
+        plan.set_gates([0])
+    with pytest.raises(ValueError, match="must not decrease"):
+        plan.set_gates([1, 0])
+    with pytest.raises(ValueError, match="no gates"):
+        cpp._C.reduce_checked(_plan._snapshot("tensors", [], []), [], None, plan, 0, 2.0, 0, 0, False, 1)
+
+
+_STALE = """
+import ctypes, json, mmap
+import torch
+import fastnorm
+
+torch.set_num_threads(2)
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mprotect.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+numel, count = 1 << 18, 12  # 1 MiB each: several tasks per gradient, both threads
+g = torch.Generator().manual_seed(5)
+results = {}
+for fn in ("total_norm", "clip_"):
+    for moved in (0, 5, count - 1):
+        regions, params = [], []
+        for _ in range(count):
+            region = mmap.mmap(-1, numel * 4)
+            p = torch.nn.Parameter(torch.zeros(numel))
+            p.grad = torch.frombuffer(region, dtype=torch.float32)
+            p.grad.copy_(torch.randn(numel, generator=g))
+            regions.append(region)
+            params.append(p)
+        if fn == "total_norm":
+            call = lambda: fastnorm.total_norm(params)
+        else:
+            call = lambda: fastnorm.clip_(params, 1e30)
+        call()
+        call()  # from the cached plan, read while it is checked
+        params[moved].grad = torch.randn(numel, generator=g)
+        # The moved gradient's old memory can no longer be read: a read kills us.
+        base = ctypes.addressof(ctypes.c_char.from_buffer(regions[moved]))
+        assert libc.mprotect(base, numel * 4, 0) == 0, ctypes.get_errno()
+        got = call().item()
+        want = torch.cat([p.grad.double() for p in params]).norm().item()
+        results[f"{fn} {moved}"] = [got, want]
+        assert libc.mprotect(base, numel * 4, 3) == 0, ctypes.get_errno()  # readable again to be freed
+print(json.dumps(results))
+"""
+
+
+@pytest.mark.skipif(cpp._C is None, reason="the C++ kernels are not built")
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="mprotect through libc: Linux")
+@pytest.mark.parametrize("pool", ["openmp", "own"])
+def test_a_gradient_that_moved_is_never_read_at_its_old_address(pool):
+    """The kernel starts on the cached plan while the check runs: a gradient
+    that failed the check (the first, one in the middle, the last) or lies
+    after one that did must not be read. Its old memory is made unreadable; run
+    in a child process, which a read kills."""
+    env = {"FASTNORM_BACKEND": "cpp"} | ({"FASTNORM_OWN_THREADS": "1"} if pool == "own" else {})
+    result = run_python(["-c", _STALE], **env)
+    assert result.returncode == 0, result.stderr[-2000:]
+    for case, (got, want) in json.loads(result.stdout).items():
+        assert got == pytest.approx(want, rel=1e-6), case

@@ -278,6 +278,30 @@ MUTANTS = [
         "tests": ["tests/test_distributed.py::test_cached_plan_follows_dtensor_layouts"],
         "what": "every new DTensor gradient spec rebuilds the plan, even with the same layout",
     },
+    {
+        "name": "cpp-checked-reduce-reads-after-a-failed-check",
+        "path": "csrc/kernels.cpp",
+        "old": "    return progress.load(std::memory_order_acquire) >= gate;\n",
+        "new": "    return true;\n",
+        "tests": ["tests/test_plan_cache.py::test_a_gradient_that_moved_is_never_read_at_its_old_address"],
+        "what": "once the check fails, the waiting tasks read the stale addresses anyway",
+    },
+    {
+        "name": "cpp-checked-reduce-gate-one-item-early",
+        "path": "csrc/kernels.cpp",
+        "old": "[size_t(task_start_[size_t(task) + 1] - 1)].tensor)] + 1;",
+        "new": "[size_t(task_start_[size_t(task) + 1] - 1)].tensor)];",
+        "tests": ["tests/test_plan_cache.py::test_a_gradient_that_moved_is_never_read_at_its_old_address"],
+        "what": "a task reads its tensor before the item that gives it is checked",
+    },
+    {
+        "name": "cpp-checked-reduce-ignores-the-check",
+        "path": "csrc/kernels.cpp",
+        "old": "    if (!check(progress)) failed.store(true, std::memory_order_release);",
+        "new": "    check(progress);\n    progress.store(INT64_MAX);",
+        "tests": ["tests/test_plan_cache.py::test_a_gradient_that_moved_is_never_read_at_its_old_address"],
+        "what": "the reduction read while checking is kept though the check failed",
+    },
     # ------------------------------------------------------------------
     # Triton kernels (fastnorm/backends/triton_kernels.py, triton_backend.py)
     # ------------------------------------------------------------------

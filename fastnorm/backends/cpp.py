@@ -215,6 +215,35 @@ class CppBackend:
         )
         return partial, root, tensors
 
+    def reduce_checked(
+        self,
+        snapshot: Any,
+        items: list[Any],
+        written: list[torch.Tensor] | None,
+        plan: _C.Plan,
+        mode: Mode,
+        p: float,
+        result_dtype: torch.dtype,
+    ) -> tuple[torch.Tensor, torch.Tensor, None] | None:
+        """``reduce``, run while ``snapshot`` checks ``items`` (see
+        ``_plan.cached_norm``): None, with nothing read at an address that
+        failed the check, where they no longer match."""
+        partial = torch.empty_like(_PARTIAL)
+        root = torch.empty_like(_ROOTS[result_dtype])
+        ok = _C.reduce_checked(
+            snapshot,
+            items,
+            written,
+            plan,
+            int(mode),
+            p,
+            partial.data_ptr(),
+            root.data_ptr(),
+            result_dtype == torch.float64,
+            torch.get_num_threads(),
+        )
+        return (partial, root, None) if ok else None
+
     def scale_(self, plan: _C.Plan, norm: torch.Tensor, max_norm: float) -> None:
         _C.scale_by_norm(
             plan, norm.data_ptr(), norm.dtype == torch.float64, max_norm, torch.get_num_threads()
