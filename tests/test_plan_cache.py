@@ -3,6 +3,7 @@ every change to a gradient that a plan depends on; many lists stay cached."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -256,15 +257,21 @@ def test_the_norm_read_while_checking_has_the_bits_of_a_fresh_plan(monkeypatch, 
     monkeypatch.setenv("FASTNORM_BACKEND", "cpp")
     monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
     fastnorm.clear_cache()
-    for count, numel in ((300, 4096), (40, 33)):  # several MiB over many tasks; one small task
+    shapes = ((300, 4096), (40, 33))  # several MiB over many tasks; one small task
+    for (count, numel), gradients in itertools.product(shapes, (False, True)):
         params = _gated_params(dtype, count, numel, count)
+        if gradients:  # the gradients themselves, one of them twice
+            params = [q.grad for q in params] + [params[3].grad]
         fresh = fastnorm.total_norm(params, p)  # builds the plan and reduces it apart
         entry = _plan._CACHE.entry(_plan._key(params, None, "cpp"))
         assert entry is not None and entry.gated is not None
         assert _plan.cached_norm(params, p)[1] is not None
         cached = fastnorm.total_norm(params, p)
         assert cached.dtype == fresh.dtype and cached.item() == fresh.item()
-        assert fresh.item() == pytest.approx(reference.norm([q.grad for q in params], p), rel=1e-5)
+        grads = params[:-1] if gradients else [q.grad for q in params]
+        assert fresh.item() == pytest.approx(reference.norm(grads, p), rel=1e-5)
+        if gradients:
+            continue
         clipped = fastnorm.clip_(params, 1e30, p)  # from the cached plan, with what it writes
         assert clipped.item() == fresh.item()
     fastnorm.clear_cache()
