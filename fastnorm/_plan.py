@@ -377,7 +377,8 @@ def cached_norm(
     kernel reads each tensor as soon as the items up to the one that gives it
     are confirmed, so the check, item after item on this thread, and the read
     of the memory, on the others, overlap. A tensor that fails the check is
-    never read. None when there is no valid plan. ``written``: see
+    never read (on fastnorm's own thread pool the check runs first, see
+    ``_C.reduce_checked``). None when there is no valid plan. ``written``: see
     ``cached_for_writing``."""
     key = _key(items, group, requested())
     entry = _CACHE.entry(key)

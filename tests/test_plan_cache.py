@@ -340,3 +340,50 @@ def test_a_gradient_that_moved_is_never_read_at_its_old_address(pool):
     assert result.returncode == 0, result.stderr[-2000:]
     for case, (got, want) in json.loads(result.stdout).items():
         assert got == pytest.approx(want, rel=1e-6), case
+
+
+_TWO_THREADS = """
+import faulthandler, sys, threading
+import torch
+from torch.overrides import TorchFunctionMode
+import fastnorm
+
+faulthandler.dump_traceback_later(60, exit=True)  # a hang fails with the threads' stacks
+sys.setswitchinterval(1e-5)  # hand the GIL over as often as the interpreter can
+
+
+class Passthrough(TorchFunctionMode):  # Python code on every tensor attribute read
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
+def work(seed):
+    g = torch.Generator().manual_seed(seed)
+    params = [torch.nn.Parameter(torch.zeros(1 << 18)) for _ in range(8)]
+    for p in params:
+        p.grad = torch.randn(1 << 18, generator=g)
+    want = torch.cat([p.grad.double() for p in params]).norm().item()
+    with Passthrough():
+        for _ in range(100):
+            assert abs(fastnorm.total_norm(params).item() / want - 1) < 1e-6
+
+
+threads = [threading.Thread(target=work, args=(seed,)) for seed in (1, 2)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+print("done")
+"""
+
+
+@pytest.mark.skipif(cpp._C is None, reason="the C++ kernels are not built")
+@pytest.mark.parametrize("pool", ["openmp", "own"])
+def test_two_threads_reading_through_a_torch_function_mode_do_not_deadlock(pool):
+    """The check of a cached plan may run Python code (here a TorchFunctionMode
+    on every attribute read), and so hand the GIL to another thread that calls
+    fastnorm meanwhile: neither may then wait for the other."""
+    env = {"FASTNORM_BACKEND": "cpp"} | ({"FASTNORM_OWN_THREADS": "1"} if pool == "own" else {})
+    result = run_python(["-c", _TWO_THREADS], **env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip() == "done"
