@@ -158,16 +158,22 @@ def dtensor_clip_matches_torch(rank: int, world: int) -> dict:
     return {"norm": (got.item(), expected.item()), "max_grad_diff": diff}
 
 
-def cached_plan_follows_dtensor_gradients(rank: int, world: int) -> dict:
-    # The second and third calls reuse the cached plan of the same DTensor
-    # parameters; new values, then new gradient DTensors, must be seen.
-    mesh = init_device_mesh("cpu", (world,))
-    full = full_tensors(7)
+def _sharded_params(full: list[torch.Tensor], mesh: object) -> list[torch.nn.Parameter]:
+    """DTensor parameters sharded on dim 0, each with its ``full`` tensor as gradient."""
     params = []
     for t in full:
         param = torch.nn.Parameter(distribute_tensor(torch.zeros_like(t), mesh, [Shard(0)]))
         param.grad = distribute_tensor(t, mesh, [Shard(0)])
         params.append(param)
+    return params
+
+
+def cached_plan_follows_dtensor_gradients(rank: int, world: int) -> dict:
+    # The second and third calls reuse the cached plan of the same DTensor
+    # parameters; new values, then new gradient DTensors, must be seen.
+    mesh = init_device_mesh("cpu", (world,))
+    full = full_tensors(7)
+    params = _sharded_params(full, mesh)
     out = {"first": (fastnorm.total_norm(params).item(), reference.norm(full, 2.0))}
     params[0].grad._local_tensor.mul_(3)
     full[0] = full[0] * 3
@@ -193,11 +199,7 @@ def cached_plan_follows_dtensor_layouts(rank: int, world: int) -> dict:
 
     mesh = init_device_mesh("cpu", (world,))
     full = full_tensors(9)
-    params = []
-    for t in full:
-        param = torch.nn.Parameter(distribute_tensor(torch.zeros_like(t), mesh, [Shard(0)]))
-        param.grad = distribute_tensor(t, mesh, [Shard(0)])
-        params.append(param)
+    params = _sharded_params(full, mesh)
     fastnorm.total_norm(params)
     builds = [0]
     build = _plan.build
