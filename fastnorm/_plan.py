@@ -412,12 +412,20 @@ def cached_for_writing(
     return None if plan is None else (plan, written, None)
 
 
-def plan_for(items: list[Any], p: float, fn: str, group: Any = None, grads: list[Any] | None = None) -> Plan:
+def plan_for(
+    items: list[Any],
+    p: float,
+    fn: str,
+    group: Any = None,
+    grads: list[Any] | None = None,
+    looked_up: bool = False,
+) -> Plan:
     """The plan for ``items``, from the cache when still valid. ``grads``: the
-    items' ``.grad``, when the caller has read them already (read once per call)."""
+    items' ``.grad``, when the caller has read them already (read once per call).
+    ``looked_up``: ``cached_norm`` found no valid plan just now (none is looked for)."""
     request = requested()
     key = _key(items, group, request)
-    plan = _CACHE.lookup(key, items, grads)
+    plan = None if looked_up else _CACHE.lookup(key, items, grads)
     if plan is not None:
         return plan
     grads = collect(items, p, fn, group)

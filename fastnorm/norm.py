@@ -88,12 +88,15 @@ def _item_gather(plan: Plan) -> list[int]:
     return [total if r is None else offsets[r[0]] + r[1] for r in plan.item_rows]
 
 
-def _plan_for(items: list[Any], p: float, fn: str, group: Any, grads: list[Any] | None = None) -> Plan:
+def _plan_for(
+    items: list[Any], p: float, fn: str, group: Any, grads: list[Any] | None = None, looked_up: bool = False
+) -> Plan:
     """The plan for ``items``: cached, fused where it can be, for the norm types
     the fused backends compute; on the torch backend everywhere for the others.
-    ``grads``: the parameters' ``.grad``, already read by the caller."""
+    ``grads``: the parameters' ``.grad``, already read by the caller;
+    ``looked_up``: see ``_plan.plan_for``."""
     if Mode.of(p).fused:
-        return plan_for(items, p, fn, group, grads)
+        return plan_for(items, p, fn, group, grads, looked_up)
     return build_plan(collect(items, p, fn, group), "torch")
 
 
@@ -299,8 +302,11 @@ def total_norm(
     if torch.compiler.is_compiling():
         ops.check_compilable("total_norm", group, error_if_nonfinite)
         return torch.ops.fastnorm.total_norm(ops.traced_gradients(items, "total_norm"), p)
-    hit = cached_norm(items, p, group) if Mode.of(p).fused else None
-    plan, reduced = hit if hit is not None else (_plan_for(items, p, "total_norm", group), None)
+    fused = Mode.of(p).fused
+    hit = cached_norm(items, p, group) if fused else None
+    if hit is None:  # no valid cached plan: build one (not looked up again)
+        hit = _plan_for(items, p, "total_norm", group, looked_up=fused), None
+    plan, reduced = hit
     norm, _ = _reduce(plan, p, "total_norm", reduced=reduced)
     if error_if_nonfinite:
         _check_finite(norm, p)
