@@ -5,10 +5,10 @@
 #include <cstring>
 #include <cstdint>
 #include <cstdlib>
+#include <functional>
 #include <stdexcept>
 #include <string>
 #include <thread>
-#include <functional>
 #include <type_traits>
 #include <utility>
 #include <vector>
