@@ -80,19 +80,7 @@ PYBIND11_MODULE(_C, m) {
       [](const Snapshot& snapshot, const py::list& items, const py::handle& written, const Plan& plan,
          int mode, double p, uintptr_t partial_addr, uintptr_t root_addr, bool root_is_double,
          int num_threads) {
-        if (!fastnorm::ThreadPool::uses_openmp()) {
-          // The own pool serves one call at a time (a lock). The check may run
-          // Python code (a TorchFunctionMode sees every attribute read), which
-          // may hand the GIL to another thread that then waits for that lock
-          // holding the GIL: check first, then reduce without the GIL.
-          if (!snapshot.matches(items, py::none(), written)) return false;
-          py::gil_scoped_release unlocked;
-          fastnorm::reduce(plan, mode, p, partial_addr, root_addr, root_is_double, 0, num_threads);
-          return true;
-        }
         // The check needs the GIL; the kernel, once the check is done, does not.
-        // Each thread that calls GOMP_parallel gets its own team: no lock is
-        // shared between two calls.
         PyThreadState* released = nullptr;
         auto check = [&](std::atomic<int64_t>& progress) {
           bool ok = false;

@@ -151,6 +151,7 @@ void reduce(const Plan& plan, int mode, double p, uintptr_t partial_addr, uintpt
 // progress to the number of items confirmed so far, and task t waits until it
 // reaches plan.gates()[t] (Plan::set_gates). Returns false, with nothing
 // written, when check returns false; the tasks then read only confirmed tensors.
+// On fastnorm's own thread pool the check runs to its end first.
 bool reduce_checked(const Plan& plan, const std::function<bool(std::atomic<int64_t>&)>& check, int mode, double p,
                     uintptr_t partial_addr, uintptr_t root_addr, bool root_is_double, int num_threads);
 

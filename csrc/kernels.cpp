@@ -364,6 +364,16 @@ bool reduce_checked(const Plan& plan, const std::function<bool(std::atomic<int64
     throw std::invalid_argument("fastnorm._C.reduce_checked: the plan has no gates (Plan.set_gates)");
   }
   std::atomic<int64_t> progress{0};
+  if (!ThreadPool::uses_openmp()) {
+    // The own pool serves one call at a time (a lock). The check may run
+    // Python code (a TorchFunctionMode sees every attribute read), which may
+    // hand the GIL to another thread that then waits for that lock holding the
+    // GIL: check first, then reduce. torch's OpenMP runtime gives each calling
+    // thread its own team and shares no lock between two calls.
+    if (!check(progress)) return false;
+    reduce(plan, mode, p, partial_addr, root_addr, root_is_double, 0, num_threads);
+    return true;
+  }
   std::atomic<bool> failed{false};
   const std::function<void()> leader = [&] {
     if (!check(progress)) failed.store(true, std::memory_order_release);

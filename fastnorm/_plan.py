@@ -311,19 +311,17 @@ class _Cache:
         entry = self._entries.get(key)
         if entry is None or not entry.snapshot.matches(items, grads, written):
             return None
-        try:
-            self._entries.move_to_end(key)  # atomic under the GIL, as are the dict's reads
-        except KeyError:  # evicted or cleared by another thread meanwhile: the plan stays valid
-            pass
+        self.touch(key)
         return entry.plan
 
     def entry(self, key: tuple[Any, ...]) -> _Entry | None:
         return self._entries.get(key)
 
     def touch(self, key: tuple[Any, ...]) -> None:
+        """Marks ``key`` as used last."""
         try:
-            self._entries.move_to_end(key)
-        except KeyError:  # evicted or cleared by another thread meanwhile
+            self._entries.move_to_end(key)  # atomic under the GIL, as are the dict's reads
+        except KeyError:  # evicted or cleared by another thread meanwhile: the plan stays valid
             pass
 
     def store(
