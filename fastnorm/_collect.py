@@ -24,7 +24,6 @@ rank waiting.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Union
@@ -40,30 +39,6 @@ TensorOrTensors = Union[Tensor, Iterable[Tensor]]
 
 _SUPPORTED = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _SPARSE_COMPRESSED = (torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr, torch.sparse_bsc)
-
-
-def norm_type(value: float | str, fn: str) -> float:
-    """torch's ``float(norm_type)``: any number, ``'inf'`` or ``'-inf'``; NaN is refused."""
-    try:
-        p = float(value)
-    except (TypeError, ValueError):
-        raise TypeError(f"{fn}: norm_type must be a number, 'inf' or '-inf', got {value!r}") from None
-    if math.isnan(p):
-        raise ValueError(f"{fn}: norm_type must be a number, 'inf' or '-inf', got {value!r}")
-    return p
-
-
-def max_norm(value: float, fn: str) -> float:
-    try:
-        bound = float(value)
-    except (TypeError, ValueError):
-        raise TypeError(f"{fn}: max_norm must be a number, got {value!r}") from None
-    if math.isnan(bound) or bound < 0:
-        raise ValueError(
-            f"{fn}: max_norm must be >= 0, got {value!r} (a negative or NaN max_norm "
-            "would flip or poison every gradient)"
-        )
-    return bound
 
 
 def items_of(tensors: TensorOrTensors, fn: str) -> list[Any]:

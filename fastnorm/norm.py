@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 from torch.nn import Parameter
 
-from fastnorm import _partial, distributed, ops
+from fastnorm import _partial, checks, distributed, ops
 from fastnorm._collect import (
     Items,
     TensorOrTensors,
@@ -32,8 +32,6 @@ from fastnorm._collect import (
     items_of,
     refuse_parameter,
 )
-from fastnorm._collect import max_norm as check_max_norm
-from fastnorm._collect import norm_type as check_norm_type
 from fastnorm._plan import Plan, Reduced, cached_for_writing, cached_norm, clear_cache, plan_for
 from fastnorm._plan import build as build_plan
 from fastnorm.backends import Mode
@@ -297,7 +295,7 @@ def total_norm(
         >>> norm = fastnorm.total_norm(model.parameters())  # a device scalar, no sync
     """
     del foreach  # every path is fused already
-    p = check_norm_type(norm_type, "total_norm")
+    p = checks.norm_type(norm_type, "total_norm")
     items = items_of(tensors, "total_norm")
     if torch.compiler.is_compiling():
         ops.check_compilable("total_norm", group, error_if_nonfinite)
@@ -369,8 +367,8 @@ def clip_(
         >>> optimizer.step()
     """
     del foreach  # every path is fused already
-    bound = check_max_norm(max_norm, "clip_")
-    p = check_norm_type(norm_type, "clip_")
+    bound = checks.max_norm(max_norm, "clip_")
+    p = checks.norm_type(norm_type, "clip_")
     _check_total_norm(total_norm)
     items = items_of(parameters, "clip_")
     if not items and isinstance(parameters, types.GeneratorType):
@@ -435,7 +433,7 @@ def tensor_norms(
         >>> names = [name for name, _ in model.named_parameters()]
     """
     del foreach  # every path is fused already
-    p = check_norm_type(norm_type, "tensor_norms")
+    p = checks.norm_type(norm_type, "tensor_norms")
     items = items_of(tensors, "tensor_norms")
     if torch.compiler.is_compiling():
         ops.check_compilable("tensor_norms", group)

@@ -28,9 +28,8 @@ import torch
 from torch import Tensor
 from torch.optim import Optimizer
 
+from fastnorm import checks
 from fastnorm import norm as _norm
-from fastnorm._collect import max_norm as check_max_norm
-from fastnorm._collect import norm_type as check_norm_type
 
 __all__ = ["StepClipper", "not_supported_reasons"]
 
@@ -154,8 +153,8 @@ class StepClipper:
         strict: bool = False,
         group: Any = None,
     ) -> None:
-        self.max_norm = check_max_norm(max_norm, "StepClipper")
-        self.norm_type = check_norm_type(norm_type, "StepClipper")
+        self.max_norm = checks.max_norm(max_norm, "StepClipper")
+        self.norm_type = checks.norm_type(norm_type, "StepClipper")
         opts = [optimizers] if isinstance(optimizers, Optimizer) else list(optimizers)
         for opt in opts:
             if not isinstance(opt, Optimizer):

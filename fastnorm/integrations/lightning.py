@@ -18,16 +18,10 @@ except ImportError as exc:
         "fastnorm.integrations.lightning needs Lightning: pip install 'fastnorm[lightning]'"
     ) from exc
 
+from fastnorm import checks
 from fastnorm.monitoring.diagnosis import Diagnoser
 from fastnorm.monitoring.loggers import Logger
-from fastnorm.monitoring.monitor import (
-    GradNormMonitor,
-    LayerNorms,
-    check_diagnose,
-    check_loggers,
-    check_max_norm,
-    check_positive_int,
-)
+from fastnorm.monitoring.monitor import GradNormMonitor, LayerNorms, check_diagnose
 from fastnorm.norm import clip_, total_norm
 
 
@@ -93,22 +87,22 @@ class GradNormCallback(Callback):
         loggers: Sequence[Logger] = (),
     ) -> None:
         owner = "GradNormCallback"
-        self.max_norm = check_max_norm(max_norm, owner)
+        self.max_norm = checks.max_norm(max_norm, owner, optional=True)
         self.norm_type = norm_type
         self.log_every_n_steps = (
             None
             if log_every_n_steps is None
-            else check_positive_int(log_every_n_steps, "log_every_n_steps", owner)
+            else checks.positive_int(log_every_n_steps, "log_every_n_steps", owner)
         )
         if not isinstance(per_layer, bool):
             raise TypeError(f"{owner}: per_layer must be True or False, got {per_layer!r}")
         self.per_layer = per_layer
         self.layer_depth = (
-            None if layer_depth is None else check_positive_int(layer_depth, "layer_depth", owner)
+            None if layer_depth is None else checks.positive_int(layer_depth, "layer_depth", owner)
         )
         check_diagnose(diagnose, owner)
         self.diagnose = diagnose
-        self.loggers = check_loggers(loggers, owner)
+        self.loggers = checks.loggers(loggers, owner)
         self.monitor: GradNormMonitor | None = None
         self._layers: LayerNorms | None = None
         self._pending: tuple | None = None  # (norm, step, layers) waiting for the batch's loss

@@ -55,6 +55,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, NamedTuple, Union
 
+from fastnorm import checks
+
 STABLE = "stable"
 NONFINITE = "nonfinite"
 DIVERGED = "diverged"
@@ -583,14 +585,10 @@ class Diagnoser:
             ("layer_orders", layer_orders),
             ("stall_fraction", stall_fraction),
         ):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-                raise ValueError(f"Diagnoser: {name} must be a number > 0, got {value!r}")
+            checks.positive_number(value, name, "Diagnoser")
         if warmup > window:
             raise ValueError(f"Diagnoser: warmup ({warmup}) cannot exceed window ({window})")
-        if max_norm is not None and (
-            isinstance(max_norm, bool) or not isinstance(max_norm, (int, float)) or not max_norm >= 0
-        ):
-            raise ValueError(f"Diagnoser: max_norm must be a number >= 0 or None, got {max_norm!r}")
+        max_norm = checks.max_norm(max_norm, "Diagnoser", optional=True)
         self.window = window
         self.warmup = warmup
         self.spike_orders = spike_orders

@@ -37,6 +37,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from fastnorm import checks
 from fastnorm.monitoring.diagnosis import Diagnoser, Diagnosis
 from fastnorm.monitoring.loggers import Logger, Window, window_stats
 from fastnorm.norm import tensor_norms
@@ -72,55 +73,12 @@ def _name(logger: Any) -> str:
 # -- argument checks, shared with the integrations ------------------------------
 
 
-def check_positive_int(value: Any, name: str, owner: str) -> int:
-    """``value`` as an int >= 1, or a TypeError/ValueError naming ``name``."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{owner}: {name} must be a positive int, got {value!r} ({type(value).__name__})")
-    if value < 1:
-        raise ValueError(f"{owner}: {name} must be a positive int, got {value!r}")
-    return int(value)
-
-
-def check_max_norm(value: Any, owner: str) -> float | None:
-    """``value`` as a float >= 0 (inf allowed: never clips), None kept, or a clear error."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(
-            f"{owner}: max_norm must be a number >= 0 or None, got {value!r} ({type(value).__name__})"
-        )
-    if not value >= 0:  # also NaN
-        raise ValueError(f"{owner}: max_norm must be >= 0, got {value!r}")
-    return float(value)
-
-
-def check_loggers(value: Any, owner: str) -> list[Any]:
-    """A list of loggers: objects with ``log_window`` and ``close``."""
-    if isinstance(value, (str, bytes)) or hasattr(value, "log_window") or not isinstance(value, Sequence):
-        raise TypeError(
-            f"{owner}: loggers must be a sequence of Logger (e.g. [JsonlLogger(path)]), got {value!r}"
-        )
-    for logger in value:
-        if not (callable(getattr(logger, "log_window", None)) and callable(getattr(logger, "close", None))):
-            raise TypeError(
-                f"{owner}: every logger needs log_window() and close() (subclass fastnorm.Logger), "
-                f"got {logger!r}"
-            )
-    return list(value)
-
-
 def check_diagnose(value: Any, owner: str) -> Diagnoser | None:
     if isinstance(value, Diagnoser):
         return value
     if not isinstance(value, bool):
         raise TypeError(f"{owner}: diagnose must be a bool or a Diagnoser, got {value!r}")
     return Diagnoser() if value else None
-
-
-def _check_bool(value: Any, name: str, owner: str) -> bool:
-    if not isinstance(value, bool):
-        raise TypeError(f"{owner}: {name} must be True or False, got {value!r}")
-    return value
 
 
 def _check_layer_names(value: Any) -> list[str]:
@@ -467,12 +425,12 @@ class GradNormMonitor:
         warn: bool = True,
     ) -> None:
         owner = "GradNormMonitor"
-        n = check_positive_int(log_every_n_steps, "log_every_n_steps", owner)
-        loggers = check_loggers(loggers, owner)
-        max_norm = check_max_norm(max_norm, owner)
+        n = checks.positive_int(log_every_n_steps, "log_every_n_steps", owner)
+        loggers = checks.loggers(loggers, owner)
+        max_norm = checks.max_norm(max_norm, owner, optional=True)
         names = _check_layer_names(layer_names)
         diagnoser = check_diagnose(diagnose, owner)
-        warn = _check_bool(warn, "warn", owner)
+        warn = checks.boolean(warn, "warn", owner)
         if diagnoser is not None and diagnoser.max_norm is None:
             diagnoser.max_norm = max_norm
         self._rec = _Recorder(n, loggers, max_norm, names, diagnoser, warn)
@@ -658,7 +616,7 @@ class LayerNorms:
         if isinstance(named_parameters, torch.nn.Module):
             named_parameters = named_parameters.named_parameters()
         if depth is not None:
-            depth = check_positive_int(depth, "depth", "LayerNorms")
+            depth = checks.positive_int(depth, "depth", "LayerNorms")
         self.norm_type = float(norm_type)
         self.parameters: list[Tensor] = []
         self.names: list[str] = []

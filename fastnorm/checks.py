@@ -1,0 +1,91 @@
+"""Argument checks shared by the core, ``StepClipper``, the monitor, the diagnosis
+and the integrations: one rule per argument, one message naming it.
+
+Pure Python (no torch), so that the diagnosis can use it without importing torch.
+Each check returns the value normalised (``float``/``int``) or raises a
+``TypeError`` (wrong kind of value) or ``ValueError`` (a value out of range)
+whose message starts with the function or class it was given to (``owner``).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Sequence
+from typing import Any
+
+
+def _is_number(value: Any) -> bool:
+    """A real number: int, float, NumPy scalars; never a bool or a string."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def max_norm(value: Any, owner: str, *, optional: bool = False) -> float | None:
+    """A clipping threshold: a real number >= 0 (``inf`` never clips).
+
+    Refused: NaN and negative values (they would poison or flip every gradient),
+    bools and strings (``'1.0'`` and ``True`` are mistakes, not thresholds), and
+    tensors (reading one on the host is a sync: pass ``float(t)`` once). With
+    ``optional``, None is kept (no clipping threshold known).
+    """
+    if value is None and optional:
+        return None
+    if not _is_number(value):
+        kind = "a number >= 0" + (" or None" if optional else "")
+        hint = " (read it once with float(...))" if type(value).__name__ == "Tensor" else ""
+        raise TypeError(f"{owner}: max_norm must be {kind}, got {value!r} ({type(value).__name__}){hint}")
+    bound = float(value)
+    if math.isnan(bound) or bound < 0:
+        raise ValueError(
+            f"{owner}: max_norm must be >= 0, got {value!r} (a negative or NaN max_norm "
+            "would flip or poison every gradient)"
+        )
+    return bound
+
+
+def norm_type(value: Any, owner: str) -> float:
+    """torch's ``float(norm_type)``: any number, ``'inf'`` or ``'-inf'``; NaN is refused."""
+    try:
+        p = float(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"{owner}: norm_type must be a number, 'inf' or '-inf', got {value!r}") from None
+    if math.isnan(p):
+        raise ValueError(f"{owner}: norm_type must be a number, 'inf' or '-inf', got {value!r}")
+    return p
+
+
+def positive_int(value: Any, name: str, owner: str) -> int:
+    """``value`` as an int >= 1."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{owner}: {name} must be a positive int, got {value!r} ({type(value).__name__})")
+    if value < 1:
+        raise ValueError(f"{owner}: {name} must be a positive int, got {value!r}")
+    return int(value)
+
+
+def positive_number(value: Any, name: str, owner: str) -> float:
+    """``value`` as a float > 0."""
+    if not _is_number(value) or not value > 0:
+        raise ValueError(f"{owner}: {name} must be a number > 0, got {value!r}")
+    return float(value)
+
+
+def boolean(value: Any, name: str, owner: str) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{owner}: {name} must be True or False, got {value!r}")
+    return value
+
+
+def loggers(value: Any, owner: str) -> list[Any]:
+    """A list of loggers: objects with ``log_window`` and ``close``."""
+    if isinstance(value, (str, bytes)) or hasattr(value, "log_window") or not isinstance(value, Sequence):
+        raise TypeError(
+            f"{owner}: loggers must be a sequence of Logger (e.g. [JsonlLogger(path)]), got {value!r}"
+        )
+    for logger in value:
+        if not (callable(getattr(logger, "log_window", None)) and callable(getattr(logger, "close", None))):
+            raise TypeError(
+                f"{owner}: every logger needs log_window() and close() (subclass fastnorm.Logger), "
+                f"got {logger!r}"
+            )
+    return list(value)
