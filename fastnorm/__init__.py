@@ -5,56 +5,41 @@
 ``GradNormMonitor`` keeps that scalar for every step on the device, logs it at
 a cadence and diagnoses the trend (``diagnose``, also ``fastnorm diagnose PATH``).
 ``StepClipper`` folds the clip into torch's fused optimizer step.
+
+Names are imported on first use: ``fastnorm.diagnose`` runs without torch, and
+``import fastnorm`` costs nothing until a name is used.
 """
 
-from fastnorm.backends import report as backend_report
-from fastnorm.monitoring import (
-    ConsoleLogger,
-    Diagnoser,
-    Diagnosis,
-    Event,
-    GradNormMonitor,
-    JsonlLogger,
-    LayerNorms,
-    Logger,
-    MLflowLogger,
-    MonitorWarning,
-    Series,
-    TensorBoardLogger,
-    UnstableGradientWarning,
-    WandbLogger,
-    Window,
-    diagnose,
-    read_series,
-)
-from fastnorm.norm import clear_cache, clip_, tensor_norms, total_norm
-from fastnorm.optim import StepClipper
+from fastnorm import _lazy
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "total_norm",
-    "clip_",
-    "StepClipper",
-    "tensor_norms",
-    "backend_report",
-    "clear_cache",
-    "GradNormMonitor",
-    "LayerNorms",
-    "UnstableGradientWarning",
-    "MonitorWarning",
-    "Logger",
-    "Window",
-    "JsonlLogger",
-    "TensorBoardLogger",
-    "MLflowLogger",
-    "WandbLogger",
-    "ConsoleLogger",
-    "diagnose",
-    "Diagnoser",
-    "Diagnosis",
-    "Event",
-    "read_series",
-    "Series",
-    "__version__",
-]
+_NAMES = {
+    "total_norm": "fastnorm.norm",
+    "clip_": "fastnorm.norm",
+    "tensor_norms": "fastnorm.norm",
+    "clear_cache": "fastnorm.norm",
+    "StepClipper": "fastnorm.optim",
+    "backend_report": "fastnorm.backends:report",
+    "GradNormMonitor": "fastnorm.monitoring",
+    "LayerNorms": "fastnorm.monitoring",
+    "UnstableGradientWarning": "fastnorm.monitoring",
+    "MonitorWarning": "fastnorm.monitoring",
+    "Logger": "fastnorm.monitoring",
+    "Window": "fastnorm.monitoring",
+    "JsonlLogger": "fastnorm.monitoring",
+    "TensorBoardLogger": "fastnorm.monitoring",
+    "MLflowLogger": "fastnorm.monitoring",
+    "WandbLogger": "fastnorm.monitoring",
+    "ConsoleLogger": "fastnorm.monitoring",
+    "diagnose": "fastnorm.monitoring",
+    "Diagnoser": "fastnorm.monitoring",
+    "Diagnosis": "fastnorm.monitoring",
+    "Event": "fastnorm.monitoring",
+    "read_series": "fastnorm.monitoring",
+    "Series": "fastnorm.monitoring",
+}
+
+__all__ = [*_NAMES, "__version__"]
+
+__getattr__, __dir__ = _lazy.attach(__name__, _NAMES)

@@ -27,7 +27,7 @@ from torch.nn import Parameter
 
 from fastnorm._collect import Gradients, collect
 from fastnorm.backends import Backend, Mode, choose, cpp, requested, warn_if_slow
-from fastnorm.distributed import Domain, DTensor, collective_device
+from fastnorm.distributed import Domain, collective_device, dtensor_type
 
 _get_grad = attrgetter("grad")
 _get_requires_grad = attrgetter("requires_grad")
@@ -353,7 +353,12 @@ def _kind(items: list[Any]) -> str | None:
     all plain gradients, or not at all."""
     if all(type(item) is Parameter for item in items):
         return "params"
-    if items and all(type(item) is DTensor and isinstance(item, Parameter) for item in items):
+    dtensor = dtensor_type()
+    if (
+        items
+        and dtensor is not None
+        and all(type(item) is dtensor and isinstance(item, Parameter) for item in items)
+    ):
         return "dtensor_params"
     if all(type(item) is Tensor and not item.requires_grad and item.grad is None for item in items):
         return "tensors"

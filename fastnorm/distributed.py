@@ -19,6 +19,7 @@ shards are all empty, so uneven sharding cannot hang.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,12 +29,13 @@ import torch.distributed as dist
 from fastnorm import _partial
 from fastnorm.backends import Mode
 
-try:
-    from torch.distributed.tensor import DTensor
-    from torch.distributed.tensor.placement_types import Partial
-except ImportError:  # torch built without distributed support
-    DTensor = None
-    Partial = None
+
+def dtensor_type() -> type | None:
+    """``DTensor``, if its module is loaded; None otherwise. A DTensor exists only
+    once ``torch.distributed.tensor`` is imported, so fastnorm never imports it
+    (it costs about a second) and asks only where it is loaded already."""
+    module = sys.modules.get("torch.distributed.tensor")
+    return None if module is None else module.DTensor
 
 
 @dataclass(frozen=True)
@@ -49,14 +51,17 @@ LOCAL = Domain(("local",), (), "")
 
 
 def is_dtensor(t: Any) -> bool:
-    return DTensor is not None and isinstance(t, DTensor)
+    cls = dtensor_type()
+    return cls is not None and isinstance(t, cls)
 
 
 def dtensor_domain(t: Any, position: int, fn: str) -> Domain:
     """The domain of a DTensor (a gradient, or a parameter standing for its gradient)."""
+    from torch.distributed.tensor.placement_types import Partial  # loaded with any DTensor
+
     mesh = t.device_mesh
     for placement in t.placements:
-        if Partial is not None and isinstance(placement, Partial):
+        if isinstance(placement, Partial):
             raise ValueError(
                 f"{fn}: item {position} is a DTensor with a Partial placement ({t.placements}): it holds "
                 "unreduced partial sums, whose norm is not the norm of the gradient; reduce it first "

@@ -8,38 +8,32 @@ The modules depend one way, each only on those before it:
 * ``monitor``: the device-side recorder that feeds the loggers and the diagnosis;
 * ``command``: ``fastnorm diagnose PATH``.
 
-Every public name is also importable from ``fastnorm``.
+Every public name is also importable from ``fastnorm``. Names are imported on
+first use, so that the diagnosis and the readers run without torch.
 """
 
-from fastnorm.monitoring.diagnosis import Diagnoser, Diagnosis, Event, diagnose
-from fastnorm.monitoring.loggers import (
-    ConsoleLogger,
-    JsonlLogger,
-    Logger,
-    MLflowLogger,
-    TensorBoardLogger,
-    WandbLogger,
-    Window,
-)
-from fastnorm.monitoring.monitor import GradNormMonitor, LayerNorms, MonitorWarning, UnstableGradientWarning
-from fastnorm.monitoring.series import Series, read_series
+from fastnorm import _lazy
 
-__all__ = [
-    "GradNormMonitor",
-    "LayerNorms",
-    "UnstableGradientWarning",
-    "MonitorWarning",
-    "Logger",
-    "Window",
-    "JsonlLogger",
-    "TensorBoardLogger",
-    "MLflowLogger",
-    "WandbLogger",
-    "ConsoleLogger",
-    "diagnose",
-    "Diagnoser",
-    "Diagnosis",
-    "Event",
-    "read_series",
-    "Series",
-]
+_NAMES = {
+    "GradNormMonitor": "fastnorm.monitoring.monitor",
+    "LayerNorms": "fastnorm.monitoring.monitor",
+    "UnstableGradientWarning": "fastnorm.monitoring.monitor",
+    "MonitorWarning": "fastnorm.monitoring.monitor",
+    "Logger": "fastnorm.monitoring.loggers",
+    "Window": "fastnorm.monitoring.loggers",
+    "JsonlLogger": "fastnorm.monitoring.loggers",
+    "TensorBoardLogger": "fastnorm.monitoring.loggers",
+    "MLflowLogger": "fastnorm.monitoring.loggers",
+    "WandbLogger": "fastnorm.monitoring.loggers",
+    "ConsoleLogger": "fastnorm.monitoring.loggers",
+    "diagnose": "fastnorm.monitoring.diagnosis",
+    "Diagnoser": "fastnorm.monitoring.diagnosis",
+    "Diagnosis": "fastnorm.monitoring.diagnosis",
+    "Event": "fastnorm.monitoring.diagnosis",
+    "read_series": "fastnorm.monitoring.series",
+    "Series": "fastnorm.monitoring.series",
+}
+
+__all__ = list(_NAMES)
+
+__getattr__, __dir__ = _lazy.attach(__name__, _NAMES)
