@@ -1,10 +1,22 @@
-"""``fastnorm bench``: check, time and report every contender on every workload."""
+"""``fastnorm bench``: check, time and report every contender on every workload.
+
+A run is a list of steps (a workload in one dtype). Before the first, the
+machine is watched for a moment: other processes' work disturbs the rounds,
+and the run says at once what the load it sees will do to its figures. The
+default run is held to a time budget, its setup included: each step's timed
+rounds get their share of what the budget leaves once the remaining steps'
+setup is paid for. :class:`Estimate` predicts every step's time from what it
+moves, at rates that it learns from the finished steps, and the progress line
+shows what is left.
+"""
 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -12,11 +24,15 @@ DEFAULT_REPEATS, FULL_REPEATS, QUICK_REPEATS = 7, 15, 5
 DEFAULT_WARMUP, FULL_WARMUP, QUICK_WARMUP = 1, 2, 1
 # Timed rounds of one workload stop after this long (once a few are done), so
 # that a machine busy with other work cannot stretch a run without end.
-DEFAULT_BUDGET_S, FULL_BUDGET_S = 15.0, 60.0
+STEP_BUDGET_S, FULL_STEP_BUDGET_S = 15.0, 60.0
 MIN_STEP_BUDGET_S = 2.0
+# The default run's budget, from its first step to its last file: the time it
+# is said to take, at most, in --help, on the progress line and in the docs.
+RUN_BUDGET_S = 120.0
+# How long the machine is watched before the run.
+LOAD_LOOK_S = 0.5
 
-# The default run: a subset that speaks to every target in under three minutes
-# on 2 cores (the timed rounds share DEFAULT_RUN_BUDGET_S); --full runs every
+# The default run: a subset that speaks to every target; --full runs every
 # workload and contender.
 DEFAULT_CPU = (
     "kernel-1t",
@@ -37,26 +53,30 @@ DEFAULT_CONTENDERS = (
     "roofline.read/dot",
     "roofline.rw/mul_",
 )
-DEFAULT_RUN_BUDGET_S = 90.0
 
 
 def _csv(value: str) -> list[str]:
     return [v.strip() for v in value.split(",") if v.strip()]
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "bench",
-        help="benchmark fastnorm against torch and the memory-bandwidth roofline",
-        description=(
-            "Checks every contender against a float64 reference, then times them interleaved "
-            "on gradient lists shaped like real models, against a roofline measured in the same "
-            "run; the step-* workloads time torch's fused AdamW step, clipping through it or by "
-            "clip_ first, against the bare step. The default run is a representative subset "
-            "(about two minutes on 2 cores); --full runs every workload. Prints a table per "
-            "workload and writes DEVICE.json, DEVICE.md and results.csv under --out after each "
-            "one (Ctrl-C keeps what is done), and DEVICE.png at the end."
-        ),
+def _clock(seconds: float) -> str:
+    seconds = int(round(seconds))
+    return f"{seconds // 60}:{seconds % 60:02d}"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Declares the arguments of ``fastnorm bench``."""
+    parser.description = (
+        "Checks every contender against a float64 reference, then times them interleaved on gradient "
+        "lists shaped like real models, against a roofline measured in the same run; the step-* "
+        "workloads time torch's fused AdamW step, clipping through it or by clip_ first, against the "
+        "bare step. The default run is a representative subset held to a budget of "
+        f"{RUN_BUDGET_S / 60:.0f} minutes, setup included: it takes at most about "
+        f"{RUN_BUDGET_S / 60:.0f} minutes on 2 cores, less on an idle machine. --full runs every "
+        "workload (many minutes). Before the run the machine's load is measured: other processes' "
+        "work marks figures as disturbed, and the run says so at once. Prints a table per workload "
+        "and writes DEVICE.json, DEVICE.md and results.csv under --out after each one, and DEVICE.png "
+        "at the end; Ctrl-C keeps what is done and draws it."
     )
     parser.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda when present, else cpu")
     parser.add_argument(
@@ -89,6 +109,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--warmup",
         type=int,
         help=f"untimed rounds first (default {DEFAULT_WARMUP}, {FULL_WARMUP} with --full)",
+    )
+    parser.add_argument(
+        "--budget",
+        type=float,
+        metavar="SECONDS",
+        help=f"the run's time budget, setup included (default {RUN_BUDGET_S:.0f} for the default run; "
+        "none with --full, --quick or --workloads)",
     )
     parser.add_argument(
         "--threads", type=int, help="torch.set_num_threads (fastnorm's CPU kernels use as many)"
@@ -137,88 +164,218 @@ def _full_workloads(device: Any) -> list[str]:
     return [w.name for w in WORKLOADS.values() if not w.not_supported_reasons(device)]
 
 
-class Progress:
-    """One line on stderr, redrawn: done/total, the current workload and round,
-    the time spent and an estimate of the time left.
+# ----------------------------------------------------------------------------
+# What a run will take
+# ----------------------------------------------------------------------------
 
-    The estimate weighs each step by its bytes and contenders, rescaled by how
-    long the finished steps took against their weight. Off a terminal, one
-    line per step instead of a redrawn one.
+# A call's cost per tensor, in bytes of memory traffic (about 1 us of host time
+# at 30 GB/s): what the tiny workloads are made of.
+TENSOR_BYTES = 3e4
+# The machine's pace before any step has finished, in seconds per byte (a
+# 2-core machine: the setup, and the timed calls with their restores).
+PRIOR_SETUP_S_PER_BYTE = 1 / 1.5e9
+PRIOR_TIMING_S_PER_BYTE = 1 / 15e9
+# How much the prior weighs against what the finished steps took: as much as
+# this fraction of the run's bytes.
+PRIOR_WEIGHT = 0.15
+
+
+@dataclass(frozen=True)
+class Cost:
+    """What one step moves, in bytes: ``setup`` (preparing its gradients and the
+    correctness check of every contender) and ``round`` (one call of every
+    contender, with the restores that follow the ones that write)."""
+
+    setup: float
+    round: float
+
+
+def step_cost(workload: Any, dtype: Any, contenders: list[Any], quick: bool = False) -> Cost:
+    """The :class:`Cost` of ``workload`` in ``dtype`` with ``contenders``."""
+    import torch
+
+    nbytes = workload.numel(quick) * torch.empty((), dtype=dtype).element_size()
+    per_call = len(workload.shapes(quick)) * TENSOR_BYTES
+    calls = [nbytes * (c.passes + 2 * c.restores) + per_call for c in contenders]
+    clipping = sum(c.restores for c in contenders)
+    # the arrays drawn and copied, the float64 reference; two calls of each
+    # contender and, where one writes, the element-by-element comparison
+    setup = nbytes * (3 * workload.copies + 10 * clipping) + 2 * sum(calls)
+    return Cost(setup=setup, round=sum(calls))
+
+
+class Estimate:
+    """The run's time, step by step: predicted from what each step moves, learned as steps finish.
+
+    A step takes ``a * setup + b * round * (warmup + rounds)`` seconds, where
+    ``a`` and ``b`` are the machine's seconds per byte of setup and of timed
+    work: the prior (``PRIOR_*``, slowed by the load seen before the run)
+    blended with what the finished steps took, the prior counting as
+    ``PRIOR_WEIGHT`` of the run's bytes; so the estimate moves toward the
+    machine's own pace as the run goes, without jumping on the first step. The
+    rounds are the ones asked for, more where they are quick (at least
+    ``min_time_s`` in all), and as many again as were replaced on a busy
+    machine. With a run budget, each step's timed rounds get their share of
+    what the budget leaves once the remaining steps' setup is paid for, between
+    ``MIN_STEP_BUDGET_S`` and ``step_budget_s``.
     """
 
-    def __init__(self, weights: list[float], stream: TextIO = sys.stderr) -> None:
-        self.weights = weights
-        self.stream = stream
+    def __init__(
+        self,
+        costs: list[Cost],
+        *,
+        repeats: int,
+        warmup: int,
+        min_time_s: float,
+        step_budget_s: float | None,
+        run_budget_s: float | None = None,
+        slowdown: float = 1.0,
+    ) -> None:
+        self.costs = costs
+        self.repeats, self.warmup, self.min_time_s = repeats, warmup, min_time_s
+        self.step_budget_s, self.run_budget_s = step_budget_s, run_budget_s
+        self._prior = (
+            PRIOR_WEIGHT * sum(c.setup for c in costs),
+            PRIOR_WEIGHT * sum(c.round * (warmup + repeats) for c in costs),
+        )
+        self._seconds = [self._prior[0] * PRIOR_SETUP_S_PER_BYTE * slowdown]
+        self._seconds.append(self._prior[1] * PRIOR_TIMING_S_PER_BYTE * slowdown)
+        self._bytes = list(self._prior)
+        self._rounds = [0.0, 0.0]  # timed, wanted: in steps whose rounds were not cut short by time
+
+    def _rates(self) -> tuple[float, float]:
+        return self._seconds[0] / max(self._bytes[0], 1.0), self._seconds[1] / max(self._bytes[1], 1.0)
+
+    def _timing(self, index: int, rate: float) -> float:
+        """The seconds step ``index``'s warm-up and rounds take when no budget stops them."""
+        one = rate * self.costs[index].round
+        wanted = self.repeats
+        if one > 0 and self.min_time_s > 0:
+            wanted = max(self.repeats, min(10 * self.repeats, math.ceil(self.min_time_s / one)))
+        replaced = self._rounds[0] / self._rounds[1] if self._rounds[1] else 1.0
+        return one * (self.warmup + wanted * replaced)
+
+    def _plan(self, start: int, elapsed: float) -> list[tuple[float, float | None]]:
+        """(setup seconds, timed rounds' budget) of every step from ``start``."""
+        a, b = self._rates()
+        setups = [a * cost.setup for cost in self.costs[start:]]
+        timings = [self._timing(i, b) for i in range(start, len(self.costs))]
+        if self.run_budget_s is None:
+            return [(s, self.step_budget_s) for s in setups]
+        spare = max(0.0, self.run_budget_s - elapsed - sum(setups))
+        total = sum(timings) or 1.0
+        cap = self.step_budget_s if self.step_budget_s is not None else math.inf
+        return [(s, min(cap, max(MIN_STEP_BUDGET_S, spare * t / total))) for s, t in zip(setups, timings)]
+
+    def step_budget(self, index: int, elapsed: float) -> float | None:
+        """The seconds step ``index``'s timed rounds may take, starting ``elapsed`` into the run."""
+        return self._plan(index, elapsed)[0][1]
+
+    def left(self, index: int, elapsed: float, in_step: float = 0.0) -> float:
+        """Seconds left: the rest of step ``index`` (``in_step`` seconds into it) and the steps after."""
+        if index >= len(self.costs):
+            return 0.0
+        _, b = self._rates()
+        times = [
+            setup + min(self._timing(index + i, b), budget if budget is not None else math.inf)
+            for i, (setup, budget) in enumerate(self._plan(index, elapsed - in_step))
+        ]
+        return max(0.0, times[0] - in_step) + sum(times[1:])
+
+    def learn(self, index: int, seconds: float, record: dict[str, Any] | None) -> None:
+        """What step ``index`` took: ``seconds`` in all, the record's timing and rounds."""
+        timing = (record or {}).get("seconds", {}).get("timing", 0.0)
+        rounds = (record or {}).get("rounds") or {}
+        self._seconds[0] += max(0.0, seconds - timing)
+        self._bytes[0] += self.costs[index].setup
+        if timing and rounds.get("timed"):
+            self._seconds[1] += timing
+            self._bytes[1] += self.costs[index].round * (self.warmup + rounds["timed"])
+            if rounds.get("stopped") != "time" and rounds.get("wanted"):
+                self._rounds[0] += rounds["timed"]
+                self._rounds[1] += rounds["wanted"]
+
+
+class Progress:
+    """One line on stderr: done/total, the current step and round, the time spent and left.
+
+    On a terminal the line is redrawn; elsewhere (a log, a CI job) a line is
+    written when a step begins and, while its rounds run, at most every
+    ``interval_s`` seconds, with the round.
+    """
+
+    def __init__(
+        self, estimate: Estimate, labels: list[str], stream: TextIO = sys.stderr, interval_s: float = 10.0
+    ) -> None:
+        self.estimate, self.labels, self.stream = estimate, labels, stream
         self.tty = stream.isatty()
+        self.interval_s = 0.2 if self.tty else interval_s
         self.start = time.monotonic()
-        self.done_weight = 0.0
-        self.done_seconds = 0.0
         self.step = 0
-        self.label = ""
         self.step_start = self.start
         self.last = 0.0
 
-    def _left(self) -> float | None:
-        if self.done_weight <= 0:
-            return None
-        rate = self.done_seconds / self.done_weight
-        remaining = sum(self.weights[self.step :]) * rate
-        return max(0.0, remaining - (time.monotonic() - self.step_start))
+    @property
+    def elapsed(self) -> float:
+        return time.monotonic() - self.start
 
     def _draw(self, detail: str = "", final: bool = False) -> None:
-        elapsed = time.monotonic() - self.start
-        left = self._left()
-        total = len(self.weights)
-        width = 20
-        filled = int(width * self.step / max(1, total))
+        now = time.monotonic()
+        total = len(self.labels)
+        label = self.labels[self.step] if self.step < total else "done"
+        left = self.estimate.left(self.step, now - self.start, now - self.step_start)
+        budget = self.estimate.run_budget_s
+        filled = int(20 * self.step / max(1, total))
         line = (
-            f"[{'#' * filled}{'.' * (width - filled)}] {self.step}/{total} {self.label}"
+            f"[{'#' * filled}{'.' * (20 - filled)}] {self.step}/{total} {label}"
             + (f" {detail}" if detail else "")
-            + f" · {_clock(elapsed)} elapsed"
-            + (f", about {_clock(left)} left" if left is not None else "")
+            + f" · {_clock(now - self.start)} elapsed"
+            + ("" if final else f", about {_clock(left)} left")
+            + (f" (budget {_clock(budget)})" if budget is not None else "")
         )
         if self.tty:
             self.stream.write("\r\033[K" + line + ("\n" if final else ""))
-        elif not detail:
+        else:
             self.stream.write(line + "\n")
         self.stream.flush()
+        self.last = now
 
-    def begin(self, index: int, label: str) -> None:
-        self.step, self.label, self.step_start = index, label, time.monotonic()
+    def begin(self, index: int) -> None:
+        self.step, self.step_start = index, time.monotonic()
         self._draw()
 
     def round(self, done: int, wanted: int) -> None:
-        now = time.monotonic()
-        if self.tty and now - self.last > 0.2:
-            self.last = now
+        if time.monotonic() - self.last >= self.interval_s:
             self._draw(f"(round {done}/{wanted})")
 
-    def end(self) -> None:
-        self.done_weight += self.weights[self.step]
-        self.done_seconds += time.monotonic() - self.step_start
+    def end(self, record: dict[str, Any] | None = None) -> None:
+        self.estimate.learn(self.step, time.monotonic() - self.step_start, record)
         if self.tty:
             self.stream.write("\r\033[K")
             self.stream.flush()
 
     def close(self) -> None:
-        self.step = len(self.weights)
-        self.label = "done"
+        self.step = len(self.labels)
         self._draw(final=True)
 
 
-def _clock(seconds: float) -> str:
-    seconds = int(round(seconds))
-    return f"{seconds // 60}:{seconds % 60:02d}"
+# ----------------------------------------------------------------------------
+# The command
+# ----------------------------------------------------------------------------
 
 
-def _weight(workload: Any, dtype: Any, contenders: int, repeats: int, quick: bool) -> float:
-    """A step's expected cost in arbitrary units: the bytes a call moves (a floor
-    for small ones, whose rounds are repeated to fill a second) times its
-    contenders and rounds, and the bytes it prepares."""
-    import torch
+def _draw(run: dict[str, Any], out: Path, device: str) -> list[Path]:
+    """The PNG of what the run has so far, or the one command that draws it."""
+    from fastnorm.bench import plot
 
-    nbytes = workload.numel(quick) * torch.empty((), dtype=dtype).element_size()
-    return max(nbytes * workload.passes, 64e6) * contenders * (repeats + 2) + workload.copies * nbytes
+    try:
+        return [plot.draw(run, out / f"{device}.png")]
+    except ImportError:  # matplotlib comes with the bench extra
+        print(
+            "(no plot: matplotlib is not installed; pip install 'fastnorm[bench]', then "
+            f"python -m fastnorm.bench.plot {out / device}.json)"
+        )
+        return []
 
 
 def main(args: argparse.Namespace) -> int:
@@ -227,7 +384,7 @@ def main(args: argparse.Namespace) -> int:
     from fastnorm.backends import cpp, requested
     from fastnorm.bench import distributed, goals, report
     from fastnorm.bench.contenders import by_prefix, default_wanted, for_workload
-    from fastnorm.bench.harness import MIN_TIMING_S, CorrectnessError, run_workload, too_big
+    from fastnorm.bench.harness import MIN_TIMING_S, CorrectnessError, measure_load, run_workload, too_big
     from fastnorm.bench.workloads import DTYPES, WORKLOADS
 
     def fail(message: str) -> int:
@@ -248,21 +405,20 @@ def main(args: argparse.Namespace) -> int:
         if args.threads < 1:
             return fail("--threads must be >= 1")
         torch.set_num_threads(args.threads)
+    default_run = not (args.quick or args.full or args.workloads)
     if args.quick:
-        repeats, warmup, budget, run_budget = QUICK_REPEATS, QUICK_WARMUP, None, None
+        repeats, warmup, step_budget = QUICK_REPEATS, QUICK_WARMUP, None
     elif args.full:
-        repeats, warmup, budget, run_budget = FULL_REPEATS, FULL_WARMUP, FULL_BUDGET_S, None
+        repeats, warmup, step_budget = FULL_REPEATS, FULL_WARMUP, FULL_STEP_BUDGET_S
     else:
-        repeats, warmup, budget, run_budget = (
-            DEFAULT_REPEATS,
-            DEFAULT_WARMUP,
-            DEFAULT_BUDGET_S,
-            DEFAULT_RUN_BUDGET_S,
-        )
+        repeats, warmup, step_budget = DEFAULT_REPEATS, DEFAULT_WARMUP, STEP_BUDGET_S
     repeats = args.repeats if args.repeats is not None else repeats
     warmup = args.warmup if args.warmup is not None else warmup
+    run_budget = args.budget if args.budget is not None else (RUN_BUDGET_S if default_run else None)
     if repeats < 1 or warmup < 0:
         return fail("--repeats must be >= 1 and --warmup >= 0")
+    if run_budget is not None and run_budget <= 0:
+        return fail("--budget must be > 0 seconds")
 
     names = args.workloads or (_full_workloads(device) if args.full else _default_workloads(device))
     unknown = [n for n in names if n not in WORKLOADS]
@@ -278,7 +434,7 @@ def main(args: argparse.Namespace) -> int:
 
     if args.contenders:
         wanted = by_prefix(args.contenders)
-    elif args.full or args.workloads or device.type != "cpu":
+    elif not default_run or device.type != "cpu":
         wanted = default_wanted(device)
     else:  # the default run: fewer contenders, so that it stays short
         wanted = lambda c: c.name in DEFAULT_CONTENDERS or c.only_listed  # noqa: E731
@@ -303,7 +459,7 @@ def main(args: argparse.Namespace) -> int:
         "quick": args.quick,
         "repeats": repeats,
         "warmup": warmup,
-        "budget_s": budget,
+        "budget_s": step_budget,
         "run_budget_s": run_budget,
         "contenders": sorted({c.name for _, _, chosen, _ in steps for c in chosen}),
     }
@@ -315,6 +471,7 @@ def main(args: argparse.Namespace) -> int:
         + ([f"--contenders {','.join(args.contenders)}"] if args.contenders else [])
         + (["--quick"] if args.quick else [])
         + [f"--repeats {repeats}", f"--warmup {warmup}", f"--threads {torch.get_num_threads()}"]
+        + ([f"--budget {run_budget:g}"] if run_budget is not None else [])
     )
     run = report.new_run(device, settings, command)
     env = run["environment"]
@@ -322,17 +479,38 @@ def main(args: argparse.Namespace) -> int:
     print(
         f"fastnorm {env['fastnorm']} ({env['backend']} backend{isa}), torch {env['torch']}, "
         f"on {env['device_name']}, {env['threads']} threads; {repeats} interleaved rounds after "
-        f"{warmup} warm-up, medians. Results go to {args.out}/ after each workload.\n",
+        f"{warmup} warm-up, medians. Results go to {args.out}/ after each workload.",
         flush=True,
     )
-    progress = Progress(
-        [_weight(WORKLOADS[n], DTYPES[d], len(c), repeats, args.quick) for n, d, c, _ in steps]
+    load = measure_load(LOAD_LOOK_S)
+    run["load_before"] = {
+        "other_cores_busy": load.other_cores_busy,
+        "processes": load.processes,
+        "load_average": load.load_average,
+        "message": load.message(),
+    }
+    print(load.message(), flush=True)
+    costs = [step_cost(WORKLOADS[n], DTYPES[d], c, args.quick) for n, d, c, _ in steps]
+    busy = load.other_cores_busy or 0.0
+    estimate = Estimate(
+        costs,
+        repeats=repeats,
+        warmup=warmup,
+        min_time_s=0.0 if args.quick else MIN_TIMING_S,
+        step_budget_s=step_budget,
+        run_budget_s=run_budget,
+        # this process's share of the cores while the others' work goes on
+        slowdown=1.0 + busy / max(1, env["threads"]),
     )
+    first = estimate.left(0, 0.0)
+    limit = f"; its budget is {_clock(run_budget)}, setup included" if run_budget is not None else ""
+    print(f"{len(steps)} workloads and dtypes: about {_clock(first)}{limit}.\n", flush=True)
+    progress = Progress(estimate, [f"{n} {d}" for n, d, _, _ in steps])
     written: list[Path] = []
     try:
         for index, (name, dtype, chosen, skipped) in enumerate(steps):
             workload = WORKLOADS[name]
-            progress.begin(index, f"{name} {dtype}")
+            progress.begin(index)
             reason = too_big(workload, DTYPES[dtype], device, args.quick)
             if reason is not None:
                 progress.end()
@@ -340,12 +518,8 @@ def main(args: argparse.Namespace) -> int:
                 run["skipped_workloads"].append({"workload": name, "dtype": dtype, "reason": reason})
                 continue
             runner = distributed.run if workload.ranks > 1 else run_workload
-            step_budget = budget
-            if run_budget is not None:  # this step's share of what is left of the run's budget
-                left = max(0.0, run_budget - (time.monotonic() - progress.start))
-                share = left * progress.weights[index] / sum(progress.weights[index:])
-                step_budget = min(budget, max(MIN_STEP_BUDGET_S, share))
-            extra = {} if workload.ranks > 1 else {"max_time_s": step_budget, "on_round": progress.round}
+            max_time_s = estimate.step_budget(index, progress.elapsed)
+            extra = {} if workload.ranks > 1 else {"max_time_s": max_time_s, "on_round": progress.round}
             record = runner(
                 workload,
                 dtype=DTYPES[dtype],
@@ -359,11 +533,13 @@ def main(args: argparse.Namespace) -> int:
                 dtype_name=dtype,
                 **extra,
             )
-            progress.end()
+            if run_budget is not None:
+                record["rounds"]["run_budget_s"] = run_budget
             run["workloads"].append(record)
             print(report.table(record) + "\n", flush=True)
             run["goals"] = goals.evaluate(run)
             written = report.write(run, args.out, [record])
+            progress.end(record)
     except CorrectnessError as exc:
         progress.end()
         print(f"fastnorm bench: correctness check failed, nothing reported: {exc}", file=sys.stderr)
@@ -371,24 +547,22 @@ def main(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         progress.end()
         done = len(run["workloads"])
-        where = f"kept in {args.out}/" if done else "nothing written"
+        kept = f"kept in {args.out}/" if done else "nothing written"
+        if done and not args.no_plot and not all(map(report.is_step, run["workloads"])):
+            kept += "; drew " + ", ".join(map(str, _draw(run, args.out, device.type)))
         print(
-            f"\nfastnorm bench: interrupted after {done} of {len(steps)} workloads; {where}", file=sys.stderr
+            f"\nfastnorm bench: interrupted after {done} of {len(steps)} workloads; {kept}", file=sys.stderr
         )
         return 130
     progress.close()
+    run["seconds"] = round(progress.elapsed, 1)
     run["goals"] = goals.evaluate(run)
     written = report.write(run, args.out, [])
 
     if run["goals"]:
         print(goals.summary(run["goals"]) + "\n")
-    if not args.no_plot and not all(map(report.is_step, run["workloads"])):
-        from fastnorm.bench import plot
-
-        try:
-            written.append(plot.draw(run, args.out / f"{device.type}.png"))
-        except ImportError:  # pragma: no cover - matplotlib comes with the bench extra
-            print("(no plot: matplotlib is not installed; pip install 'fastnorm[bench]')")
+    if not args.no_plot and run["workloads"]:
+        written += _draw(run, args.out, device.type)
     if written:
         print("wrote " + ", ".join(str(p) for p in written))
     return 0

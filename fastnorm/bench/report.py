@@ -212,7 +212,30 @@ def headline(record: dict[str, Any]) -> str:
             f"\n  ({rounds['timed'] - rounds['kept']} of {rounds['timed']} rounds dropped: other processes "
             f"kept more than {rounds['quiet_cores']:g} cores busy)"
         )
+    short = rounds_short(record)
+    if short:
+        line += f"\n  ({short})"
     return line
+
+
+def rounds_short(record: dict[str, Any]) -> str | None:
+    """Why a record has fewer quiet rounds than it wanted (None when it has enough)."""
+    rounds = record.get("rounds") or {}
+    stopped = rounds.get("stopped")
+    if stopped is None:
+        return None
+    quiet, wanted, timed = rounds["quiet"], rounds["wanted"], rounds["timed"]
+    if stopped == "time":
+        share = f"{rounds['max_time_s']:.1f} s"
+        if rounds.get("run_budget_s") is not None:
+            share += f" (its share of the run's {rounds['run_budget_s']:.0f} s budget, setup included)"
+        why = f"the rounds stopped when their {share} ran out"
+    else:
+        why = f"{timed} rounds were timed, the most there may be for {wanted}"
+    busy = timed - quiet
+    if busy:
+        why += f"; other processes kept the CPUs busy in {busy} of them"
+    return f"{quiet} quiet rounds of the {wanted} wanted: {why}"
 
 
 def table(record: dict[str, Any]) -> str:
