@@ -6,6 +6,10 @@ Everything runs at --quick size on the CPU, in a few seconds.
 import csv
 import json
 import math
+import re
+import subprocess
+import sys
+import time
 
 import pytest
 import torch
@@ -627,3 +631,59 @@ def test_bench_without_the_kernels_says_why_in_one_line(monkeypatch, tmp_path, c
         "fastnorm bench: error: the C++ kernels are not available: this source tree has no build; "
         "run `pip install -e .`"
     ]
+
+
+# ----------------------------------------------------------------------------
+# A busy machine: said before the run, targets not judged, figures marked in the PNG
+# ----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def two_busy_processes():
+    """Two processes that keep a core busy each while the test runs."""
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    time.sleep(0.3)  # started and spinning
+    try:
+        yield
+    finally:
+        for spinner in spinners:
+            spinner.kill()
+            spinner.wait()
+
+
+def test_a_run_on_a_busy_machine_says_so_and_judges_no_time(two_busy_processes, tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    argv = ["bench", "--workloads", "tiny", "--dtypes", "fp32", "--contenders", "fastnorm,torch.get"]
+    assert main(argv + ["--repeats", "3", "--threads", "1", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    # said at once, before any workload
+    warning = re.fullmatch(
+        r"Warning: (\d+) other processes keep ([0-9.]+) of the (\d+) cores busy \(.*\): most figures will be "
+        r"marked disturbed; run on an idle machine for results\.",
+        out[1],
+    )
+    assert warning and int(warning[1]) >= 2 and float(warning[2]) >= 1.0, out[1]
+    run = json.loads((tmp_path / "cpu.json").read_text())
+    assert run["load_before"]["message"] == out[1]
+    (record,) = run["workloads"]
+    assert "cores busy" in record["disturbed"]
+
+    # no figure against its target: every target of tiny is a time
+    start = out.index(next(line for line in out if line.startswith("Targets: ")))
+    targets = out[start : out.index("", start)]
+    assert targets[0].startswith(f"Targets: 0 met, 0 missed, {len(run['goals'])} not judged (their figures")
+    assert len(targets) == 1 + len(run["goals"]) >= 4 and all(
+        line.endswith(f"not judged (disturbed), target {g['compare']} {g['threshold']:g}")
+        for line, g in zip(targets[1:], run["goals"])
+    )
+
+    # the PNG draws every figure of the workload hollow and cross-hatched, none as a plain bar
+    assert (tmp_path / "cpu.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    fig = plot.figure(run)
+    bars = {p.get_gid(): p for ax in fig.axes for p in ax.patches if p.get_gid()}
+    drawn = [r["contender"] for r in record["results"] if r["group"] != "reference"]
+    assert sorted(bars) == sorted(f"tiny fp32 {name} disturbed" for name in drawn)
+    for bar in bars.values():
+        assert bar.get_facecolor()[3] == 0 and bar.get_hatch() == plot.DISTURBED_HATCH
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert "hollow, cross-hatched: disturbed, not a result" in legend

@@ -169,8 +169,10 @@ def _full_workloads(device: Any) -> list[str]:
 # ----------------------------------------------------------------------------
 
 # A call's cost per tensor, in bytes of memory traffic (about 1 us of host time
-# at 30 GB/s): what the tiny workloads are made of.
+# at 30 GB/s): what the tiny workloads are made of. And a step's own, whatever
+# its size (the clock read twice, the files written): about 0.3 s.
 TENSOR_BYTES = 3e4
+STEP_BYTES = 5e8
 # The machine's pace before any step has finished, in seconds per byte (a
 # 2-core machine: the setup, and the timed calls with their restores).
 PRIOR_SETUP_S_PER_BYTE = 1 / 1.5e9
@@ -200,7 +202,7 @@ def step_cost(workload: Any, dtype: Any, contenders: list[Any], quick: bool = Fa
     clipping = sum(c.restores for c in contenders)
     # the arrays drawn and copied, the float64 reference; two calls of each
     # contender and, where one writes, the element-by-element comparison
-    setup = nbytes * (3 * workload.copies + 10 * clipping) + 2 * sum(calls)
+    setup = nbytes * (3 * workload.copies + 10 * clipping) + 2 * sum(calls) + STEP_BYTES
     return Cost(setup=setup, round=sum(calls))
 
 
@@ -548,7 +550,7 @@ def main(args: argparse.Namespace) -> int:
         progress.end()
         done = len(run["workloads"])
         kept = f"kept in {args.out}/" if done else "nothing written"
-        if done and not args.no_plot and not all(map(report.is_step, run["workloads"])):
+        if done and not args.no_plot:
             kept += "; drew " + ", ".join(map(str, _draw(run, args.out, device.type)))
         print(
             f"\nfastnorm bench: interrupted after {done} of {len(steps)} workloads; {kept}", file=sys.stderr

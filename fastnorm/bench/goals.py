@@ -19,8 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fastnorm.bench import step
-from fastnorm.bench.harness import paired_ratio
-from fastnorm.bench.report import disturbed
+from fastnorm.bench.harness import disturbed, paired_ratio
 
 Record = dict[str, Any]
 
@@ -381,6 +380,50 @@ def outcome(goal: Record) -> str:
     if goal["pass"] is None:
         return f"not judged (disturbed), {target}"
     return f"{goal['value']:.3g} ({target})"
+
+
+def by_target(goals: list[Record]) -> str:
+    """Per target, where it was met, missed (with the values) and not judged: a Markdown table."""
+    outcomes = ("met", "missed", "not judged")
+    rows: dict[str, dict[str, dict[str, list[Record]]]] = {}
+    for g in goals:
+        outcome = outcomes[2] if g["pass"] is None else outcomes[0] if g["pass"] else outcomes[1]
+        cells = rows.setdefault(g.get("target", g["goal"]), {o: {} for o in outcomes})
+        cells[outcome].setdefault(f"{g['workload']} {g['dtype']}", []).append(g)
+
+    def cell(found: dict[str, list[Record]], outcome: str) -> str:
+        if outcome != "missed":
+            return ", ".join(found) or "-"
+        entries = []
+        for where, gs in found.items():
+            values = ", ".join(format(g["value"], ".3g") for g in gs)
+            entries.append(f"{where}: {values} ({gs[0]['compare']} {gs[0]['threshold']:g})")
+        return "; ".join(entries) or "-"
+
+    lines = ["| target | met | missed | not judged (disturbed) |", "| --- | --- | --- | --- |"]
+    for key, cells in rows.items():
+        text = TARGETS[key].text if key in TARGETS else key.replace("|", "\\|")
+        lines.append(f"| {text} | " + " | ".join(cell(cells[o], o) for o in outcomes) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def markdown(goals: list[Record]) -> str:
+    """The outcome of every target, for DEVICE.md: the counts, the table by target, then every judgement."""
+    lines = [
+        f"Targets (`fastnorm/bench/goals.py`): {counts(goals)}.",
+        "",
+        by_target(goals),
+        "Every judgement:",
+        "",
+        "| outcome | workload | dtype | target | value | threshold |",
+        "| --- | --- | --- | --- | ---: | ---: |",
+    ]
+    for g in goals:
+        word = "not judged (disturbed)" if g["pass"] is None else "met" if g["pass"] else "**missed**"
+        value = "-" if g["pass"] is None else f"{g['value']:.3g}"
+        text, threshold = g["goal"].replace("|", "\\|"), f"{g['compare']} {g['threshold']:g}"
+        lines.append(f"| {word} | {g['workload']} | {g['dtype']} | {text} | {value} | {threshold} |")
+    return "\n".join(lines) + "\n"
 
 
 def summary(goals: list[Record]) -> str:

@@ -516,6 +516,11 @@ def time_rounds(
 # ----------------------------------------------------------------------------
 
 
+def disturbed(record: dict[str, Any], result: dict[str, Any] | None = None) -> str | None:
+    """Why a record's figures (or one result's) are not results, or None."""
+    return record.get("disturbed") or (result or {}).get("disturbed")
+
+
 def memory_needed(workload: Workload, dtype: torch.dtype, quick: bool = False) -> int:
     """Bytes a workload holds while it runs: the gradients, their flat copy, and
     for an optimizer step the parameters and the optimizer's state."""

@@ -13,7 +13,8 @@ the bare fused AdamW step's in the same rounds, against the target.
 
 Every contender has its own colour and hatch, the same in both panels. A
 disturbed figure (too few quiet rounds, or faster than the roofline) is not a
-result: it is drawn hollow, cross-hatched in grey, and never as a plain bar.
+result: it is drawn hollow and cross-hatched in its contender's colour, never as
+a plain bar.
 Each bar's ``gid`` is ``"<workload> <dtype> <contender>"``, followed by
 ``" disturbed"`` where it is one.
 """
@@ -25,17 +26,22 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fastnorm.bench.report import disturbed, fmt_bytes, is_step
+from fastnorm.bench.harness import disturbed
+from fastnorm.bench.report import fmt_bytes, is_step
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-# Colours by group; a group with more contenders than colours adds a hatch.
+# Colours by group, distinct within and across groups; a group with more
+# contenders than colours adds a hatch.
 COLORS = {
-    "fastnorm": ("#1b5e20", "#66bb6a", "#00838f", "#c0ca33", "#1565c0", "#4dd0e1"),
-    "torch": ("#b71c1c", "#ef6c00", "#f48fb1", "#fbc02d", "#6d4c41"),
-    "other": ("#6a1b9a", "#5c6bc0", "#ba68c8"),
-}
+    "fastnorm": (
+        "#1b5e20", "#66bb6a", "#00838f", "#c0ca33", "#1565c0",
+        "#4dd0e1", "#827717", "#00bfa5", "#283593", "#90caf9",
+    ),
+    "torch": ("#b71c1c", "#ef6c00", "#f48fb1", "#fbc02d", "#6d4c41", "#ff8a65"),
+    "other": ("#6a1b9a", "#ba68c8", "#5c6bc0"),
+}  # fmt: skip
 HATCHES = ("", "//", "..", "\\\\")
 DISTURBED_HATCH = "xxx"
 DISTURBED_COLOR = "#616161"
@@ -57,70 +63,42 @@ def styles(names: list[str], groups: dict[str, str]) -> dict[str, tuple[str, str
 
 def _label(record: dict[str, Any]) -> str:
     """The tick label: the workload, its dtype and the size it ran at."""
-    return (
-        f"{record['workload']}\n{record['dtype']}\n{record['tensors']} tensors, {fmt_bytes(record['bytes'])}"
-    )
+    tensors = f"{record['tensors']} tensor{'s' * (record['tensors'] != 1)}"
+    return f"{record['workload']}\n{record['dtype']}\n{tensors}\n{fmt_bytes(record['bytes'])}"
 
 
-class _Bars:
-    """Draws grouped bars on one axis, each contender in its style, disturbed ones marked."""
-
-    def __init__(
-        self, ax: Any, names: list[str], style: dict[str, tuple[str, str]], labeled: set[str]
-    ) -> None:
-        self.ax, self.names, self.style, self.labeled = ax, names, style, labeled
-        self.width = 0.8 / max(1, len(names))
-
-    def once(self, label: str) -> str | None:
-        """The legend entry the first time, nothing after."""
-        if label in self.labeled:
-            return None
-        self.labeled.add(label)
-        return label
-
-    def draw(self, x: int, record: dict[str, Any], values: dict[str, float]) -> None:
-        results = {r["contender"]: r for r in record["results"]}
-        for i, name in enumerate(self.names):
-            if name not in values:
-                continue
-            color, hatch = self.style[name]
-            where = x - 0.4 + (i + 0.5) * self.width
-            gid = f"{record['workload']} {record['dtype']} {name}"
-            if disturbed(record, results[name]):
-                (bar,) = self.ax.bar(
-                    where,
-                    values[name],
-                    self.width,
-                    facecolor="none",
-                    edgecolor=DISTURBED_COLOR,
-                    hatch=DISTURBED_HATCH,
-                    linestyle="--",
-                    label=self.once("disturbed: not a result"),
-                )
-                bar.set_gid(gid + " disturbed")
-            else:
-                (bar,) = self.ax.bar(
-                    where,
-                    values[name],
-                    self.width,
-                    color=color,
-                    hatch=hatch,
-                    edgecolor="white" if hatch else color,
-                    label=self.once(name),
-                )
-                bar.set_gid(gid)
+def _bars(ax: Any, x: int, record: dict[str, Any], values: dict[str, float], style: dict[str, Any]) -> None:
+    """One workload's bars, in the order of ``style``: each contender in its colour
+    and hatch; a disturbed figure hollow and cross-hatched in its colour."""
+    names = [name for name in style if name in values]
+    results = {r["contender"]: r for r in record["results"]}
+    width = 0.8 / max(1, len(names))
+    for i, name in enumerate(names):
+        color, hatch = style[name]
+        where, gid = x - 0.4 + (i + 0.5) * width, f"{record['workload']} {record['dtype']} {name}"
+        if disturbed(record, results[name]):
+            (bar,) = ax.bar(
+                where, values[name], width, facecolor="none", edgecolor=color, hatch=DISTURBED_HATCH
+            )
+            bar.set_linestyle("--")
+            gid += " disturbed"
+        else:
+            (bar,) = ax.bar(
+                where, values[name], width, color=color, hatch=hatch, edgecolor="white" if hatch else color
+            )
+        bar.set_gid(gid)
 
 
-def _contenders(
-    records: list[dict[str, Any]], skip: tuple[str, ...] = ()
-) -> tuple[list[str], dict[str, str]]:
+def _contenders(records: list[dict[str, Any]]) -> tuple[list[str], dict[str, str]]:
+    """The contenders drawn (not the references, not the bare step: a line), in order of appearance."""
     names: list[str] = []
     groups: dict[str, str] = {}
     for rec in records:
         for r in rec["results"]:
-            if r["group"] != "reference" and r["contender"] not in groups and r["contender"] not in skip:
-                names.append(r["contender"])
-                groups[r["contender"]] = r["group"]
+            name = r["contender"]
+            if r["group"] != "reference" and name != BARE_STEP and name not in groups:
+                names.append(name)
+                groups[name] = r["group"]
     return names, groups
 
 
@@ -128,53 +106,50 @@ def figure(run: dict[str, Any]) -> Figure:
     """The run's figure (needs matplotlib): the norm workloads above, the training steps below."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    from fastnorm.bench.goals import FOLDED_OVER_STEP
 
     norms = [rec for rec in run["workloads"] if not is_step(rec)]
     steps = [rec for rec in run["workloads"] if is_step(rec)]
-    names, groups = _contenders(run["workloads"], skip=(BARE_STEP,))
+    names, groups = _contenders(run["workloads"])
     style = styles(names, groups)
     panels = [p for p in (norms, steps) if p]
     width = max(8.0, 1.1 * max(len(norms), len(steps), 1) + 4)
     fig = Figure(figsize=(width, 4.5 * len(panels) + 0.5), layout="constrained")
     FigureCanvasAgg(fig)
     axes = fig.subplots(len(panels), 1, squeeze=False, height_ratios=[3, 2][: len(panels)])[:, 0]
-    labeled: set[str] = set()
+    lines: dict[str, Any] = {}  # the legend's lines, by label
     if norms:
         ax = axes[0]
-        norm_names = [n for n in names if any(n == r["contender"] for rec in norms for r in rec["results"])]
-        bars = _Bars(ax, norm_names, style, labeled)
         for x, rec in enumerate(norms):
-            bars.draw(x, rec, {r["contender"]: r["gbps"] for r in rec["results"]})
+            _bars(ax, x, rec, {r["contender"]: r["gbps"] for r in rec["results"]}, style)
             read, rw = rec["roofline"]["read"], rec["roofline"]["read_write"]
+            faint = 0.35 if disturbed(rec) else 1.0  # measured in disturbed rounds too
             if read:
-                label = bars.once("read roofline (fastest plain read)")
                 ax.hlines(
-                    read["gbps"], x - 0.45, x + 0.45, colors="black", linestyles="--", lw=2, label=label
+                    read["gbps"], x - 0.45, x + 0.45, colors="black", linestyles="--", lw=2, alpha=faint
                 )
+                lines["read roofline (fastest plain read)"] = Line2D([], [], color="black", ls="--", lw=2)
             if read and rw:
                 clip_gbps = 3 * rec["bytes"] / (read["ms"] + rw["ms"]) / 1e6
-                label = bars.once("clip roofline (read + read-write)")
-                ax.hlines(clip_gbps, x - 0.45, x + 0.45, colors="dimgray", linestyles=":", lw=2, label=label)
+                ax.hlines(clip_gbps, x - 0.45, x + 0.45, colors="dimgray", linestyles=":", lw=2, alpha=faint)
+                lines["clip roofline (read + read-write)"] = Line2D([], [], color="dimgray", ls=":", lw=2)
         ax.set_xticks(range(len(norms)), [_label(r) for r in norms], fontsize=8)
         ax.set_yscale("log")
         ax.set_ylabel("GB/s (least bytes moved / median time)")
         ax.grid(axis="y", which="both", alpha=0.3)
     if steps:
-        from fastnorm.bench.goals import FOLDED_OVER_STEP
-
         ax = axes[-1]
-        step_names = [n for n in names if any(n == r["contender"] for rec in steps for r in rec["results"])]
-        bars = _Bars(ax, step_names, style, labeled)
         for x, rec in enumerate(steps):
             ratios = {r["contender"]: r["paired_ratio"] for r in rec["results"] if r.get("paired_ratio")}
-            bars.draw(x, rec, ratios)
-        ax.axhline(1.0, color="black", linewidth=1.5, label=bars.once("bare fused AdamW step"))
-        ax.axhline(
-            FOLDED_OVER_STEP,
-            color="dimgray",
-            linestyle="--",
-            linewidth=1,
-            label=bars.once(f"target of the folded steps ({FOLDED_OVER_STEP:g}x)"),
+            _bars(ax, x, rec, ratios, style)
+        ax.axhline(1.0, color="black", lw=1.5)
+        ax.axhline(FOLDED_OVER_STEP, color="dimgray", ls="--", lw=1)
+        lines["bare fused AdamW step"] = Line2D([], [], color="black", lw=1.5)
+        lines[f"target of the folded steps ({FOLDED_OVER_STEP:g}x)"] = Line2D(
+            [], [], color="dimgray", ls="--"
         )
         ax.set_xticks(range(len(steps)), [_label(r) for r in steps], fontsize=8)
         ax.set_xlim(-0.6, max(len(steps), len(norms), 4) - 0.4)  # bars as wide as the norms'
@@ -188,12 +163,15 @@ def figure(run: dict[str, Any]) -> Figure:
     if any(rec["quick"] for rec in run["workloads"]):
         title += "\n--quick: small shapes, not the models' sizes (each workload's size is under its name)"
     fig.suptitle(title, fontsize=10)
-    handles, labels = [], []
-    for ax in axes:
-        h, lab = ax.get_legend_handles_labels()
-        handles += h
-        labels += lab
-    fig.legend(handles, labels, fontsize=7, loc="outside right upper")
+    legend = {
+        name: Patch(facecolor=color, hatch=hatch, edgecolor="white" if hatch else color)
+        for name, (color, hatch) in style.items()
+    }
+    if any(disturbed(rec, r) for rec in run["workloads"] for r in rec["results"]):
+        marked = Patch(facecolor="none", edgecolor=DISTURBED_COLOR, hatch=DISTURBED_HATCH, linestyle="--")
+        legend["hollow, cross-hatched: disturbed, not a result"] = marked
+    legend.update(lines)
+    fig.legend(list(legend.values()), list(legend), fontsize=7, loc="outside right center")
     return fig
 
 
