@@ -23,6 +23,14 @@ def section(path: Path, title: str) -> str:
     return text[match.start() : end.start() if end else None]
 
 
+def section_at(path: Path, anchor: str) -> str:
+    """The section of ``path`` that the link ``path#anchor`` leads to; the whole page without an anchor."""
+    if not anchor:
+        return path.read_text()
+    (title,) = [h for h in re.findall(r"^#+ (.+)$", prose_headings(path), flags=re.M) if slug(h) == anchor]
+    return section(path, title)
+
+
 def blocks(text: str, language: str) -> list[str]:
     return re.findall(rf"```{language}\n(.*?)```", text, flags=re.S)
 
@@ -37,8 +45,13 @@ def slug(heading: str) -> str:
     return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
 
 
+def prose_headings(path: Path) -> str:
+    """``path``'s text without its fenced code blocks, whose ``#`` lines are no headings."""
+    return re.sub(r"^```.*?^```", "", path.read_text(), flags=re.S | re.M)
+
+
 def anchors(path: Path) -> set[str]:
-    text = re.sub(r"^```.*?^```", "", path.read_text(), flags=re.S | re.M)
+    text = prose_headings(path)
     seen: dict[str, int] = {}
     found = set()
     for heading in re.findall(r"^#+ (.+)$", text, flags=re.M):

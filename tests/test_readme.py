@@ -4,7 +4,7 @@ import importlib
 import re
 
 import torch
-from test_docs import README, blocks, section
+from test_docs import README, blocks, section, section_at
 
 import fastnorm
 import reference
@@ -38,10 +38,15 @@ def resolve(name: str):
 
 
 def test_the_api_table_has_one_line_per_public_name_each_with_its_page():
-    row = r"^\| `(fastnorm\.[\w.]+)` \| .+ \| \[[\w ]+\]\(docs/[\w.#-]+\) \|$"
+    row = r"^\| `(fastnorm\.[\w.]+)` \| .+ \| \[[\w ]+\]\(docs/([\w.]+)#?([\w-]*)\) \|$"
     rows = re.findall(row, section(README, "API"), flags=re.M)
-    assert len(rows) == len(set(rows))
-    top_level = {name.removeprefix("fastnorm.") for name in rows if name.count(".") == 1}
+    names = [name for name, _, _ in rows]
+    assert len(names) == len(set(names))
+    top_level = {name.removeprefix("fastnorm.") for name in names if name.count(".") == 1}
     assert top_level == set(fastnorm.__all__) - {"__version__"}
-    for name in rows:
+    for name, page, anchor in rows:
         assert callable(resolve(name)), name
+        # the page (or its section) it links to explains that name
+        short = name.rpartition(".")[2]
+        explained = section_at(README.parent / "docs" / page, anchor)
+        assert re.search(rf"\b{re.escape(short)}\b", explained), (name, page, anchor)
