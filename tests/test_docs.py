@@ -1,11 +1,13 @@
 """The docs pages' examples run and say what the code does; every link between the pages resolves."""
 
+import inspect
 import re
 from pathlib import Path
 
 import pytest
 import torch
 
+import fastnorm
 from fastnorm.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -142,3 +144,20 @@ def test_the_compile_page_names_the_registered_ops():
     named = set(re.findall(r"`(?:fastnorm)?::(\w+)`", text))
     registered = set(torch.ops.fastnorm)
     assert named == registered, (named, registered)
+
+
+def written(function) -> str:
+    """``function``'s signature as the rules page writes it: names and defaults, no annotations."""
+    parameters = []
+    for parameter in inspect.signature(function).parameters.values():
+        if parameter.kind is parameter.KEYWORD_ONLY and "*" not in parameters:
+            parameters.append("*")
+        default = "" if parameter.default is parameter.empty else f"={parameter.default!r}"
+        parameters.append(parameter.name + default)
+    return f"{function.__name__}({', '.join(parameters)})"
+
+
+def test_the_rules_page_writes_each_signature_as_the_code_has_it():
+    table = section(ROOT / "docs" / "rules.md", "Signatures")
+    listed = re.findall(r"^\| `(\w+\(.*?\))` \|", table, flags=re.M)
+    assert listed == [written(getattr(fastnorm, name)) for name in ("total_norm", "clip_", "tensor_norms")]
