@@ -458,12 +458,12 @@ def test_progress_says_where_it_is_and_how_long_is_left():
     progress = Progress(_estimate([Cost(1e9, 1e8)] * 3), ["a fp32", "a bf16", "b fp32"], out, interval_s=0.0)
     for index in range(3):
         progress.begin(index)
-        progress.round(1, 3)  # off a terminal: a line per round at most every interval_s
+        progress.round(1, 3, 2, 0.002)  # off a terminal: a line per round at most every interval_s
         progress.end(_took(0.01))
     progress.close()
     lines = out.getvalue().splitlines()
     assert lines[0].startswith("[") and "0/3 a fp32 · 0:00 elapsed, about " in lines[0]
-    assert "0/3 a fp32 (round 1/3) ·" in lines[1] and "left" in lines[1]
+    assert "0/3 a fp32 (round 2: 1 of 3 quiet) ·" in lines[1] and "left" in lines[1]
     assert "1/3 a bf16" in lines[2] and "left" in lines[2]
     assert "3/3 done" in lines[-1] and "left" not in lines[-1]
 
@@ -687,3 +687,33 @@ def test_a_run_on_a_busy_machine_says_so_and_judges_no_time(two_busy_processes, 
         assert bar.get_facecolor()[3] == 0 and bar.get_hatch() == plot.DISTURBED_HATCH
     legend = [t.get_text() for t in fig.legends[0].get_texts()]
     assert "hollow, cross-hatched: disturbed, not a result" in legend
+
+
+def test_while_rounds_run_the_time_left_comes_from_them():
+    import io
+
+    from fastnorm.bench.cli import Cost, Progress
+
+    out = io.StringIO()
+    progress = Progress(_estimate([Cost(1e9, 1e8)] * 2), ["a fp32", "b fp32"], out, interval_s=0.0)
+    progress.begin(0, max_time_s=100.0)
+    progress.round(2, 10, 4, 40.0)  # 10 s a round, 2 of 10 quiet rounds: 16 more would be allowed
+    assert 69.0 < progress._rest(time.monotonic()) <= 70.0  # 60 s of the budget, and the round it ends in
+    progress.max_time_s = None
+    assert 79.0 < progress._rest(time.monotonic()) <= 80.0  # no budget: the 8 quiet rounds still wanted
+    assert "0/2 a fp32 (round 4: 2 of 10 quiet) · 0:00 elapsed, about 1:" in out.getvalue()
+
+
+def test_a_step_the_budget_cannot_hold_is_not_run_and_says_why(tmp_path, capsys):
+    argv = ["bench", "--quick", "--workloads", "tiny,many-small", "--dtypes", "fp32", "--budget", "0.5"]
+    assert main(argv + ["--contenders", "fastnorm.total", "--no-plot", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    run = json.loads((tmp_path / "cpu.json").read_text())
+    assert [r["workload"] for r in run["workloads"]] == ["tiny"]  # the first always runs
+    (skipped,) = run["skipped_workloads"]
+    assert skipped["workload"] == "many-small" and skipped["reason"].startswith(
+        "the run's 0:00 budget has 0:00"
+    )
+    assert f"(skipped many-small fp32: {skipped['reason']})" in out
+    assert "Not run: many-small fp32 (the reason is under each one's name above)." in out
+    assert run["command"].endswith("--budget 0.5")

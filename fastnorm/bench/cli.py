@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
+from fastnorm.bench.harness import MIN_QUIET_ROUNDS, ROUND_BUDGET
+
 DEFAULT_REPEATS, FULL_REPEATS, QUICK_REPEATS = 7, 15, 5
 DEFAULT_WARMUP, FULL_WARMUP, QUICK_WARMUP = 1, 2, 1
 # Timed rounds of one workload stop after this long (once a few are done), so
@@ -32,16 +34,17 @@ RUN_BUDGET_S = 120.0
 # How long the machine is watched before the run.
 LOAD_LOOK_S = 0.5
 
-# The default run: a subset that speaks to every target; --full runs every
-# workload and contender.
+# The default run: a subset that speaks to every target, the cheapest first, so
+# that a machine too slow for the budget leaves out the costliest; --full runs
+# every workload and contender.
 DEFAULT_CPU = (
     "kernel-1t",
-    "gpt2-small",
-    "llama-300m",
-    "many-small",
     "tiny",
     "tiny-groups-24",
+    "many-small",
+    "gpt2-small",
     "step-gpt2-small",
+    "llama-300m",
 )
 DEFAULT_CONTENDERS = (
     "fastnorm.total_norm",
@@ -273,8 +276,16 @@ class Estimate:
         """The seconds step ``index``'s timed rounds may take, starting ``elapsed`` into the run."""
         return self._plan(index, elapsed)[0][1]
 
-    def left(self, index: int, elapsed: float, in_step: float = 0.0) -> float:
-        """Seconds left: the rest of step ``index`` (``in_step`` seconds into it) and the steps after."""
+    def least(self, index: int) -> float:
+        """The seconds step ``index`` takes at the least: its setup, warm-up and the
+        rounds that run whatever the budget (``MIN_QUIET_ROUNDS``)."""
+        a, b = self._rates()
+        rounds = self.warmup + min(self.repeats, MIN_QUIET_ROUNDS)
+        return a * self.costs[index].setup + b * self.costs[index].round * rounds
+
+    def left(self, index: int, elapsed: float, in_step: float = 0.0, rest: float | None = None) -> float:
+        """Seconds left: the rest of step ``index`` (``in_step`` seconds into it; ``rest``
+        where its rounds have told) and the steps after."""
         if index >= len(self.costs):
             return 0.0
         _, b = self._rates()
@@ -282,7 +293,8 @@ class Estimate:
             setup + min(self._timing(index + i, b), budget if budget is not None else math.inf)
             for i, (setup, budget) in enumerate(self._plan(index, elapsed - in_step))
         ]
-        return max(0.0, times[0] - in_step) + sum(times[1:])
+        current = max(0.0, times[0] - in_step) if rest is None else rest
+        return current + sum(times[1:])
 
     def learn(self, index: int, seconds: float, record: dict[str, Any] | None) -> None:
         """What step ``index`` took: ``seconds`` in all, the record's timing and rounds."""
@@ -316,16 +328,29 @@ class Progress:
         self.step = 0
         self.step_start = self.start
         self.last = 0.0
+        self.max_time_s: float | None = None  # the current step's rounds' budget
+        self._rounds: tuple[int, int, int, float, float] | None = None  # its last round, and when
 
     @property
     def elapsed(self) -> float:
         return time.monotonic() - self.start
 
+    def _rest(self, now: float) -> float | None:
+        """The seconds the current step's rounds still take, from what they told; None before."""
+        if self._rounds is None:
+            return None
+        quiet, wanted, timed, seconds, at = self._rounds
+        per = seconds / max(1, timed)
+        rest = min(wanted - quiet, ROUND_BUDGET * wanted - timed) * per
+        if self.max_time_s is not None:  # at least the rounds every step gets, and the one running
+            rest = min(rest, max(self.max_time_s - seconds, (MIN_QUIET_ROUNDS - timed) * per) + per)
+        return max(0.0, rest - (now - at))
+
     def _draw(self, detail: str = "", final: bool = False) -> None:
         now = time.monotonic()
         total = len(self.labels)
         label = self.labels[self.step] if self.step < total else "done"
-        left = self.estimate.left(self.step, now - self.start, now - self.step_start)
+        left = self.estimate.left(self.step, now - self.start, now - self.step_start, self._rest(now))
         budget = self.estimate.run_budget_s
         filled = int(20 * self.step / max(1, total))
         line = (
@@ -342,13 +367,15 @@ class Progress:
         self.stream.flush()
         self.last = now
 
-    def begin(self, index: int) -> None:
-        self.step, self.step_start = index, time.monotonic()
+    def begin(self, index: int, max_time_s: float | None = None) -> None:
+        self.step, self.step_start, self.max_time_s, self._rounds = index, time.monotonic(), max_time_s, None
         self._draw()
 
-    def round(self, done: int, wanted: int) -> None:
+    def round(self, quiet: int, wanted: int, timed: int, seconds: float) -> None:
+        """After each timed round (``harness.time_rounds``' ``on_round``)."""
+        self._rounds = (quiet, wanted, timed, seconds, time.monotonic())
         if time.monotonic() - self.last >= self.interval_s:
-            self._draw(f"(round {done}/{wanted})")
+            self._draw(f"(round {timed}: {quiet} of {wanted} quiet)")
 
     def end(self, record: dict[str, Any] | None = None) -> None:
         self.estimate.learn(self.step, time.monotonic() - self.step_start, record)
@@ -512,15 +539,23 @@ def main(args: argparse.Namespace) -> int:
     try:
         for index, (name, dtype, chosen, skipped) in enumerate(steps):
             workload = WORKLOADS[name]
-            progress.begin(index)
+            max_time_s = estimate.step_budget(index, progress.elapsed)
+            progress.begin(index, max_time_s)
             reason = too_big(workload, DTYPES[dtype], device, args.quick)
+            if reason is None and run_budget is not None and run["workloads"]:
+                need, left = estimate.least(index), run_budget - progress.elapsed
+                if need > left:
+                    reason = (
+                        f"the run's {_clock(run_budget)} budget has {_clock(max(0.0, left))} left, and this "
+                        f"workload needs about {_clock(need)} at this machine's pace so far (--budget "
+                        "SECONDS, or an idle machine, runs it)"
+                    )
             if reason is not None:
                 progress.end()
                 print(f"(skipped {name} {dtype}: {reason})\n", flush=True)
                 run["skipped_workloads"].append({"workload": name, "dtype": dtype, "reason": reason})
                 continue
             runner = distributed.run if workload.ranks > 1 else run_workload
-            max_time_s = estimate.step_budget(index, progress.elapsed)
             extra = {} if workload.ranks > 1 else {"max_time_s": max_time_s, "on_round": progress.round}
             record = runner(
                 workload,
@@ -561,6 +596,9 @@ def main(args: argparse.Namespace) -> int:
     run["goals"] = goals.evaluate(run)
     written = report.write(run, args.out, [])
 
+    if run["skipped_workloads"]:
+        names = ", ".join(f"{s['workload']} {s['dtype']}" for s in run["skipped_workloads"])
+        print(f"Not run: {names} (the reason is under each one's name above).\n")
     if run["goals"]:
         print(goals.summary(run["goals"]) + "\n")
     if not args.no_plot and run["workloads"]:

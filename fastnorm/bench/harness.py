@@ -427,7 +427,7 @@ def time_rounds(
     min_time_s: float = MIN_TIMING_S,
     lockstep: bool = False,
     max_time_s: float | None = None,
-    on_round: Callable[[int, int], None] | None = None,
+    on_round: Callable[[int, int, int, float], None] | None = None,
 ) -> Timings:
     """Warm-up, then rounds of one call of each contender, until enough quiet rounds.
 
@@ -440,7 +440,9 @@ def time_rounds(
     no longer than ``max_time_s`` (once ``MIN_QUIET_ROUNDS`` rounds are done).
     The statistics use the quiet rounds; with fewer than ``MIN_QUIET_ROUNDS``
     of them, every round, and ``busy_kept`` says how many were not quiet.
-    ``on_round(done, wanted)`` is called after every round (a progress bar).
+    ``on_round(quiet, wanted, timed, seconds)`` is called after every round
+    (a progress bar): the quiet rounds so far, the quiet ones wanted, the rounds
+    timed and the seconds since the first began.
 
     ``lockstep`` (ranks of a process group, whose calls include collectives):
     exactly ``repeats`` rounds, in the same order on every rank, none replaced.
@@ -489,7 +491,7 @@ def time_rounds(
             rounds.append((samples, busy))
             quiet += busy is None or busy <= QUIET_CORES
             if on_round is not None:
-                on_round(quiet, want)
+                on_round(quiet, want, len(rounds), time.perf_counter() - start)
     finally:
         if gc_was_enabled:
             gc.enable()
@@ -584,7 +586,7 @@ def run_workload(
     dtype_name: str | None = None,
     lockstep: bool = False,
     max_time_s: float | None = None,
-    on_round: Callable[[int, int], None] | None = None,
+    on_round: Callable[[int, int, int, float], None] | None = None,
 ) -> dict[str, Any]:
     """Checks, then times every contender on one workload; returns its JSON record.
 
