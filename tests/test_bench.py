@@ -10,13 +10,14 @@ import re
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
 
 import fastnorm
 from fastnorm.bench import contenders as C
-from fastnorm.bench import goals, harness, plot, report
+from fastnorm.bench import goals, harness, plot, report, step
 from fastnorm.bench.workloads import WORKLOADS, Workload, prepare
 from fastnorm.cli import main
 
@@ -488,13 +489,19 @@ def test_the_estimate_converges_without_jumping_on_the_first_step():
 def test_a_run_budget_shares_what_the_remaining_setup_leaves():
     from fastnorm.bench.cli import MIN_STEP_BUDGET_S, Cost
 
-    estimate = _estimate([Cost(1e9, 1e9), Cost(1e9, 3e9)], step_budget_s=15.0, run_budget_s=60.0)
-    estimate.learn(0, 30.0, _took(10.0, stopped="time"))  # a slow machine: 20 s of setup per step
-    # The last step's setup, at the pace learned, and the rounds' budget fill the 30 s left...
-    assert MIN_STEP_BUDGET_S < estimate.step_budget(1, 30.0) < 15.0
-    assert estimate.left(1, 30.0) == pytest.approx(30.0)
-    # ... and its rounds get a few seconds however late it starts
-    assert estimate.step_budget(1, 55.0) == MIN_STEP_BUDGET_S
+    costs = [Cost(1e9, 1e9), Cost(1e9, 3e9), Cost(1e9, 1e9)]
+    estimate = _estimate(costs, step_budget_s=15.0, run_budget_s=60.0)
+    assert all(estimate.runs(i, 0.0) for i in range(3))  # the prior's pace: all of them fit
+    estimate.learn(0, 30.0, _took(10.0, stopped="time"))  # a slow machine: 20 s of setup a step
+    # At this pace the second step needs more than the 30 s left, the third does not: it runs...
+    assert estimate.least(1) > 30.0 > estimate.least(2)
+    assert not estimate.runs(1, 30.0) and estimate.runs(2, 30.0)
+    assert estimate.step_budget(1, 30.0) is None
+    # ... its rounds within what its setup leaves of the budget, and the time left is its own
+    assert MIN_STEP_BUDGET_S < estimate.step_budget(2, 30.0) < 30.0 - 0.5 * estimate.least(2)
+    assert estimate.left(1, 30.0) == pytest.approx(estimate.least(2))
+    # the run's first step runs whatever its budget
+    assert _estimate(costs, step_budget_s=15.0, run_budget_s=0.001).runs(0, 0.0)
 
 
 def _interrupting(w, max_norm):
@@ -717,3 +724,65 @@ def test_a_step_the_budget_cannot_hold_is_not_run_and_says_why(tmp_path, capsys)
     assert f"(skipped many-small fp32: {skipped['reason']})" in out
     assert "Not run: many-small fp32 (the reason is under each one's name above)." in out
     assert run["command"].endswith("--budget 0.5")
+
+
+# ----------------------------------------------------------------------------
+# The targets, said once: goals.py, its table in the docs, the published run
+# ----------------------------------------------------------------------------
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs" / "benchmarks.md"
+PUBLISHED = ROOT / "benchmarks" / "results" / "cpu" / "cpu.json"
+
+
+def _every_target_run():
+    """Made-up records on which every target of goals.py is judged."""
+    norm = {
+        "fastnorm.total_norm": 11.0,
+        "torch.get_total_norm": 30.0,
+        "fastnorm.clip_/noop": 11.5,
+        "fastnorm.clip_/clips": 33.0,
+    }
+    kernel = {"fastnorm.total_norm/avx2": 9.0, "roofline.read/sum": 10.0}
+    records = [_record("kernel-1t", dtype, kernel) for dtype in ("fp32", "bf16", "fp16")]
+    keys = {*goals.ROOFLINE_FRACTION, *goals.SPEEDUP, *((w, "fp32") for w in goals.STREAMING)}
+    records += [_record(w, d, norm, host=0.3 if w == "tiny" else None) for w, d in sorted(keys)]
+    records += [_record(w, "bf16", norm) for w in goals.BF16_WORKLOADS if w != goals.KERNEL_WORKLOAD]
+
+    def step_result(name, ratio):
+        group = "torch" if name == step.BARE else "fastnorm"
+        return {"contender": name, "group": group, "kind": "step", "extra_bytes": 0, "paired_ratio": ratio}
+
+    steps = _record("step-gpt2-small", "fp32", {})
+    steps["results"] = [step_result(step.BARE, None)] + [
+        {**step_result(name, 1.2), "samples_ms": [1.0, 2.0], "applied_coef": 0.5, "expected_coef": 0.5}
+        for name in (step.CLIP_THEN_STEP, step.FOLDED, step.FOLDED_STEP)
+    ]
+    return {"environment": {"device": "cpu", "cpp_isa": "avx2"}, "workloads": records + [steps]}
+
+
+def test_the_targets_table_lists_every_target_goals_judges_with_its_threshold():
+    table = goals.table().splitlines()
+    judged = goals.evaluate(_every_target_run())
+    assert {g["target"] for g in judged} == set(goals.TARGETS)
+    for g in judged:
+        rows = [row.split(" | ") for row in table if row.startswith(f"| {goals.TARGETS[g['target']].text} |")]
+        assert any(
+            threshold.startswith(f"{g['compare']} ")
+            and f"{g['threshold']:g}" in threshold
+            and (
+                f"`{g['workload']}`" in where
+                or "every" in where
+                or ("`step-*`" in where and "step-" in g["workload"])
+            )
+            for _, threshold, where, _ in rows
+        ), (g, rows)
+
+
+def test_the_docs_hold_the_targets_table_and_what_the_published_run_met():
+    text = DOCS.read_text()
+    assert goals.table() in text
+    run = json.loads(PUBLISHED.read_text())
+    assert run["goals"] == goals.evaluate(run)  # judged by this goals.py (python -m fastnorm.bench.report)
+    assert goals.by_target(run["goals"]) in text
+    assert report.markdown(run) == PUBLISHED.with_suffix(".md").read_text()

@@ -178,8 +178,8 @@ TENSOR_BYTES = 3e4
 STEP_BYTES = 5e8
 # The machine's pace before any step has finished, in seconds per byte (a
 # 2-core machine: the setup, and the timed calls with their restores).
-PRIOR_SETUP_S_PER_BYTE = 1 / 1.5e9
-PRIOR_TIMING_S_PER_BYTE = 1 / 15e9
+PRIOR_SETUP_S_PER_BYTE = 1 / 2e9
+PRIOR_TIMING_S_PER_BYTE = 1 / 30e9
 # How much the prior weighs against what the finished steps took: as much as
 # this fraction of the run's bytes.
 PRIOR_WEIGHT = 0.15
@@ -199,13 +199,15 @@ def step_cost(workload: Any, dtype: Any, contenders: list[Any], quick: bool = Fa
     """The :class:`Cost` of ``workload`` in ``dtype`` with ``contenders``."""
     import torch
 
-    nbytes = workload.numel(quick) * torch.empty((), dtype=dtype).element_size()
+    numel = workload.numel(quick)
+    nbytes = numel * torch.empty((), dtype=dtype).element_size()
     per_call = len(workload.shapes(quick)) * TENSOR_BYTES
     calls = [nbytes * (c.passes + 2 * c.restores) + per_call for c in contenders]
     clipping = sum(c.restores for c in contenders)
-    # the arrays drawn and copied, the float64 reference; two calls of each
-    # contender and, where one writes, the element-by-element comparison
-    setup = nbytes * (3 * workload.copies + 10 * clipping) + 2 * sum(calls) + STEP_BYTES
+    # The arrays drawn and copied, the float64 reference and, where a contender
+    # writes, the element-by-element comparison: work per element, whatever the
+    # dtype (counted as float32 bytes); and two calls of each contender.
+    setup = 4 * numel * (3 * workload.copies + 10 * clipping) + 2 * sum(calls) + STEP_BYTES
     return Cost(setup=setup, round=sum(calls))
 
 
@@ -247,6 +249,7 @@ class Estimate:
         self._seconds.append(self._prior[1] * PRIOR_TIMING_S_PER_BYTE * slowdown)
         self._bytes = list(self._prior)
         self._rounds = [0.0, 0.0]  # timed, wanted: in steps whose rounds were not cut short by time
+        self._ran = False  # whether a step has run (the first always does)
 
     def _rates(self) -> tuple[float, float]:
         return self._seconds[0] / max(self._bytes[0], 1.0), self._seconds[1] / max(self._bytes[1], 1.0)
@@ -260,22 +263,6 @@ class Estimate:
         replaced = self._rounds[0] / self._rounds[1] if self._rounds[1] else 1.0
         return one * (self.warmup + wanted * replaced)
 
-    def _plan(self, start: int, elapsed: float) -> list[tuple[float, float | None]]:
-        """(setup seconds, timed rounds' budget) of every step from ``start``."""
-        a, b = self._rates()
-        setups = [a * cost.setup for cost in self.costs[start:]]
-        timings = [self._timing(i, b) for i in range(start, len(self.costs))]
-        if self.run_budget_s is None:
-            return [(s, self.step_budget_s) for s in setups]
-        spare = max(0.0, self.run_budget_s - elapsed - sum(setups))
-        total = sum(timings) or 1.0
-        cap = self.step_budget_s if self.step_budget_s is not None else math.inf
-        return [(s, min(cap, max(MIN_STEP_BUDGET_S, spare * t / total))) for s, t in zip(setups, timings)]
-
-    def step_budget(self, index: int, elapsed: float) -> float | None:
-        """The seconds step ``index``'s timed rounds may take, starting ``elapsed`` into the run."""
-        return self._plan(index, elapsed)[0][1]
-
     def least(self, index: int) -> float:
         """The seconds step ``index`` takes at the least: its setup, warm-up and the
         rounds that run whatever the budget (``MIN_QUIET_ROUNDS``)."""
@@ -283,21 +270,53 @@ class Estimate:
         rounds = self.warmup + min(self.repeats, MIN_QUIET_ROUNDS)
         return a * self.costs[index].setup + b * self.costs[index].round * rounds
 
+    def _plan(self, start: int, elapsed: float) -> list[tuple[float, float | None] | None]:
+        """(setup seconds, timed rounds' budget) of every step from ``start``; None for
+        a step the run's budget cannot hold (at its least, after the earlier steps at
+        theirs; the run's first step always runs)."""
+        a, b = self._rates()
+        setups = [a * cost.setup for cost in self.costs[start:]]
+        if self.run_budget_s is None:
+            return [(s, self.step_budget_s) for s in setups]
+        runs, spent = [], elapsed
+        for index in range(start, len(self.costs)):
+            fits = spent + self.least(index) <= self.run_budget_s or not (self._ran or any(runs))
+            spent += self.least(index) if fits else 0.0
+            runs.append(fits)
+        timings = [self._timing(start + i, b) for i, fits in enumerate(runs) if fits]
+        spare = max(0.0, self.run_budget_s - elapsed - sum(s for s, fits in zip(setups, runs) if fits))
+        cap = self.step_budget_s if self.step_budget_s is not None else math.inf
+        plan: list[tuple[float, float | None] | None] = []
+        for i, (setup, fits) in enumerate(zip(setups, runs)):
+            share = spare * self._timing(start + i, b) / (sum(timings) or 1.0)
+            plan.append((setup, min(cap, max(MIN_STEP_BUDGET_S, share))) if fits else None)
+        return plan
+
+    def runs(self, index: int, elapsed: float) -> bool:
+        """Whether step ``index``, starting ``elapsed`` into the run, fits in its budget."""
+        return self._plan(index, elapsed)[0] is not None
+
+    def step_budget(self, index: int, elapsed: float) -> float | None:
+        """The seconds step ``index``'s timed rounds may take, starting ``elapsed`` into the run."""
+        step = self._plan(index, elapsed)[0]
+        return None if step is None else step[1]
+
     def left(self, index: int, elapsed: float, in_step: float = 0.0, rest: float | None = None) -> float:
         """Seconds left: the rest of step ``index`` (``in_step`` seconds into it; ``rest``
-        where its rounds have told) and the steps after."""
+        where its rounds have told) and the steps after that the budget holds."""
         if index >= len(self.costs):
             return 0.0
         _, b = self._rates()
         times = [
-            setup + min(self._timing(index + i, b), budget if budget is not None else math.inf)
-            for i, (setup, budget) in enumerate(self._plan(index, elapsed - in_step))
+            0.0 if step is None else step[0] + min(self._timing(index + i, b), step[1] or math.inf)
+            for i, step in enumerate(self._plan(index, elapsed - in_step))
         ]
         current = max(0.0, times[0] - in_step) if rest is None else rest
         return current + sum(times[1:])
 
     def learn(self, index: int, seconds: float, record: dict[str, Any] | None) -> None:
         """What step ``index`` took: ``seconds`` in all, the record's timing and rounds."""
+        self._ran = self._ran or record is not None
         timing = (record or {}).get("seconds", {}).get("timing", 0.0)
         rounds = (record or {}).get("rounds") or {}
         self._seconds[0] += max(0.0, seconds - timing)
@@ -542,14 +561,13 @@ def main(args: argparse.Namespace) -> int:
             max_time_s = estimate.step_budget(index, progress.elapsed)
             progress.begin(index, max_time_s)
             reason = too_big(workload, DTYPES[dtype], device, args.quick)
-            if reason is None and run_budget is not None and run["workloads"]:
-                need, left = estimate.least(index), run_budget - progress.elapsed
-                if need > left:
-                    reason = (
-                        f"the run's {_clock(run_budget)} budget has {_clock(max(0.0, left))} left, and this "
-                        f"workload needs about {_clock(need)} at this machine's pace so far (--budget "
-                        "SECONDS, or an idle machine, runs it)"
-                    )
+            if reason is None and not estimate.runs(index, progress.elapsed):
+                left = max(0.0, run_budget - progress.elapsed)
+                reason = (
+                    f"the run's {_clock(run_budget)} budget has {_clock(left)} left, and this workload needs "
+                    f"about {_clock(estimate.least(index))} at this machine's pace so far (--budget SECONDS, "
+                    "or an idle machine, runs it)"
+                )
             if reason is not None:
                 progress.end()
                 print(f"(skipped {name} {dtype}: {reason})\n", flush=True)
