@@ -786,3 +786,21 @@ def test_the_docs_hold_the_targets_table_and_what_the_published_run_met():
     assert run["goals"] == goals.evaluate(run)  # judged by this goals.py (python -m fastnorm.bench.report)
     assert goals.by_target(run["goals"]) in text
     assert report.markdown(run) == PUBLISHED.with_suffix(".md").read_text()
+
+
+def test_rounds_stop_at_their_time_budget_and_the_table_says_so(monkeypatch, registered):
+    _fake_load(monkeypatch, [1.0] * 1000)  # every round busy: they would be replaced up to twice over
+    slow = registered(
+        C.Contender("slow", "norm", lambda w, max_norm: lambda: time.sleep(0.02) or w.flat.sum())
+    )
+    w = prepare(WORKLOADS["tiny"], torch.float32, CPU, quick=True)
+    clock = harness.Clock(CPU)
+    t = harness.time_rounds([slow], w, {"slow": slow.make(w, None)}, clock, 10, 0, 0.0, max_time_s=0.1)
+    assert t.stopped == "time" and harness.MIN_QUIET_ROUNDS <= t.rounds < 10 and t.quiet == 0
+    assert 0.02 * t.rounds <= 0.1 + 0.02 * 1.5  # no round begun that would end well after the budget
+    record = {"rounds": {"stopped": t.stopped, "quiet": t.quiet, "wanted": t.wanted, "timed": t.rounds}}
+    record["rounds"].update(max_time_s=0.1, run_budget_s=120.0)
+    assert report.rounds_short(record) == (
+        f"0 quiet rounds of the 10 wanted: the rounds stopped when their 0.1 s, its share of the run's "
+        f"120 s budget, ran out; other processes kept the CPUs busy in {t.rounds} of the {t.rounds} timed"
+    )

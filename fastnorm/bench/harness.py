@@ -437,7 +437,8 @@ def time_rounds(
     are quick (``min_time_s`` in all, up to ``MAX_ROUNDS_FACTOR * repeats``). A round
     during which other processes kept more than ``QUIET_CORES`` busy is
     replaced by another, up to ``ROUND_BUDGET`` times the rounds wanted, and
-    no longer than ``max_time_s`` (once ``MIN_QUIET_ROUNDS`` rounds are done).
+    no longer than ``max_time_s`` (once ``MIN_QUIET_ROUNDS`` rounds are done, no
+    round begins that would end after it).
     The statistics use the quiet rounds; with fewer than ``MIN_QUIET_ROUNDS``
     of them, every round, and ``busy_kept`` says how many were not quiet.
     ``on_round(quiet, wanted, timed, seconds)`` is called after every round
@@ -471,11 +472,13 @@ def time_rounds(
             if len(rounds) >= ROUND_BUDGET * want:
                 stopped = "rounds"
                 break
+            spent = time.perf_counter() - start
+            # No round is begun that would end after max_time_s, at the pace of those before it.
             if (
                 not lockstep
                 and max_time_s is not None
                 and len(rounds) >= MIN_QUIET_ROUNDS
-                and time.perf_counter() - start > max_time_s
+                and spent * (1 + 1 / len(rounds)) > max_time_s
             ):
                 stopped = "time"
                 break
