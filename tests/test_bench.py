@@ -804,3 +804,22 @@ def test_rounds_stop_at_their_time_budget_and_the_table_says_so(monkeypatch, reg
         f"0 quiet rounds of the 10 wanted: the rounds stopped when their 0.1 s, its share of the run's "
         f"120 s budget, ran out; other processes kept the CPUs busy in {t.rounds} of the {t.rounds} timed"
     )
+
+
+def test_a_step_whose_setup_outlasts_the_budget_is_left_out(monkeypatch, tmp_path, capsys):
+    from fastnorm.bench.cli import Estimate
+
+    chosen = [C.CONTENDERS["fastnorm.total_norm"], C.CONTENDERS["roofline.read/sum"]]
+    with pytest.raises(harness.OutOfTime, match="before fastnorm.total_norm"):
+        harness.run_workload(
+            WORKLOADS["tiny"], torch.float32, CPU, chosen, repeats=1, warmup=0, quick=True, deadline=0.0
+        )
+    # The run: its estimate lets every step begin, the run's deadline leaves out the second.
+    monkeypatch.setattr(Estimate, "runs", lambda self, index, elapsed: True)
+    argv = ["bench", "--quick", "--workloads", "tiny,many-small", "--dtypes", "fp32", "--budget", "0.01"]
+    assert main(argv + ["--contenders", "fastnorm.total", "--no-plot", "--out", str(tmp_path)]) == 0
+    run = json.loads((tmp_path / "cpu.json").read_text())
+    assert [r["workload"] for r in run["workloads"]] == ["tiny"]  # the first has no deadline
+    (left_out,) = run["skipped_workloads"]
+    assert left_out["reason"].startswith("the run's time ran out while the contenders were checked, before ")
+    assert f"(left out many-small fp32: {left_out['reason']})" in capsys.readouterr().out

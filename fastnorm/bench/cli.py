@@ -207,7 +207,7 @@ def step_cost(workload: Any, dtype: Any, contenders: list[Any], quick: bool = Fa
     # The arrays drawn and copied, the float64 reference and, where a contender
     # writes, the element-by-element comparison: work per element, whatever the
     # dtype (counted as float32 bytes); and two calls of each contender.
-    setup = 4 * numel * (3 * workload.copies + 10 * clipping) + 2 * sum(calls) + STEP_BYTES
+    setup = 4 * numel * (3 * workload.copies + 14 * clipping) + 2 * sum(calls) + STEP_BYTES
     return Cost(setup=setup, round=sum(calls))
 
 
@@ -432,7 +432,14 @@ def main(args: argparse.Namespace) -> int:
     from fastnorm.backends import cpp, requested
     from fastnorm.bench import distributed, goals, report
     from fastnorm.bench.contenders import by_prefix, default_wanted, for_workload
-    from fastnorm.bench.harness import MIN_TIMING_S, CorrectnessError, measure_load, run_workload, too_big
+    from fastnorm.bench.harness import (
+        MIN_TIMING_S,
+        CorrectnessError,
+        OutOfTime,
+        measure_load,
+        run_workload,
+        too_big,
+    )
     from fastnorm.bench.workloads import DTYPES, WORKLOADS
 
     def fail(message: str) -> int:
@@ -575,19 +582,28 @@ def main(args: argparse.Namespace) -> int:
                 continue
             runner = distributed.run if workload.ranks > 1 else run_workload
             extra = {} if workload.ranks > 1 else {"max_time_s": max_time_s, "on_round": progress.round}
-            record = runner(
-                workload,
-                dtype=DTYPES[dtype],
-                device=device,
-                contenders=chosen,
-                repeats=repeats,
-                warmup=warmup,
-                quick=args.quick,
-                min_time_s=0.0 if args.quick else MIN_TIMING_S,
-                skipped=skipped,
-                dtype_name=dtype,
-                **extra,
-            )
+            if workload.ranks == 1 and run_budget is not None and run["workloads"]:
+                extra["deadline"] = progress.start + run_budget
+            try:
+                record = runner(
+                    workload,
+                    dtype=DTYPES[dtype],
+                    device=device,
+                    contenders=chosen,
+                    repeats=repeats,
+                    warmup=warmup,
+                    quick=args.quick,
+                    min_time_s=0.0 if args.quick else MIN_TIMING_S,
+                    skipped=skipped,
+                    dtype_name=dtype,
+                    **extra,
+                )
+            except OutOfTime as exc:
+                progress.end()
+                reason = f"{exc} (the run's budget is {_clock(run_budget)}; --budget SECONDS runs it)"
+                print(f"(left out {name} {dtype}: {reason})\n", flush=True)
+                run["skipped_workloads"].append({"workload": name, "dtype": dtype, "reason": reason})
+                continue
             if run_budget is not None:
                 record["rounds"]["run_budget_s"] = run_budget
             run["workloads"].append(record)

@@ -77,6 +77,10 @@ class CorrectnessError(RuntimeError):
     """A contender computed a wrong norm or clipped wrongly: nothing is timed."""
 
 
+class OutOfTime(RuntimeError):
+    """The run's deadline passed before this workload's rounds began: it is left out."""
+
+
 # ----------------------------------------------------------------------------
 # Clocks and memory
 # ----------------------------------------------------------------------------
@@ -347,7 +351,14 @@ class Checked:
     coefs: dict[str, tuple[float, float]] = field(default_factory=dict)
 
 
-def check(contenders: list[Contender], w: Prepared, calls: dict[str, Call]) -> Checked:
+def _in_time(deadline: float | None, what: str) -> None:
+    if deadline is not None and time.monotonic() > deadline:
+        raise OutOfTime(what)
+
+
+def check(
+    contenders: list[Contender], w: Prepared, calls: dict[str, Call], deadline: float | None = None
+) -> Checked:
     """Each contender's first call: correctness and error; its second call: the
     peak extra memory of a call as a training loop makes it, every step (the
     first one also imports modules and fills caches once: a distributed call's
@@ -355,10 +366,12 @@ def check(contenders: list[Contender], w: Prepared, calls: dict[str, Call]) -> C
 
     Raises CorrectnessError on a wrong result (or an exception of a contender
     that is not optional); optional contenders that raise are dropped.
+    OutOfTime when ``time.monotonic()`` passes ``deadline`` between two contenders.
     """
     out = Checked()
     dtype = str(w.dtype).replace("torch.", "")
     for c in contenders:
+        _in_time(deadline, f"the run's time ran out while the contenders were checked, before {c.name}")
         try:
             result = calls[c.name]()
         except Exception as exc:
@@ -590,8 +603,12 @@ def run_workload(
     lockstep: bool = False,
     max_time_s: float | None = None,
     on_round: Callable[[int, int, int, float], None] | None = None,
+    deadline: float | None = None,
 ) -> dict[str, Any]:
     """Checks, then times every contender on one workload; returns its JSON record.
+
+    Raises OutOfTime when ``time.monotonic()`` passes ``deadline`` (the run's
+    budget) before the rounds begin: its setup took the time they would have had.
 
     ``max_time_s`` bounds the timed rounds (see :func:`time_rounds`); the
     workload's ``threads``, when set, is torch's thread count meanwhile. The
@@ -610,7 +627,8 @@ def run_workload(
     contenders = [c for c in contenders if c.name not in unsuited]
     try:
         calls = {c.name: c.make(w, c.max_norm(w)) for c in contenders}
-        checked = check(contenders, w, calls)
+        checked = check(contenders, w, calls, deadline)
+        _in_time(deadline, "the run's time ran out while the contenders were checked")
         live = [c for c in contenders if c.name not in checked.dropped]
         load = LoadMeter()
         hz = _clock_hz(device)
