@@ -840,3 +840,16 @@ def test_a_step_whose_setup_outlasts_the_budget_is_left_out(monkeypatch, tmp_pat
     (left_out,) = run["skipped_workloads"]
     assert left_out["reason"].startswith("the run's time ran out while the contenders were checked, before ")
     assert f"(left out many-small fp32: {left_out['reason']})" in capsys.readouterr().out
+
+
+def test_the_time_a_default_run_takes_is_said_the_same_in_help_and_docs(capsys):
+    from fastnorm.bench.cli import RUN_BUDGET_S
+
+    said = f"at most about {RUN_BUDGET_S / 60:.0f} minutes"
+    with pytest.raises(SystemExit):
+        main(["bench", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    docs = " ".join(DOCS.read_text().split())
+    assert said in help_text and said in docs
+    assert f"budget of {RUN_BUDGET_S / 60:.0f} minutes from the command on" in help_text
+    assert f"budget of {int(RUN_BUDGET_S // 60)}:{int(RUN_BUDGET_S % 60):02d} from the command on" in docs

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -74,8 +75,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "lists shaped like real models, against a roofline measured in the same run; the step-* "
         "workloads time torch's fused AdamW step, clipping through it or by clip_ first, against the "
         "bare step. The default run is a representative subset held to a budget of "
-        f"{RUN_BUDGET_S / 60:.0f} minutes, setup included: it takes at most about "
-        f"{RUN_BUDGET_S / 60:.0f} minutes on 2 cores, less on an idle machine. --full runs every "
+        f"{RUN_BUDGET_S / 60:.0f} minutes from the command on, setup included: it takes at most about "
+        f"{RUN_BUDGET_S / 60:.0f} minutes on 2 cores, less on an idle machine, and on a busy one leaves "
+        "out, costliest first, the workloads the budget cannot hold. --full runs every "
         "workload (many minutes). Before the run the machine's load is measured: other processes' "
         "work marks figures as disturbed, and the run says so at once. Prints a table per workload "
         "and writes DEVICE.json, DEVICE.md and results.csv under --out after each one, and DEVICE.png "
@@ -338,12 +340,17 @@ class Progress:
     """
 
     def __init__(
-        self, estimate: Estimate, labels: list[str], stream: TextIO = sys.stderr, interval_s: float = 10.0
+        self,
+        estimate: Estimate,
+        labels: list[str],
+        stream: TextIO = sys.stderr,
+        interval_s: float = 10.0,
+        start: float | None = None,
     ) -> None:
         self.estimate, self.labels, self.stream = estimate, labels, stream
         self.tty = stream.isatty()
         self.interval_s = 0.2 if self.tty else interval_s
-        self.start = time.monotonic()
+        self.start = time.monotonic() if start is None else start  # what elapsed counts from
         self.step = 0
         self.step_start = self.start
         self.last = 0.0
@@ -410,6 +417,19 @@ class Progress:
 # ----------------------------------------------------------------------------
 # The command
 # ----------------------------------------------------------------------------
+
+
+def process_age() -> float:
+    """Seconds since this process started (Linux's /proc; 0 elsewhere): a run's
+    budget counts the interpreter's start and torch's import too."""
+    try:
+        with open("/proc/self/stat") as f:
+            started = float(f.read().rsplit(")", 1)[1].split()[19])  # starttime, in ticks since boot
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+    except (OSError, IndexError, ValueError):
+        return 0.0
+    return max(0.0, uptime - started / os.sysconf("SC_CLK_TCK"))
 
 
 def _draw(run: dict[str, Any], out: Path, device: str) -> list[Path]:
@@ -557,10 +577,13 @@ def main(args: argparse.Namespace) -> int:
         # this process's share of the cores while the others' work goes on
         slowdown=1.0 + busy / max(1, env["threads"]),
     )
-    first = estimate.left(0, 0.0)
-    limit = f"; its budget is {_clock(run_budget)}, setup included" if run_budget is not None else ""
-    print(f"{len(steps)} workloads and dtypes: about {_clock(first)}{limit}.\n", flush=True)
-    progress = Progress(estimate, [f"{n} {d}" for n, d, _, _ in steps])
+    # The budget's clock started with the command: the interpreter, torch's import and the look at the load.
+    started = time.monotonic() - process_age() if run_budget is not None else None
+    progress = Progress(estimate, [f"{n} {d}" for n, d, _, _ in steps], start=started)
+    first = progress.elapsed + estimate.left(0, progress.elapsed)
+    limit = f"; its budget is {_clock(run_budget)}, from the command on" if run_budget is not None else ""
+    what = f"{len(steps)} step{'s' * (len(steps) != 1)} (a workload in one dtype each)"
+    print(f"{what}: about {_clock(first)} in all{limit}.\n", flush=True)
     written: list[Path] = []
     try:
         for index, (name, dtype, chosen, skipped) in enumerate(steps):
