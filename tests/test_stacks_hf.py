@@ -90,8 +90,8 @@ def test_hf_trainer_clips_with_fastnorm(tmp_path, one_thread, max_grad_norm):
     runs = run_three(train)
     # Adam amplifies rounding here: the attention's key bias has a zero gradient in exact arithmetic
     # (softmax ignores a constant added to every score), so its float32 gradient is rounding noise
-    # that Adam turns into steps of the learning rate's size.
-    assert_runs_agree(runs, amplified=True)
+    # that Adam turns into steps of the learning rate's size (measured drift: 5.4e-7).
+    assert_runs_agree(runs, amplified=1e-5)
     ours = runs["fastnorm"]
     # every step: max_grad_norm=0 still measures, through clip_grad_norm_(..., inf)
     assert ours.spy.count("clip_grad_norm_") == STEPS == len(ours.losses)
@@ -119,7 +119,7 @@ def test_accelerate_loop_clips_with_fastnorm(one_thread):
         return Run(losses, params_of(model), spy)
 
     runs = run_three(train)
-    assert_runs_agree(runs, amplified=True)  # as in the Trainer's run
+    assert_runs_agree(runs, amplified=1e-5)  # as in the Trainer's run (measured drift here: 1.7e-6)
     assert runs["fastnorm"].spy.count("clip_grad_norm_") == STEPS
 
 
