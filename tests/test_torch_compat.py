@@ -2,10 +2,10 @@
 
 A port of ``test_clip_grad_norm``, ``test_clip_grad_norm_error_if_nonfinite``
 and ``test_clip_grad_norm_multi_device`` from PyTorch's ``test/test_nn.py``.
-Every test takes ``impl``: torch's own functions, or fastnorm's on each
-backend. fastnorm passes them all except where the README lists a deliberate
-difference; each of those has its own test at the end of this file, which also
-shows that torch differs there.
+Every test takes ``impl``: torch's own functions, fastnorm's on each
+backend, or torch's names inside ``fastnorm.patch()``. fastnorm passes them
+all except where the README lists a deliberate difference; each of those has
+its own test at the end of this file, which also shows that torch differs there.
 """
 
 from __future__ import annotations
@@ -49,10 +49,14 @@ TORCH = Impl(
 FASTNORM = Impl("fastnorm", fastnorm.clip_, fastnorm.total_norm, _fastnorm_clip_with_norm)
 
 
-@pytest.fixture(params=["torch", "fastnorm-cpp", "fastnorm-triton", "fastnorm-torch"])
+@pytest.fixture(params=["torch", "fastnorm-cpp", "fastnorm-triton", "fastnorm-torch", "patched"])
 def impl(request, monkeypatch) -> Impl:
     if request.param == "torch":
         return TORCH
+    if request.param == "patched":  # torch's own names, inside fastnorm.patch()
+        request.addfinalizer(fastnorm.patch().undo)
+        utils = torch.nn.utils
+        return Impl("patched", utils.clip_grad_norm_, utils.get_total_norm, utils.clip_grads_with_norm_)
     use_backend(request.param.split("-")[1], monkeypatch)
     return FASTNORM
 
@@ -234,7 +238,7 @@ def test_clip_grad_norm_error_if_nonfinite(impl, case):
 
     for error_if_nonfinite in [False, True]:
         for norm_type, scalar in product(norms_nonfinite, scalars):
-            nonfinite = not (impl is FASTNORM and finite_where_torch_overflows(case, norm_type))
+            nonfinite = not (impl is not TORCH and finite_where_torch_overflows(case, norm_type))
             run_test_case(norm_type, error_if_nonfinite, scalar, nonfinite)
         for norm_type, scalar in product(norms_finite, scalars):
             run_test_case(norm_type, error_if_nonfinite, scalar, False)
