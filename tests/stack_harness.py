@@ -137,6 +137,8 @@ class Monitor:
         self.norms: list[Tensor] = []
 
     def update(self, norm: Tensor) -> None:
+        # What a GradNormMonitor can copy into its buffer: a plain tensor of one value.
+        assert type(norm) is Tensor and norm.numel() == 1, type(norm)
         self.norms.append(norm)
 
     def values(self) -> list[float]:

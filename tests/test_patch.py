@@ -422,6 +422,25 @@ def test_a_gradnormmonitor_logs_every_step_inside_the_patch(tmp_path):
     assert list(series.values) == pytest.approx(norms, rel=1e-7)
 
 
+@pytest.mark.cuda
+def test_the_patched_clip_and_its_monitor_never_synchronize():
+    model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.Linear(256, 10)).cuda()
+    monitor = fastnorm.GradNormMonitor(16, diagnose=False)
+    with fastnorm.patch(monitor=monitor), monitor:
+        for step in range(5):  # the first two compile kernels, pin host memory, allocate the buffer
+            model(torch.randn(64, 256, device="cuda")).sum().backward()
+            if step >= 2:
+                torch.cuda.set_sync_debug_mode("error")
+            try:
+                norm = torch.nn.utils.get_total_norm([p.grad for p in model.parameters()])
+                torch.nn.utils.clip_grads_with_norm_(model.parameters(), 1.0, norm)
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 0.1)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+            model.zero_grad(set_to_none=True)
+    assert monitor.transfers == 1  # ten norms, one window, at close
+
+
 # -- the frameworks' own helpers --------------------------------------------------------------------
 
 
