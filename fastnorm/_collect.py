@@ -1,6 +1,6 @@
 """From what the user passes to the tensors the backends read: the item rule and validation.
 
-The item rule, in one place (the README's "Inputs" says the same):
+The item rule, in one place (docs/rules.md, "Rules", says the same):
 
 * an ``nn.Parameter``, a leaf tensor that requires grad, and any tensor whose
   ``.grad`` is set are *parameters*: each stands for its ``.grad`` (None:

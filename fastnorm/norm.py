@@ -1,6 +1,6 @@
 """``total_norm``, ``clip_`` and ``tensor_norms``: the stages around the kernels.
 
-A call is three stages (see ARCHITECTURE.md): each device's backend computes a
+A call is three stages (see docs/design.md): each device's backend computes a
 local partial in one fused pass; partials that belong to a distributed domain
 are all-reduced across ranks; the root is taken on the first gradient's
 device. Clipping then hands the norm to the backends' conditional scale,
