@@ -106,3 +106,26 @@ def test_fabric_clip_gradients_uses_fastnorm(error_if_nonfinite, one_thread):
     assert_runs_agree(runs)
     assert runs["fastnorm"].spy.count("clip_grad_norm_") == STEPS
     assert runs["fastnorm"].monitor.values() == runs["fastnorm"].norms
+
+
+def test_the_fabric_recipe_of_the_trainers_page_logs_every_step(tmp_path, monkeypatch, one_thread):
+    import json
+
+    from lightning.fabric import Fabric
+    from test_docs import ROOT, blocks, section
+
+    import fastnorm
+
+    text = section(ROOT / "docs" / "trainers.md", "Every step's norm from inside a trainer")
+    (recipe,) = [code for code in blocks(text, "python") if "fabric.clip_gradients" in code]
+    fabric = Fabric(accelerator="cpu", devices=1)
+    torch.manual_seed(0)
+    net = model()
+    model_, optimizer = fabric.setup(net, torch.optim.AdamW(net.parameters(), lr=3e-3))
+    monkeypatch.chdir(tmp_path)
+    namespace = {"fastnorm": fastnorm, "torch": torch, "fabric": fabric, "model": model_}
+    namespace.update(optimizer=optimizer, loader=fabric.setup_dataloaders(data()))
+    exec(compile(recipe, "docs/trainers.md", "exec"), namespace)
+    rows = [json.loads(line) for line in (tmp_path / "run" / "norms.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "gradient_norm" in r] == list(range(STEPS))
+    assert namespace["monitor"].closed

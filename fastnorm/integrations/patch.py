@@ -12,7 +12,7 @@ equivalent in its place. Undoing puts the original object back wherever a
 replacement sits, including in modules imported while the patch was on.
 
 Each replacement keeps its original's signature and meaning; the deliberate
-differences are fastnorm's own (docs/drop-in.md): float32 results for 16-bit
+differences are fastnorm's own (docs/trainers.md): float32 results for 16-bit
 gradients, accumulated in float64; a plain tensor (the global norm) where
 torch returns a DTensor; a negative or NaN ``max_norm`` refused.
 """
