@@ -4,7 +4,7 @@ Both need torchvision, and PyPI's torchvision links CUDA: it does not import
 beside the CPU build of torch that CI installs (``operator torchvision::nms
 does not exist``), so ``tests/test_stacks_vision.py`` skips there. This script
 makes a virtual environment with torch and torchvision of one CUDA build (it
-runs on the CPU just as well; about 5.6 GB), timm and LightlyTrain, and runs
+runs on the CPU just as well; 6.4 GB, made in 5 minutes here), timm and LightlyTrain, and runs
 those tests in it, on this tree (through ``PYTHONPATH``, nothing installed)::
 
     python tools/stacks.py                 # creates .venv-vision once, then runs the tests
