@@ -123,53 +123,63 @@ def test_accelerate_loop_clips_with_fastnorm(one_thread):
     assert runs["fastnorm"].spy.count("clip_grad_norm_") == STEPS
 
 
-def test_accelerate_several_meshes_clips_with_fastnorm(one_thread):
-    """Gradients on two device meshes and plain ones: accelerate's norm per group, then the clip of
-    each group by the total, a DTensor on each mesh (one process, gloo)."""
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+def full(t: torch.Tensor) -> torch.Tensor:
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
 
-    def sharded(model, meshes):
-        for (name, param), mesh in zip(list(model.named_parameters()), meshes):
-            if mesh is None:
-                continue
-            module_name, _, attr = name.rpartition(".")
-            owner = model.get_submodule(module_name)
-            placement = Shard(0) if param.dim() > 1 else Replicate()
-            dparam = torch.nn.Parameter(distribute_tensor(param.detach(), mesh, [placement]))
-            setattr(owner, attr, dparam)
 
-    def full(t):
-        return t.full_tensor() if hasattr(t, "full_tensor") else t
+class OnMeshes(torch.nn.Module):
+    """A small MLP whose first two layers are DTensors on two device meshes, the last plain; the
+    forward pass reads them as full tensors (one process, gloo)."""
 
-    class Local(torch.nn.Module):
-        """A small MLP whose DTensor parameters are read as full tensors in the forward pass."""
+    def __init__(self) -> None:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
-        def __init__(self):
-            super().__init__()
-            self.a, self.b, self.c = torch.nn.Linear(12, 24), torch.nn.Linear(24, 24), torch.nn.Linear(24, 1)
+        super().__init__()
+        torch.manual_seed(0)
+        self.a, self.b, self.c = torch.nn.Linear(12, 24), torch.nn.Linear(24, 24), torch.nn.Linear(24, 1)
+        mesh = init_device_mesh("cpu", (1, 1), mesh_dim_names=("dp", "tp"))
+        for layer, sub in ((self.a, mesh["dp"]), (self.b, mesh["tp"])):
+            layer.weight = torch.nn.Parameter(distribute_tensor(layer.weight.detach(), sub, [Shard(0)]))
+            layer.bias = torch.nn.Parameter(distribute_tensor(layer.bias.detach(), sub, [Replicate()]))
 
-        def forward(self, x):
-            for i, layer in enumerate((self.a, self.b, self.c)):
-                w, b = (
-                    t.full_tensor() if hasattr(t, "full_tensor") else t for t in (layer.weight, layer.bias)
-                )
-                x = torch.nn.functional.linear(x, w, b)
-                x = torch.tanh(x) if i < 2 else x
+    def forward(self, x, labels=None):
+        for i, layer in enumerate((self.a, self.b, self.c)):
+            x = torch.nn.functional.linear(x, full(layer.weight), full(layer.bias))
+            x = torch.tanh(x) if i < 2 else x
+        if labels is None:
             return x
+        return {"loss": (x.squeeze(1) - labels).square().mean()}
+
+
+class Regression(torch.utils.data.Dataset):
+    def __init__(self, n: int) -> None:
+        self.x = torch.randn(n, 12, generator=torch.Generator().manual_seed(1))
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int) -> dict:
+        return {"x": self.x[i], "labels": self.x[i].sum()}
+
+
+def assert_one_norm_and_clip_per_group(run: Run, groups: int) -> None:
+    """Per step: the norm of each group, then the clip of each group by the total; one norm to the monitor."""
+    assert run.spy.count("get_total_norm") == run.spy.count("clip_grads_with_norm_") == groups * STEPS
+    totals = [c.value for c in run.spy.calls if c.name == "clip_grads_with_norm_"][::groups]
+    assert run.monitor.values() == totals
+
+
+def test_accelerate_several_meshes_clips_with_fastnorm(one_thread):
+    """accelerate's path for gradients on several device meshes: a DTensor total per mesh."""
 
     def train(run, spy, monitor):
-        mesh = init_device_mesh("cpu", (1, 1), mesh_dim_names=("dp", "tp"))
-        torch.manual_seed(0)
-        model = Local()
-        sharded(model, [mesh["dp"], mesh["dp"], mesh["tp"], mesh["tp"], None, None])
+        model = OnMeshes()
         accelerator = accelerate.Accelerator(cpu=True)
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-        g = torch.Generator().manual_seed(1)
         losses = []
-        for _ in range(STEPS):
-            x = torch.randn(16, 12, generator=g)
-            loss = (model(x).squeeze(1) - x.sum(1)).square().mean()
+        for batch in torch.utils.data.DataLoader(Regression(STEPS * 16), batch_size=16):
+            loss = model(**batch)["loss"]
             accelerator.backward(loss)
             accelerator.clip_grad_norm_(list(model.parameters()), 0.5)
             optimizer.step()
@@ -180,11 +190,23 @@ def test_accelerate_several_meshes_clips_with_fastnorm(one_thread):
     with one_rank():
         runs = run_three(train)
     assert_runs_agree(runs)
-    ours = runs["fastnorm"]
-    # per step: one norm per group (two meshes, the plain ones), then one clip per group
-    assert ours.spy.count("get_total_norm") == ours.spy.count("clip_grads_with_norm_") == 3 * STEPS
-    totals = [c.value for c in ours.spy.calls if c.name == "clip_grads_with_norm_"][::3]
-    assert ours.monitor.values() == totals  # one norm per step, the total
+    assert_one_norm_and_clip_per_group(runs["fastnorm"], groups=3)  # two meshes and the plain ones
+
+
+def test_hf_trainer_several_meshes_clips_with_fastnorm(tmp_path, one_thread):
+    """The Trainer's own path for gradients on several device meshes (_mixed_mesh_grad_norm)."""
+
+    def train(run, spy, monitor):
+        model = OnMeshes()
+        args = arguments(tmp_path / run, learning_rate=1e-2, warmup_steps=0, remove_unused_columns=False)
+        trainer = transformers.Trainer(model=model, args=args, train_dataset=Regression(STEPS * 4))
+        trainer.train()
+        return Run(history(trainer, "loss"), params_of(model), spy)
+
+    with one_rank():
+        runs = run_three(train)
+    assert_runs_agree(runs)
+    assert_one_norm_and_clip_per_group(runs["fastnorm"], groups=3)
 
 
 def test_hf_callback_logs_every_steps_norm_loss_and_lr(tmp_path, one_thread):
