@@ -19,6 +19,7 @@ _NAMES = {
     "clip_": "fastnorm.norm",
     "tensor_norms": "fastnorm.norm",
     "clear_cache": "fastnorm.norm",
+    "NoGradientWarning": "fastnorm.norm",
     "StepClipper": "fastnorm.optim",
     "backend_report": "fastnorm.backends:report",
     "GradNormMonitor": "fastnorm.monitoring",
