@@ -20,6 +20,7 @@ _NAMES = {
     "clip_": "fastnorm.norm",
     "tensor_norms": "fastnorm.norm",
     "clear_cache": "fastnorm.norm",
+    "NoGradientWarning": "fastnorm.norm",
     "StepClipper": "fastnorm.optim",
     "patch": "fastnorm.integrations.patch",
     "backend_report": "fastnorm.backends:report",
