@@ -82,4 +82,3 @@ def test_the_import_graph_has_no_circle():
 def test_the_circle_finder_finds_a_circle():
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert _cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None
-

@@ -38,6 +38,7 @@ from fastnorm._partial import Mode
 ENV_VAR = "FASTNORM_BACKEND"
 CHOICES = ("auto", "triton", "cpp", "torch")
 
+
 class Backend(Protocol):
     """What every backend provides (see the module docstring)."""
 
