@@ -660,8 +660,9 @@ def test_bench_without_the_kernels_says_why_in_one_line(monkeypatch, tmp_path, c
 
 
 @pytest.fixture
-def two_busy_processes():
-    """Two processes that keep a core busy each while the test runs."""
+def busy_processes():
+    """Three processes that keep a core busy each while the test runs: on 2 cores,
+    more than this one's thread leaves, so that no round of it is quiet."""
     spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
     time.sleep(0.3)  # started and spinning
     try:
@@ -672,10 +673,10 @@ def two_busy_processes():
             spinner.wait()
 
 
-def test_a_run_on_a_busy_machine_says_so_and_judges_no_time(two_busy_processes, tmp_path, capsys):
+def test_a_run_on_a_busy_machine_says_so_and_judges_no_time(busy_processes, tmp_path, capsys):
     pytest.importorskip("matplotlib")
-    argv = ["bench", "--workloads", "tiny", "--dtypes", "fp32", "--contenders", "fastnorm,torch.get"]
-    assert main(argv + ["--repeats", "3", "--threads", "1", "--out", str(tmp_path)]) == 0
+    argv = ["bench", "--workloads", "tiny", "--dtypes", "fp32", "--repeats", "3", "--out", str(tmp_path)]
+    assert main(argv) == 0
     out = capsys.readouterr().out.splitlines()
     # said at once, before any workload
     warning = re.fullmatch(
@@ -683,7 +684,7 @@ def test_a_run_on_a_busy_machine_says_so_and_judges_no_time(two_busy_processes, 
         r"marked disturbed; run on an idle machine for results\.",
         out[1],
     )
-    assert warning and int(warning[1]) >= 2 and float(warning[2]) >= 1.0, out[1]
+    assert warning and int(warning[1]) >= 3 and float(warning[2]) >= 1.5, out[1]
     run = json.loads((tmp_path / "cpu.json").read_text())
     assert run["load_before"]["message"] == out[1]
     (record,) = run["workloads"]
