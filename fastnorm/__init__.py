@@ -22,7 +22,7 @@ _NAMES = {
     "StepClipper": "fastnorm.optim",
     "backend_report": "fastnorm.backends:report",
     "GradNormMonitor": "fastnorm.monitoring",
-    "LayerNorms": "fastnorm.monitoring",
+    "LayerGradNorms": "fastnorm.layers",
     "UnstableGradientWarning": "fastnorm.monitoring",
     "MonitorWarning": "fastnorm.monitoring",
     "Logger": "fastnorm.monitoring",

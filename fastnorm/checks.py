@@ -9,6 +9,7 @@ whose message starts with the function or class it was given to (``owner``).
 
 from __future__ import annotations
 
+import collections
 import math
 import numbers
 from collections.abc import Sequence
@@ -89,3 +90,29 @@ def loggers(value: Any, owner: str) -> list[Any]:
                 f"got {logger!r}"
             )
     return list(value)
+
+
+def names(value: Any, name: str, owner: str) -> list[str]:
+    """A sequence of distinct strings (None: none)."""
+    if value is None:
+        return []
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+        raise TypeError(f"{owner}: {name} must be a sequence of str, got {value!r}")
+    found = list(value)
+    bad = [n for n in found if not isinstance(n, str)]
+    if bad:
+        raise TypeError(f"{owner}: {name} must be strings, got {bad[0]!r}")
+    repeated = sorted(n for n, k in collections.Counter(found).items() if k > 1)
+    if repeated:
+        raise ValueError(f"{owner}: {name} must be distinct, repeated: {', '.join(repeated)}")
+    return found
+
+
+def diagnoser(value: Any, owner: str, kind: type) -> Any:
+    """``diagnose=``: an instance of ``kind`` (the Diagnoser class, passed in so that this module imports
+    nothing of fastnorm) is used as given; True makes a default one, False none (None is returned)."""
+    if isinstance(value, kind):
+        return value
+    if not isinstance(value, bool):
+        raise TypeError(f"{owner}: diagnose must be a bool or a Diagnoser, got {value!r}")
+    return kind() if value else None

@@ -535,7 +535,7 @@ def model_with_odd_shapes():
 @pytest.mark.parametrize("p", [1.0, 2.0, 3.0, math.inf])
 def test_layer_norms_against_float64(p):
     model = model_with_odd_shapes()
-    layers = fastnorm.LayerNorms(model, norm_type=p)
+    layers = fastnorm.LayerGradNorms(model, norm_type=p)
     assert layers.names == ["0", "2.0", "2.1"]
     total, per_layer = layers()
     modules = [model[0], model[2][0], model[2][1]]
@@ -548,7 +548,7 @@ def test_layer_norms_against_float64(p):
 def test_layer_norms_by_depth_and_missing_grads():
     model = model_with_odd_shapes()
     model[2][1].weight.grad = None
-    layers = fastnorm.LayerNorms(model.named_parameters(), depth=1)
+    layers = fastnorm.LayerGradNorms(model.named_parameters(), depth=1)
     assert layers.names == ["0", "2"]
     _, per_layer = layers()
     expected = [reference_layer_norm(list(model[i].parameters()), 2.0) for i in (0, 2)]
@@ -556,7 +556,7 @@ def test_layer_norms_by_depth_and_missing_grads():
 
 
 def test_combine_does_not_overflow_and_keeps_nan():
-    from fastnorm.monitoring.monitor import combine
+    from fastnorm.layers import combine
 
     norms = torch.tensor([1e30, 1e30, math.nan, 1.0, 3.0], dtype=torch.float32)
     index = torch.tensor([0, 0, 1, 1, 2])
@@ -569,7 +569,7 @@ def test_combine_does_not_overflow_and_keeps_nan():
 
 def test_layers_reach_the_loggers_in_the_same_transfer(tmp_path):
     model = model_with_odd_shapes()
-    layers = fastnorm.LayerNorms(model)
+    layers = fastnorm.LayerGradNorms(model)
     rec = Recorder()
     path = tmp_path / "metrics.jsonl"
     with GradNormMonitor(4, [rec, JsonlLogger(path)], layer_names=layers.names, diagnose=False) as monitor:
@@ -677,7 +677,7 @@ def test_cuda_layer_norms_against_float64():
     model = model_with_odd_shapes().cuda()
     for p in model.parameters():
         p.grad = p.grad.cuda()
-    total, per_layer = fastnorm.LayerNorms(model)()
+    total, per_layer = fastnorm.LayerGradNorms(model)()
     assert per_layer.device.type == "cuda"
     modules = [model[0], model[2][0], model[2][1]]
     expected = [reference_layer_norm(list(m.parameters()), 2.0) for m in modules]

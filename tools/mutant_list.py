@@ -638,11 +638,11 @@ MUTANTS = [
         "what": "a window's statistics are logged at its first step",
     },
     # ------------------------------------------------------------------
-    # The diagnosis (fastnorm/monitoring/diagnosis.py)
+    # The diagnosis (fastnorm/monitoring/diagnosis/)
     # ------------------------------------------------------------------
     {
         "name": "diagnosis-thresholds-swapped",
-        "path": "fastnorm/monitoring/diagnosis.py",
+        "path": "fastnorm/monitoring/diagnosis/norm.py",
         "old": "        return self.explode_orders if side > 0 else self.vanish_orders",
         "new": "        return self.vanish_orders if side > 0 else self.explode_orders",
         "tests": ["tests/test_diagnosis.py"],
@@ -650,15 +650,15 @@ MUTANTS = [
     },
     {
         "name": "diagnosis-zero-is-invalid",
-        "path": "fastnorm/monitoring/diagnosis.py",
-        "old": "        if value is None or value < 0:\n            _extend(self._invalid, step, raw)",
-        "new": "        if value is None or value <= 0:\n            _extend(self._invalid, step, raw)",
+        "path": "fastnorm/monitoring/diagnosis/diagnoser.py",
+        "old": "        if value is None or value < 0:\n            skips.invalid_value(step, raw)",
+        "new": "        if value is None or value <= 0:\n            skips.invalid_value(step, raw)",
         "tests": ["tests/test_diagnosis.py::test_zero_norm_reads_as_vanishing"],
         "what": "an exact zero norm is reported as an invalid value, not as vanishing",
     },
     {
         "name": "diagnosis-new-normal-test-inverted",
-        "path": "fastnorm/monitoring/diagnosis.py",
+        "path": "fastnorm/monitoring/diagnosis/norm.py",
         "old": "        if dep.count >= self.window and not self._alarming(dep):",
         "new": "        if dep.count >= self.window and self._alarming(dep):",
         "tests": ["tests/test_diagnosis.py"],
@@ -666,7 +666,7 @@ MUTANTS = [
     },
     {
         "name": "diagnosis-side-inverted",
-        "path": "fastnorm/monitoring/diagnosis.py",
+        "path": "fastnorm/monitoring/diagnosis/norm.py",
         "old": "        side = 0 if abs(dev) <= base.band else (1 if dev > 0 else -1)",
         "new": "        side = 0 if abs(dev) <= base.band else (1 if dev < 0 else -1)",
         "tests": ["tests/test_diagnosis.py"],
@@ -674,7 +674,7 @@ MUTANTS = [
     },
     {
         "name": "diagnosis-nonfinite-to-the-end-read-as-skipped",
-        "path": "fastnorm/monitoring/diagnosis.py",
+        "path": "fastnorm/monitoring/diagnosis/skips.py",
         "old": "            persists = r.open and (not loss_logged or r.count > self.max_skip_run)",
         "new": "            persists = r.open and r.count > self.max_skip_run",
         "tests": ["tests/test_diagnosis.py"],

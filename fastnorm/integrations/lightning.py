@@ -19,9 +19,10 @@ except ImportError as exc:
     ) from exc
 
 from fastnorm import checks
+from fastnorm.layers import LayerGradNorms
 from fastnorm.monitoring.diagnosis import Diagnoser
 from fastnorm.monitoring.loggers import Logger
-from fastnorm.monitoring.monitor import GradNormMonitor, LayerNorms, check_diagnose
+from fastnorm.monitoring.monitor import GradNormMonitor
 from fastnorm.norm import clip_, total_norm
 
 
@@ -100,11 +101,11 @@ class GradNormCallback(Callback):
         self.layer_depth = (
             None if layer_depth is None else checks.positive_int(layer_depth, "layer_depth", owner)
         )
-        check_diagnose(diagnose, owner)
+        checks.diagnoser(diagnose, owner, Diagnoser)
         self.diagnose = diagnose
         self.loggers = checks.loggers(loggers, owner)
         self.monitor: GradNormMonitor | None = None
-        self._layers: LayerNorms | None = None
+        self._layers: LayerGradNorms | None = None
         self._pending: tuple | None = None  # (norm, step, layers) waiting for the batch's loss
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
@@ -114,7 +115,7 @@ class GradNormCallback(Callback):
             raise ValueError(
                 "GradNormCallback: max_norm and the Trainer's gradient_clip_val both clip; set only one"
             )
-        self._layers = LayerNorms(pl_module, self.layer_depth, self.norm_type) if self.per_layer else None
+        self._layers = LayerGradNorms(pl_module, self.layer_depth, self.norm_type) if self.per_layer else None
         self.monitor = GradNormMonitor(
             self.log_every_n_steps or trainer.log_every_n_steps,
             [_TrainerLoggers(trainer), *self.loggers],

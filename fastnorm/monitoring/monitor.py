@@ -24,8 +24,6 @@ collected or at interpreter exit.
 
 from __future__ import annotations
 
-import collections
-import math
 import numbers
 import sys
 import warnings
@@ -40,7 +38,6 @@ from torch import Tensor
 from fastnorm import checks
 from fastnorm.monitoring.diagnosis import Diagnoser, Diagnosis
 from fastnorm.monitoring.loggers import Logger, Window, window_stats
-from fastnorm.norm import tensor_norms
 
 # The per-step quantities, one row of the device buffer each, all crossing in the
 # window's one transfer. Another per-step quantity is one more row here, a field
@@ -70,30 +67,7 @@ def _name(logger: Any) -> str:
     return text if len(text) <= 200 else type(logger).__name__
 
 
-# -- argument checks, shared with the integrations ------------------------------
-
-
-def check_diagnose(value: Any, owner: str) -> Diagnoser | None:
-    if isinstance(value, Diagnoser):
-        return value
-    if not isinstance(value, bool):
-        raise TypeError(f"{owner}: diagnose must be a bool or a Diagnoser, got {value!r}")
-    return Diagnoser() if value else None
-
-
-def _check_layer_names(value: Any) -> list[str]:
-    if value is None:
-        return []
-    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
-        raise TypeError(f"GradNormMonitor: layer_names must be a sequence of str, got {value!r}")
-    names = list(value)
-    bad = [n for n in names if not isinstance(n, str)]
-    if bad:
-        raise TypeError(f"GradNormMonitor: layer_names must be strings, got {bad[0]!r}")
-    repeated = sorted(n for n, k in collections.Counter(names).items() if k > 1)
-    if repeated:
-        raise ValueError(f"GradNormMonitor: layer_names must be distinct, repeated: {', '.join(repeated)}")
-    return names
+# -- the values given to update --------------------------------------------------
 
 
 def _scalar(value: Any, name: str) -> Tensor | float:
@@ -390,7 +364,7 @@ class GradNormMonitor:
             reports the fraction of its applied steps that were clipped, and
             the diagnosis knows the run is clipped.
         layer_names (sequence of str, optional): the names of the per-layer
-            norms passed to :meth:`update` (e.g. :attr:`LayerNorms.names`).
+            norms passed to :meth:`update` (e.g. :attr:`LayerGradNorms.names <fastnorm.LayerGradNorms>`).
         diagnose (bool or Diagnoser): diagnose the series at each window
             (default), with a :class:`~fastnorm.Diagnoser` of your thresholds,
             or not at all (False). A Diagnoser without ``max_norm`` is given the monitor's.
@@ -428,8 +402,8 @@ class GradNormMonitor:
         n = checks.positive_int(log_every_n_steps, "log_every_n_steps", owner)
         loggers = checks.loggers(loggers, owner)
         max_norm = checks.max_norm(max_norm, owner, optional=True)
-        names = _check_layer_names(layer_names)
-        diagnoser = check_diagnose(diagnose, owner)
+        names = checks.names(layer_names, "layer_names", owner)
+        diagnoser = checks.diagnoser(diagnose, owner, Diagnoser)
         warn = checks.boolean(warn, "warn", owner)
         if diagnoser is not None and diagnoser.max_norm is None:
             diagnoser.max_norm = max_norm
@@ -507,7 +481,7 @@ class GradNormMonitor:
             step (int, optional): the step to log it at. Default: one past the
                 previous step (0 first).
             layers (Tensor, optional): per-layer norms, one per ``layer_names``,
-                e.g. from :class:`LayerNorms`. The latest given in a window is
+                e.g. from :class:`~fastnorm.LayerGradNorms`. The latest given in a window is
                 logged with it, at the step it was given.
             loss (Tensor or float, optional): the step's training loss, e.g. the
                 tensor ``backward`` was called on: logged as ``gradient_norm_loss``
@@ -584,86 +558,3 @@ class GradNormMonitor:
                 f"loop raised {exc_type.__name__}; that exception follows unchanged",
                 MonitorWarning,
             )
-
-
-class LayerNorms:
-    r"""Per-layer gradient norms and the total norm, from one fused pass.
-
-    Groups the parameters of a module by the module that owns them (or by the
-    first ``depth`` parts of their names), computes every parameter's norm and
-    the total with :func:`fastnorm.tensor_norms`, and combines each group's
-    norms on the device (p=2: root of the sum of squares; inf: max; p:
-    ``(sum n^p)^(1/p)``), so nothing is read on the host.
-
-    Args:
-        named_parameters (nn.Module or iterable of (str, Tensor)): the
-            parameters, e.g. ``model`` or ``model.named_parameters()``.
-        depth (int, optional): group by the first ``depth`` dot-separated parts
-            of each name (``depth=1``: ``encoder``, ``decoder``). Default: by
-            owning module (the name without its last part).
-        norm_type (float or str): the p of the p-norm. Default: 2.0.
-
-    Example::
-
-        >>> layers = fastnorm.LayerNorms(model)
-        >>> monitor = fastnorm.GradNormMonitor(50, loggers, layer_names=layers.names)
-        >>> total, per_layer = layers()  # after backward
-        >>> fastnorm.clip_(layers.parameters, 1.0, total_norm=total)
-        >>> monitor.update(total, layers=per_layer)
-    """
-
-    def __init__(self, named_parameters: Any, depth: int | None = None, norm_type: float | str = 2.0) -> None:
-        if isinstance(named_parameters, torch.nn.Module):
-            named_parameters = named_parameters.named_parameters()
-        if depth is not None:
-            depth = checks.positive_int(depth, "depth", "LayerNorms")
-        self.norm_type = float(norm_type)
-        self.parameters: list[Tensor] = []
-        self.names: list[str] = []
-        group_of: dict[str, int] = {}
-        index: list[int] = []
-        for name, param in named_parameters:
-            parts = name.split(".")
-            group = ".".join(parts[:depth] if depth is not None else parts[:-1]) or name
-            index.append(group_of.setdefault(group, len(group_of)))
-            self.parameters.append(param)
-        self.names = list(group_of)
-        if not self.parameters:
-            raise ValueError("LayerNorms: no parameters given")
-        self._index = torch.tensor(index)
-
-    def __call__(self) -> tuple[Tensor, Tensor]:
-        """The total norm and the per-layer norms, both on the device, without a sync.
-
-        Returns:
-            (Tensor, Tensor): the total norm (as :func:`fastnorm.total_norm`)
-            and a 1-D tensor with one norm per name in :attr:`names`.
-        """
-        total, per_item = tensor_norms(self.parameters, self.norm_type)
-        if self._index.device != per_item.device:
-            self._index = self._index.to(per_item.device)  # once: it stays there
-        return total, combine(per_item, self._index, len(self.names), self.norm_type)
-
-
-def combine(norms: Tensor, index: Tensor, groups: int, norm_type: float) -> Tensor:
-    """Combines p-norms of parts into the p-norm of each group of parts, on the device.
-
-    Args:
-        norms (Tensor): 1-D, the norm of each part.
-        index (Tensor): 1-D, the group of each part, on the device of ``norms``.
-        groups (int): the number of groups.
-        norm_type (float): the p of the norms.
-
-    Returns:
-        Tensor: 1-D, one norm per group, in the dtype of ``norms``.
-    """
-    # float64, so that squares (or p-th powers) of large norms do not overflow.
-    n = norms.to(torch.float64)
-    out = torch.zeros(groups, dtype=torch.float64, device=norms.device)
-    if math.isinf(norm_type):
-        out.scatter_reduce_(0, index, n, "amax")
-    elif norm_type == 1.0:
-        out.index_add_(0, index, n)
-    else:
-        out = out.index_add_(0, index, n.pow(norm_type)).pow(1.0 / norm_type)
-    return out.to(norms.dtype)

@@ -1,0 +1,42 @@
+"""The learning rate as logged: its warmup and its changes, which tell a normal spike from an odd one."""
+
+from __future__ import annotations
+
+from collections import deque
+
+
+class LrSignal:
+    """The learning rate, read one finite value at a time."""
+
+    def __init__(self) -> None:
+        self.last: float | None = None
+        self.rising_until: int | None = None  # the last step of the initial rise (warmup)
+        self.warming = True
+        self.changes: deque[tuple[int, float, float]] = deque(maxlen=256)  # (step, before, after)
+
+    def update(self, step: int, value: float) -> None:
+        last, self.last = self.last, value
+        if last is None:
+            return
+        if self.warming and value > last:
+            self.rising_until = step
+        else:
+            self.warming = False  # a warmup rises from the first step on
+        if self.rising_until != step and abs(value - last) > 0.2 * max(abs(last), 1e-300):
+            self.changes.append((step, last, value))
+
+    @property
+    def still_warming(self) -> bool:
+        """The rate has risen from its first value and not stopped rising yet."""
+        return self.warming and self.rising_until is not None
+
+    def context(self, step: int, recover: int, sustain: int) -> str | None:
+        """Why a spike at ``step`` may be normal: a warmup or a schedule change the log shows."""
+        if self.rising_until is not None and step <= self.rising_until + recover:
+            return f"during the learning-rate warmup (rising until step {self.rising_until})"
+        for s, before, after in reversed(self.changes):
+            if s - 1 <= step <= s + sustain:
+                return f"at the learning-rate change of step {s} ({before:.3g} to {after:.3g})"
+            if s < step:
+                break
+        return None
