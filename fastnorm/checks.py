@@ -116,3 +116,45 @@ def diagnoser(value: Any, owner: str, kind: type) -> Any:
     if not isinstance(value, bool):
         raise TypeError(f"{owner}: diagnose must be a bool or a Diagnoser, got {value!r}")
     return kind() if value else None
+
+
+# The precisions a run can be told to have: the plain-loop names, then Lightning's (``Trainer(precision=)``),
+# each with what it is (the plain name) and whether it is Lightning's, for the advice's wording.
+PRECISIONS = {
+    "fp64": ("fp64", False),
+    "fp32": ("fp32", False),
+    "bf16": ("bf16", False),
+    "fp16": ("fp16", False),
+    "bf16-mixed": ("bf16-mixed", False),
+    "fp16-mixed": ("fp16-mixed", False),
+    "64-true": ("fp64", True),
+    "32-true": ("fp32", True),
+    "bf16-true": ("bf16", True),
+    "16-true": ("fp16", True),
+    "16-mixed": ("fp16-mixed", True),
+}
+
+
+def precision(value: Any, owner: str) -> str | None:
+    """A run's precision: one of :data:`PRECISIONS` (case ignored; Lightning's ``32``, ``16``, ``64``
+    and ``"32"``-style names are read as ``32-true``, ``16-mixed``, ``64-true``), or None (not known)."""
+    if value is None:
+        return None
+    aliases = {"32": "32-true", "16": "16-mixed", "64": "64-true"}
+    text = str(value).lower() if isinstance(value, (str, int)) and not isinstance(value, bool) else None
+    text = aliases.get(text, text)
+    if text not in PRECISIONS:
+        raise ValueError(f"{owner}: precision must be one of {', '.join(PRECISIONS)} or None, got {value!r}")
+    return text
+
+
+def optimizer(value: Any, owner: str) -> Any:
+    """An optimizer (anything with a list of ``param_groups`` dicts, as torch's), or None."""
+    if value is None:
+        return None
+    groups = getattr(value, "param_groups", None)
+    if not isinstance(groups, list) or not all(isinstance(g, dict) for g in groups):
+        raise TypeError(
+            f"{owner}: optimizer must be a torch.optim.Optimizer (with param_groups), got {value!r}"
+        )
+    return value

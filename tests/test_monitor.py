@@ -292,6 +292,14 @@ def test_diagnosis_can_be_configured_or_off():
         ((), {"layer_names": ["a", "b", "a"]}, ValueError, "layer_names must be distinct, repeated: a"),
         ((), {"diagnose": "yes"}, TypeError, "diagnose must be a bool or a Diagnoser"),
         ((), {"warn": 1}, TypeError, "warn must be True or False"),
+        ((), {"precision": "fp8"}, ValueError, "precision must be one of fp64, fp32, bf16"),
+        ((), {"precision": True}, ValueError, "precision must be one of"),
+        (
+            (),
+            {"optimizer": [1.0]},
+            TypeError,
+            r"optimizer must be a torch.optim.Optimizer \(with param_groups\)",
+        ),
     ],
 )
 def test_bad_arguments(args, kwargs, error, match):
@@ -683,3 +691,66 @@ def test_cuda_layer_norms_against_float64():
     expected = [reference_layer_norm(list(m.parameters()), 2.0) for m in modules]
     assert per_layer.tolist() == pytest.approx(expected, rel=1e-6)
     assert total.item() == pytest.approx(reference_layer_norm(list(model.parameters()), 2.0), rel=1e-6)
+
+
+def test_the_optimizer_settings_and_precision_are_logged_once_per_window_without_a_sync(
+    monkeypatch, tmp_path
+):
+    model = torch.nn.Linear(4, 2)
+    decay = [model.weight]
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": 0.1}, {"params": [model.bias], "weight_decay": 0.0}],
+        lr=torch.tensor(3e-3),  # a CPU tensor, as fused and capturable optimizers hold it: read, no sync
+        betas=(0.8, 0.95),
+        eps=1e-6,
+    )
+    reads = count_reads(monkeypatch, ["item", "__bool__"])
+    rec = Recorder()
+    logger = JsonlLogger(tmp_path / "m.jsonl")
+    with GradNormMonitor(5, [rec, logger], optimizer=optimizer, precision="bf16-mixed") as monitor:
+        for i in range(12):
+            if i == 7:
+                optimizer.param_groups[0]["lr"] = 3e-2  # a jump, seen at the next window's end
+            monitor.update(torch.tensor(1.0), loss=torch.tensor(2.0))
+    assert reads == {"item": 0, "__bool__": 0}
+    first, second, last = (w.settings for w in rec.windows)
+    assert first == pytest.approx(
+        {"lr": 3e-3, "weight_decay": 0.1, "eps": 1e-6, "beta1": 0.8, "beta2": 0.95, "precision/bf16-mixed": 1}
+    )
+    assert second["lr"] == pytest.approx(3e-2) and last["lr"] == pytest.approx(3e-2)
+    series = fastnorm.read_series(tmp_path / "m.jsonl")  # read back as fastnorm diagnose reads it
+    assert series.lr.key == "gradient_norm_lr" and series.lr.steps == (4, 9, 11)
+    assert series.lr.values == pytest.approx((3e-3, 3e-2, 3e-2))
+    assert series.optimizer["weight_decay"].values == pytest.approx((0.1, 0.1, 0.1))
+    assert sorted(series.optimizer) == ["beta1", "beta2", "eps", "weight_decay"]
+    assert series.precision == "bf16-mixed"
+    assert monitor.diagnosis.signals == ("loss", "lr")
+
+
+@pytest.mark.parametrize(
+    "dtype, inferred", [(torch.bfloat16, "bf16"), (torch.float16, "fp16"), (torch.float32, None)]
+)
+def test_the_precision_is_inferred_from_the_parameters(dtype, inferred):
+    model = torch.nn.Linear(4, 2).to(dtype)
+    rec = Recorder()
+    with GradNormMonitor(2, [rec], optimizer=torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)) as m:
+        m.update(torch.tensor(1.0))
+        m.update(torch.tensor(1.0))
+    assert m.precision == inferred
+    assert {k for k in rec.windows[0].settings if k.startswith("precision/")} == (
+        {f"precision/{inferred}"} if inferred else set()
+    )
+    assert rec.windows[0].settings["momentum"] == 0.9
+    assert GradNormMonitor(precision="16-mixed", diagnose=False).precision == "16-mixed"  # Lightning's names
+
+
+def test_the_offline_diagnosis_sees_what_the_online_one_saw(tmp_path):
+    model = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.5, eps=1e-3)
+    with GradNormMonitor(10, [JsonlLogger(tmp_path / "m.jsonl")], optimizer=optimizer, precision="fp32") as m:
+        for i in range(300):
+            m.update(torch.tensor(1.0 + 0.1 * math.sin(i)), loss=torch.tensor(2.0 - i / 300))
+    from fastnorm.monitoring.command import diagnose_series
+
+    offline = diagnose_series(fastnorm.read_series(tmp_path / "m.jsonl"))
+    assert offline == m.diagnosis

@@ -41,6 +41,15 @@ class _TrainerLoggers(Logger):
             logger.save()
 
 
+def _precision(trainer: Any) -> str | None:
+    """The trainer's precision in Lightning's names ("32-true", "16-mixed", ...); None for a plugin
+    whose name the diagnosis does not know (its advice then does not assume one)."""
+    try:
+        return checks.precision(getattr(trainer, "precision", None), "GradNormCallback")
+    except ValueError:
+        return None
+
+
 class GradNormCallback(Callback):
     r"""Clips with :func:`fastnorm.clip_` and logs every step's gradient norm.
 
@@ -53,7 +62,9 @@ class GradNormCallback(Callback):
     go to the trainer's loggers (every step, at its ``global_step``) plus any
     others given. The diagnosis runs at each window and warns when the run
     turns unstable; nothing recorded is lost when training ends or raises, and
-    a logger that fails never stops training (see the monitor).
+    a logger that fails never stops training (see the monitor). The monitor is
+    told what Lightning knows: the trainer's precision and the optimizer (its
+    learning rate, weight decay, eps and betas read once per window).
 
     Args:
         max_norm (float, optional): clip the gradients' total norm to this;
@@ -122,11 +133,14 @@ class GradNormCallback(Callback):
             max_norm=self.max_norm,
             layer_names=self._layers.names if self._layers is not None else None,
             diagnose=self.diagnose,
+            precision=_precision(trainer),
         )
 
     def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
         self._record()  # a step whose batch end never came (several optimizers, manual optimization)
         monitor = self.monitor
+        if monitor.optimizer is None:
+            monitor.optimizer = optimizer  # built after setup: its settings are read from the first step
         if self._layers is not None:
             params = self._layers.parameters
         else:

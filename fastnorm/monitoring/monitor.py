@@ -108,6 +108,51 @@ def _flag(value: Any) -> Tensor | float:
     return float(value)
 
 
+def _host_number(value: Any) -> float | None:
+    """A setting as a float, read without a sync: a CPU tensor is read, an accelerator's is not."""
+    if isinstance(value, Tensor):
+        return float(value) if value.device.type == "cpu" and value.numel() == 1 else None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return None
+    return float(value)
+
+
+def optimizer_settings(optimizer: Any) -> dict[str, float]:
+    """The optimizer's settings, as the monitor logs them (see ``fastnorm.monitoring.series``).
+
+    The largest learning rate and weight decay over the parameter groups (a group without decay
+    beside one with it is common), the smallest ``eps``, the first group's betas or momentum.
+    Read on the host from ``param_groups``: a setting held in an accelerator's tensor is left out.
+    """
+    groups = optimizer.param_groups
+    found: dict[str, float] = {}
+    for name, pick in (("lr", max), ("weight_decay", max), ("eps", min)):
+        values = [v for g in groups if (v := _host_number(g.get(name))) is not None]
+        if values:
+            found[name] = pick(values)
+    first = groups[0] if groups else {}
+    betas = first.get("betas")
+    if isinstance(betas, (tuple, list)) and len(betas) == 2:
+        for name, value in zip(("beta1", "beta2"), betas):
+            if (v := _host_number(value)) is not None:
+                found[name] = v
+    if (v := _host_number(first.get("momentum"))) is not None:
+        found["momentum"] = v
+    return found
+
+
+def _precision_of(optimizer: Any) -> str | None:
+    """The precision the parameters' dtype shows: pure bf16 or fp16; None for fp32 (autocast or not)."""
+    dtypes = {p.dtype for g in optimizer.param_groups for p in g.get("params", ()) if isinstance(p, Tensor)}
+    if dtypes == {torch.bfloat16}:
+        return "bf16"
+    if dtypes == {torch.float16}:
+        return "fp16"
+    if dtypes == {torch.float64}:
+        return "fp64"
+    return None
+
+
 # -- the recorder: everything a monitor holds, so that a finalizer can deliver it --------
 
 
@@ -121,6 +166,7 @@ class _InFlight:
     has_loss: list[bool]
     has_skipped: list[bool]
     layers_step: int | None
+    settings: dict[str, float]
 
 
 class _Recorder:
@@ -139,8 +185,12 @@ class _Recorder:
         layer_names: list[str],
         diagnoser: Diagnoser | None,
         warn: bool,
+        precision: str | None = None,
+        optimizer: Any = None,
     ) -> None:
         self.n = n
+        self.precision = precision
+        self.optimizer = optimizer
         self.loggers = loggers
         self.max_norm = max_norm
         self.layer_names = layer_names
@@ -214,25 +264,33 @@ class _Recorder:
         steps, has_loss = self.steps[: self.count], self.has_loss[: self.count]
         has_skipped = self.has_skipped[: self.count]
         layers_step = self.layers_step
+        settings = self.settings()
         self.count = 0
         self.layers_step = None
         self.transfers += 1
         if self.host is None:
-            self.emit(steps, has_loss, has_skipped, self.buffer.tolist(), layers_step)
+            self.emit(steps, has_loss, has_skipped, self.buffer.tolist(), layers_step, settings)
             return
         if self.in_flight is not None:
             self.land()  # its pinned memory is about to be overwritten
         self.host.copy_(self.buffer, non_blocking=True)
         event = torch.cuda.Event()
         event.record(torch.cuda.current_stream(self.buffer.device))  # the stream the copy went on
-        self.in_flight = _InFlight(event, self.host, steps, has_loss, has_skipped, layers_step)
+        self.in_flight = _InFlight(event, self.host, steps, has_loss, has_skipped, layers_step, settings)
 
     def land(self) -> None:
         """Logs the window in flight, waiting for its copy if it has not landed."""
         flight, self.in_flight = self.in_flight, None
         if not flight.event.query():
             flight.event.synchronize()
-        self.emit(flight.steps, flight.has_loss, flight.has_skipped, flight.host.tolist(), flight.layers_step)
+        self.emit(
+            flight.steps,
+            flight.has_loss,
+            flight.has_skipped,
+            flight.host.tolist(),
+            flight.layers_step,
+            flight.settings,
+        )
 
     def emit(
         self,
@@ -241,6 +299,7 @@ class _Recorder:
         has_skipped: list[bool],
         host: list[float],
         layers_step: int | None,
+        settings: dict[str, float],
     ) -> None:
         k, n = len(steps), self.n
         values = host[:k]
@@ -253,7 +312,7 @@ class _Recorder:
         layers = dict(zip(self.layer_names, host[_ROWS * n :])) if layers_step is not None else {}
         self.check_values(steps, values)
         if self.diagnoser is not None:
-            self.diagnose(steps, values, losses, skipped, layers, layers_step)
+            self.diagnose(steps, values, losses, skipped, layers, layers_step, settings)
         window = Window(
             tuple(steps),
             tuple(values),
@@ -263,6 +322,7 @@ class _Recorder:
             self.diagnosis,
             losses,
             skipped,
+            settings,
         )
         for i, logger in enumerate(self.loggers):
             try:
@@ -281,7 +341,16 @@ class _Recorder:
                 MonitorWarning,
             )
 
-    def diagnose(self, steps, values, losses, skipped, layers, layers_step) -> None:
+    def settings(self) -> dict[str, float]:
+        """What is known of the run now: the optimizer's settings, read on the host, and the precision."""
+        found = optimizer_settings(self.optimizer) if self.optimizer is not None else {}
+        if self.precision is None and self.optimizer is not None:
+            self.precision = _precision_of(self.optimizer)
+        if self.precision is not None:
+            found[f"precision/{self.precision}"] = 1.0
+        return found
+
+    def diagnose(self, steps, values, losses, skipped, layers, layers_step, settings) -> None:
         try:
             if skipped:
                 flagged = [(s, f) for s, f in zip(steps, skipped) if f is not None]
@@ -293,6 +362,8 @@ class _Recorder:
                 )
             if layers:
                 self.diagnoser.update_layers(layers_step, layers)
+            if settings:
+                self.diagnoser.update_settings(steps[-1], settings)
             self.diagnosis = self.diagnoser.result()
         except Exception as exc:  # a broken (custom) diagnoser must not cost the window
             self.diagnoser = None
@@ -369,7 +440,20 @@ class GradNormMonitor:
             (default), with a :class:`~fastnorm.Diagnoser` of your thresholds,
             or not at all (False). A Diagnoser without ``max_norm`` is given the monitor's.
         warn (bool): emit an :class:`UnstableGradientWarning` when the verdict
-            turns unstable (once per verdict). Default: True.
+            turns unstable (once per verdict), and a :class:`RecoveredWarning`
+            when a run that was warned about recovers. Default: True.
+        precision (str, optional): the run's precision, for the advice:
+            ``"fp32"``, ``"bf16"``, ``"fp16"`` (pure), ``"bf16-mixed"``,
+            ``"fp16-mixed"`` (autocast), or Lightning's names (``"32-true"``,
+            ``"16-mixed"``, ...). Logged as ``gradient_norm_precision/<name>``.
+            Default: inferred from the parameters' dtype when ``optimizer`` is
+            given and they are bf16 or fp16, unknown otherwise.
+        optimizer (torch.optim.Optimizer, optional): read once per window, on
+            the host (no sync), from its ``param_groups``: the learning rate,
+            weight decay, ``eps``, betas or momentum, logged at the window's
+            last step as ``gradient_norm_lr``, ``gradient_norm_weight_decay``,
+            ... and read by the diagnosis (a learning-rate jump, a decay too
+            strong, an ``eps`` that dominates Adam's denominator).
 
     Raises:
         TypeError: an argument of the wrong type (``max_norm='1'``, ``GradNormMonitor(True)``).
@@ -397,6 +481,8 @@ class GradNormMonitor:
         layer_names: Sequence[str] | None = None,
         diagnose: bool | Diagnoser = True,
         warn: bool = True,
+        precision: str | None = None,
+        optimizer: Any = None,
     ) -> None:
         owner = "GradNormMonitor"
         n = checks.positive_int(log_every_n_steps, "log_every_n_steps", owner)
@@ -405,9 +491,11 @@ class GradNormMonitor:
         names = checks.names(layer_names, "layer_names", owner)
         diagnoser = checks.diagnoser(diagnose, owner, Diagnoser)
         warn = checks.boolean(warn, "warn", owner)
+        precision = checks.precision(precision, owner)
+        optimizer = checks.optimizer(optimizer, owner)
         if diagnoser is not None and diagnoser.max_norm is None:
             diagnoser.max_norm = max_norm
-        self._rec = _Recorder(n, loggers, max_norm, names, diagnoser, warn)
+        self._rec = _Recorder(n, loggers, max_norm, names, diagnoser, warn, precision, optimizer)
         # Delivers what is pending when the monitor is collected, or at exit (one
         # hook, weakref's, for every live monitor); close() runs it once and detaches it.
         self._finalizer = weakref.finalize(self, self._rec.close)
@@ -426,6 +514,24 @@ class GradNormMonitor:
     def max_norm(self) -> float | None:
         """The clipping threshold, when known."""
         return self._rec.max_norm
+
+    @property
+    def precision(self) -> str | None:
+        """The run's precision, as given or inferred (None: not known)."""
+        return self._rec.precision
+
+    @property
+    def optimizer(self) -> Any:
+        """The optimizer whose settings are read once per window (None: none).
+
+        May be set once it exists (a trainer builds it after the monitor); a value
+        that is not an optimizer raises ``TypeError``.
+        """
+        return self._rec.optimizer
+
+    @optimizer.setter
+    def optimizer(self, value: Any) -> None:
+        self._rec.optimizer = checks.optimizer(value, "GradNormMonitor")
 
     @property
     def layer_names(self) -> list[str]:

@@ -34,7 +34,7 @@ from fastnorm.monitoring.diagnosis.layers import LayerSignal
 from fastnorm.monitoring.diagnosis.loss import LossSignal, LossView, loss_event
 from fastnorm.monitoring.diagnosis.norm import Found, NormSignal
 from fastnorm.monitoring.diagnosis.robust import number
-from fastnorm.monitoring.diagnosis.schedule import LrSignal
+from fastnorm.monitoring.diagnosis.schedule import LrSignal, OptimizerSettings
 from fastnorm.monitoring.diagnosis.skips import SkipSignal
 
 # Another metric given to :func:`diagnose`: a ``(steps, values)`` pair or a mapping step -> value.
@@ -86,6 +86,9 @@ class Diagnoser:
             its initial value (and by more than its noise) has stalled. Default: 0.05.
         max_norm (float, optional): the clipping threshold of the run, for the
             advice (enable or tighten clipping). Default: None (not clipped).
+        precision (str, optional): the run's precision (see
+            :class:`~fastnorm.GradNormMonitor`), for the advice; also read from
+            :meth:`update_settings`. Default: None (not known).
 
     Example::
 
@@ -112,6 +115,7 @@ class Diagnoser:
         max_skip_run: int = 40,
         stall_fraction: float = 0.05,
         max_norm: float | None = None,
+        precision: str | None = None,
     ) -> None:
         for name, value in (
             ("window", window),
@@ -141,6 +145,7 @@ class Diagnoser:
         self.recover = recover
         self.stall_fraction = stall_fraction
         self.max_norm = max_norm
+        self.precision = checks.precision(precision, "Diagnoser")
         self._norm = NormSignal(
             window=window,
             warmup=warmup,
@@ -156,6 +161,7 @@ class Diagnoser:
         self._skips = SkipSignal(max_skip_run)
         self._loss = LossSignal()
         self._lr = LrSignal()
+        self._settings = OptimizerSettings()
         self._layers = LayerSignal(layer_orders)
         self._count = 0
         self._first_step: int | None = None
@@ -234,6 +240,26 @@ class Diagnoser:
             value = number(raw)
             if value is not None:
                 self._skips.scale_value(step, value)
+
+    def update_settings(self, step: int, settings: Mapping[str, Any]) -> None:
+        """Reads what the monitor knows of the run at ``step`` (its window's ``settings``): ``lr``,
+        ``weight_decay``, ``eps``, ``beta1``, ``beta2``, ``momentum`` and ``precision/<name>``.
+
+        Args:
+            step (int): the step they were read at.
+            settings (mapping): name -> value; names not listed above, and values that are not
+                numbers, are passed over.
+        """
+        for name, raw in settings.items():
+            value = number(raw)
+            if value is None:
+                continue
+            if name == "lr":
+                self.update_lr([step], [value])
+            elif name in OptimizerSettings.NAMES and math.isfinite(value):
+                self._settings.update(name, step, value)
+            elif name.startswith("precision/") and value and self.precision is None:
+                self.precision = checks.precision(name.split("/", 1)[1], "Diagnoser.update_settings")
 
     def update_layers(self, step: int, norms: Mapping[str, Any]) -> None:
         """Reads one step's per-layer norms (name -> norm), e.g. the ``gradient_norm_layer/<name>``
@@ -367,6 +393,8 @@ def diagnose(
     scale: ByStep | None = None,
     layers: Mapping[int, Mapping[str, Any]] | None = None,
     skipped: ByStep | None = None,
+    optimizer: Mapping[str, ByStep] | None = None,
+    precision: str | None = None,
     max_norm: float | None = None,
     **thresholds: Any,
 ) -> Diagnosis:
@@ -391,6 +419,12 @@ def diagnose(
             True: skipped, 0 or False: applied), a ``(steps, values)`` pair or a
             mapping step -> value, as ``GradNormMonitor`` logs it under
             ``gradient_norm_skipped``.
+        optimizer (mapping, optional): the optimizer's settings by name
+            (``weight_decay``, ``eps``, ``beta1``, ``beta2``, ``momentum``),
+            each a ``(steps, values)`` pair or a mapping step -> value, as
+            ``GradNormMonitor(optimizer=)`` logs them.
+        precision (str, optional): the run's precision (``"fp32"``,
+            ``"bf16-mixed"``, ``"16-mixed"``, ...; see :class:`~fastnorm.GradNormMonitor`).
         max_norm (float, optional): the run's clipping threshold, for the advice.
         **thresholds: the other keyword arguments of :class:`Diagnoser`.
 
@@ -405,7 +439,7 @@ def diagnose(
         >>> fastnorm.diagnose(steps, values).verdict
         'exploding'
     """
-    d = Diagnoser(max_norm=max_norm, **thresholds)
+    d = Diagnoser(max_norm=max_norm, precision=precision, **thresholds)
     flags = _by_step(skipped, "skipped")
     if flags:
         d.update_skipped([s for s, _ in flags], [v for _, v in flags])
@@ -418,6 +452,9 @@ def diagnose(
         pairs = _by_step(given, what)
         if pairs:
             method([s for s, _ in pairs], [v for _, v in pairs])
+    for name, given in (optimizer or {}).items():
+        for step, value in _by_step(given, name):
+            d.update_settings(step, {name: value})
     for step in sorted(layers or {}):
         d.update_layers(step, layers[step])
     return d.result()

@@ -40,3 +40,31 @@ class LrSignal:
             if s < step:
                 break
         return None
+
+
+class OptimizerSettings:
+    """The optimizer's other settings as logged (weight decay, eps, betas, momentum): each one's values
+    by step, only where it changed (few in a whole run)."""
+
+    NAMES = ("weight_decay", "eps", "beta1", "beta2", "momentum")
+
+    def __init__(self) -> None:
+        self.values: dict[str, list[tuple[int, float]]] = {}
+
+    def update(self, name: str, step: int, value: float) -> None:
+        kept = self.values.setdefault(name, [])
+        if not kept or kept[-1][1] != value:
+            kept.append((step, value))
+            del kept[:-64]
+
+    def at(self, name: str, step: int | None = None) -> float | None:
+        """The setting in force at ``step`` (the last one read when None); None where never logged."""
+        kept = self.values.get(name)
+        if not kept:
+            return None
+        if step is None:
+            return kept[-1][1]
+        return next((v for s, v in reversed(kept) if s <= step), kept[0][1])
+
+    def __bool__(self) -> bool:
+        return bool(self.values)
