@@ -24,6 +24,7 @@ _NAMES = {
     "GradNormMonitor": "fastnorm.monitoring",
     "LayerGradNorms": "fastnorm.layers",
     "UnstableGradientWarning": "fastnorm.monitoring",
+    "RecoveredWarning": "fastnorm.monitoring",
     "MonitorWarning": "fastnorm.monitoring",
     "Logger": "fastnorm.monitoring",
     "Window": "fastnorm.monitoring",

@@ -182,10 +182,12 @@ def test_report_and_dict():
         "end_step": N - 1,
         "detail": d.events[0].detail,
         "actions": list(d.actions),
+        "action_ids": ["checkpoint", "check_data"],
         "count": 0,
     }
     assert d.to_dict()["onset"] == K == d.onset
-    assert diagnose([], []).report() == "verdict: stable (no values read)"
+    assert d.to_dict()["action_ids"] == list(d.action_ids) == ["checkpoint", "check_data"]
+    assert diagnose([], []).report() == "verdict: too few points (no value read; at least 10 are needed to judge a run)"
     assert (
         diagnose(range(N), noise(0)).report().splitlines()[1] == "  no event: the norm stayed within its band"
     )

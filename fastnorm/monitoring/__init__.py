@@ -20,6 +20,7 @@ from fastnorm import _lazy
 _NAMES = {
     "GradNormMonitor": "fastnorm.monitoring.monitor",
     "UnstableGradientWarning": "fastnorm.monitoring.monitor",
+    "RecoveredWarning": "fastnorm.monitoring.monitor",
     "MonitorWarning": "fastnorm.monitoring.monitor",
     "Logger": "fastnorm.monitoring.loggers",
     "Window": "fastnorm.monitoring.loggers",

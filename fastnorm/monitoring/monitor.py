@@ -50,6 +50,10 @@ class UnstableGradientWarning(UserWarning):
     """The gradient-norm diagnosis turned unstable (diverged, exploding, vanishing, nonfinite or stalled)."""
 
 
+class RecoveredWarning(UserWarning):
+    """A run the monitor warned about recovered: its verdict is stable again, the warning is withdrawn."""
+
+
 class MonitorWarning(UserWarning):
     """The monitor could not do part of its job (a logger failed, a value was invalid); training goes on."""
 
@@ -208,7 +212,8 @@ class _Recorder:
         self.next_step = 0
         self.layers_step: int | None = None
         self.in_flight: _InFlight | None = None
-        self.warned: set[str] = set()
+        self.warned: set[str] = set()  # the monitor's own warnings given once (a negative norm)
+        self.alarm: str | None = None  # the unstable verdict warned about, until the run recovers
         self.closed = False
 
     # -- recording -------------------------------------------------------------
@@ -373,9 +378,18 @@ class _Recorder:
             )
             return
         d = self.diagnosis
-        if self.warn and d.unstable and d.verdict not in self.warned:
-            self.warned.add(d.verdict)
+        if not self.warn:
+            return
+        if d.unstable and d.judged and d.verdict != self.alarm:
+            self.alarm = d.verdict
             _warn(f"fastnorm: {d.headline()}.\n{d.report()}", UnstableGradientWarning)
+        elif not d.unstable and self.alarm is not None:
+            _warn(
+                f"fastnorm: the run recovered: {d.headline()} at step {steps[-1]}; the '{self.alarm}' "
+                "warning is withdrawn.",
+                RecoveredWarning,
+            )
+            self.alarm = None
 
     def failed(self, i: int, exc: Exception, doing: str) -> None:
         self.logger_failures[i] += 1
@@ -440,8 +454,10 @@ class GradNormMonitor:
             (default), with a :class:`~fastnorm.Diagnoser` of your thresholds,
             or not at all (False). A Diagnoser without ``max_norm`` is given the monitor's.
         warn (bool): emit an :class:`UnstableGradientWarning` when the verdict
-            turns unstable (once per verdict), and a :class:`RecoveredWarning`
-            when a run that was warned about recovers. Default: True.
+            turns unstable (again when it turns to another unstable verdict;
+            never while too few points were read to judge), and a
+            :class:`RecoveredWarning` once when a run warned about is stable
+            again; :attr:`diagnosis` is always the current one. Default: True.
         precision (str, optional): the run's precision, for the advice:
             ``"fp32"``, ``"bf16"``, ``"fp16"`` (pure), ``"bf16-mixed"``,
             ``"fp16-mixed"`` (autocast), or Lightning's names (``"32-true"``,

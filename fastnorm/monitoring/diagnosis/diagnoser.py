@@ -19,8 +19,11 @@ from fastnorm.monitoring.diagnosis.events import (
     EXPLODING,
     GROWTH,
     KINDS,
+    LOG_ZERO,
+    MIN_POINTS,
     SPIKE,
     STABLE,
+    TOO_FEW,
     UNSTABLE,
     VANISHING,
     Diagnosis,
@@ -29,11 +32,12 @@ from fastnorm.monitoring.diagnosis.events import (
     from_log,
     level,
     log_norm,
+    num,
 )
 from fastnorm.monitoring.diagnosis.layers import LayerSignal
 from fastnorm.monitoring.diagnosis.loss import LossSignal, LossView, loss_event
 from fastnorm.monitoring.diagnosis.norm import Found, NormSignal
-from fastnorm.monitoring.diagnosis.robust import number
+from fastnorm.monitoring.diagnosis.robust import median, number
 from fastnorm.monitoring.diagnosis.schedule import LrSignal, OptimizerSettings
 from fastnorm.monitoring.diagnosis.skips import SkipSignal
 
@@ -270,27 +274,6 @@ class Diagnoser:
 
     def result(self) -> Diagnosis:
         """The diagnosis of everything read so far; events still open end at the last step read."""
-        last = self._last_step
-        found, ups = self._norm.found(last)
-        loss = self._loss.view(self.stall_fraction, judge_start=not self._lr.still_warming)
-        events = self._skips.events(last, self._loss.read, self._loss.nonfinite)
-        events += self._skips.invalid_events()
-        read = (
-            loss_event(loss, found, ups, self._norm.levels.all(), self.spike_orders)
-            if loss is not None
-            else None
-        )
-        consumed = read.consumed if read is not None else frozenset()
-        events += [self._norm_event(f, loss, found) for i, f in enumerate(found) if i not in consumed]
-        if read is not None:
-            events.append(self._loss_event(read, found, last))
-        events += self._layers.events(self._first_step, last)
-        events.sort(key=lambda e: (e.start_step, KINDS.index(e.kind), e.end_step))
-        kinds = {e.kind for e in events}
-        verdict = next((k for k in UNSTABLE if k in kinds), STABLE)
-        actions: list[str] = []
-        for e in sorted(events, key=lambda e: e.kind != verdict):
-            actions += [a for a in e.actions if a not in actions]
         signals = tuple(
             name
             for name, read_ in (
@@ -302,21 +285,99 @@ class Diagnoser:
             )
             if read_
         )
+        if self._count < MIN_POINTS:
+            return Diagnosis(TOO_FEW, steps=self._count, signals=signals)
+        last = self._last_step
+        found, ups = self._norm.found(last)
+        self._ev = self._evidence()
+        loss = self._loss.view(self.stall_fraction, judge_start=not self._lr.still_warming)
+        events = self._skips.events(last, self._loss.read, self._loss.nonfinite)
+        events += self._skips.invalid_events()
+        read = (
+            loss_event(loss, found, ups, self._norm.levels.all(), self.spike_orders)
+            if loss is not None
+            else None
+        )
+        consumed = read.consumed if read is not None else frozenset()
+        events += [self._norm_event(f, loss, found) for i, f in enumerate(found) if i not in consumed]
+        if read is not None:
+            events.append(self._loss_event(read, loss, found, last))
+        vanish = advice.vanish_actions(self._ev, None)
+        events += [replace(e, actions=vanish) for e in self._layers.events(self._first_step, last)]
+        events.sort(key=lambda e: (e.start_step, KINDS.index(e.kind), e.end_step))
+        kinds = {e.kind for e in events}
+        verdict = next((k for k in UNSTABLE if k in kinds), STABLE)
+        actions: list[str] = []
+        for e in sorted(events, key=lambda e: e.kind != verdict):
+            actions += [a for a in e.actions if a not in actions]
         return Diagnosis(verdict, tuple(events), tuple(actions), self._count, signals)
 
-    def _loss_event(self, read, found: list[Found], last: int | None) -> Event:
+    def _evidence(self) -> advice.Evidence:
+        """What the advice rests on, from every signal read."""
+        lr, settings = self._lr, self._settings
+        levels = sorted(x for _, x in self._norm.levels.all())
+        span = (self._last_step or 0) - (self._first_step or 0)
+        return advice.Evidence(
+            max_norm=self.max_norm,
+            precision=self.precision,
+            scaled=bool(self._skips.scale) or bool(self._skips.nonfinite),
+            lr_first=lr.first,
+            lr_first_step=lr.first_step,
+            warmup_until=lr.rising_until,
+            lr_changes=list(lr.changes),
+            weight_decay=settings.at("weight_decay"),
+            eps=settings.at("eps"),
+            adam=settings.at("beta2") is not None,
+            norm_level=10.0 ** median(levels) if levels else None,
+            span=span,
+            interval=max(1, round(span / (self._count - 1))) if self._count > 1 else 1,
+        )
+
+    def _reach(self) -> int:
+        """How far (in steps) a cause may lie from what it caused: ``sustain`` points, or two windows of
+        the learning rate's readings."""
+        return self.sustain * self._ev.interval + self._lr_gap()
+
+    def _lr_gap(self) -> int:
+        changes = self._lr.changes
+        return max((s - prev for s, _, _, prev in changes), default=0)
+
+    def _loss_event(self, read, loss: LossView, found: list[Found], last: int | None) -> Event:
         if read.kind != DIVERGED:
-            actions = advice.stall_actions(read.never, self._layers.snapshots, self._layers.vanished)
+            blowup = loss.early_blowup()
+            if blowup is not None:
+                return self._early_blowup(blowup, loss, found, last)
+            norm_steady = not any(f.event.kind in (EXPLODING, VANISHING) for f in found)
+            stall = advice.Stall(
+                read.never, loss.first, read.start, loss.chance(), loss.noise, loss.plateau()
+            )
+            actions = advice.stall_actions(
+                self._ev, stall, self._layers.snapshots, self._layers.vanished, norm_steady
+            )
             return Event(read.kind, read.start, last, read.detail, actions)
         onset = read.start
-        resume = f"Resume from a checkpoint saved before step {onset}, with the changes above."
         return Event(
             DIVERGED,
             onset,
             last if read.end is None else read.end,
             f"the norm rose from step {onset} (from {level(read.base)} to {level(read.peak)}); {read.detail}",
-            (*self._explode_actions(read.peak, read.base, onset, found), resume),
+            (*self._explode_actions(read.peak, read.base, onset, found), advice.resume_action(onset)),
         )
+
+    def _early_blowup(self, blowup, loss: LossView, found: list[Found], last: int | None) -> Event:
+        """A loss that blew up in the run's first steps and never learned after: diverged, not stalled.
+        Dated from the first step: a run that blows up that soon was unstable from its start."""
+        step, value, before = blowup
+        onset = self._first_step if self._first_step is not None else step
+        detail = (
+            f"the loss jumped to {num(value)} at step {step} ({value / before:.0f}x its level before, "
+            f"{num(before)}), then never came back below its initial level {num(loss.first)}: "
+            f"{num(loss.final)} at the end"
+        )
+        levels = self._norm.levels.all()
+        base = levels[0][1] if levels else None
+        peak = max((x for _, x in levels), default=None)
+        return Event(DIVERGED, onset, last, detail, self._explode_actions(peak, base, onset, found))
 
     def _norm_event(self, f: Found, loss: LossView | None, found: list[Found]) -> Event:
         """A norm event with its context and actions: a rise or fall the falling loss calls healthy."""
@@ -338,7 +399,8 @@ class Diagnoser:
             actions = self._explode_actions(f.extreme, f.base, e.start_step, found)
             return replace(e, actions=actions + (() if self._loss.read else (advice.LOG_LOSS,)))
         if e.kind == VANISHING:
-            return replace(e, actions=(advice.RAISE_LR, advice.NORMALISATION))
+            zeros = e.start_step if f.extreme <= LOG_ZERO else None
+            return replace(e, actions=advice.vanish_actions(self._ev, zeros))
         return self._spike(f)
 
     def _explode_actions(self, peak: float | None, base: float | None, start: int, found: list[Found]):
@@ -350,7 +412,7 @@ class Diagnoser:
             and f.event.start_step < start
             and self._lr_context(f.event.start_step) is None
         ]
-        return advice.explode_actions(self.max_norm, level(peak), level(base), isolated)
+        return advice.explode_actions(self._ev, level(peak), level(base), start, self._reach(), isolated)
 
     def _lr_context(self, step: int) -> str | None:
         return self._lr.context(step, self.recover, self.sustain)

@@ -20,6 +20,7 @@ SKIPPED = "skipped"
 GROWTH = "growth"
 DECAY = "decay"
 INVALID = "invalid"
+TOO_FEW = "too few points"
 
 UNSTABLE = (NONFINITE, DIVERGED, EXPLODING, VANISHING, STALLED)  # most severe first
 HEADLINES = {
@@ -29,7 +30,9 @@ HEADLINES = {
     VANISHING: "the gradients are vanishing",
     STALLED: "the loss has stalled",
     STABLE: "the run is stable",
+    TOO_FEW: "too few points to judge the run",
 }
+MIN_POINTS = 10  # fewer norms than this are too few to judge: the verdict says so, never "stable"
 KINDS = (*UNSTABLE, SPIKE, SKIPPED, GROWTH, DECAY, INVALID)
 
 _ZERO = 1e-45  # a zero norm is read as this (below float32's least subnormal), so that log10 stays finite
@@ -86,8 +89,19 @@ class Diagnosis:
 
     @property
     def unstable(self) -> bool:
-        """True for every verdict but ``stable``."""
+        """True for every verdict but ``stable``: also for ``"too few points"``, so that a log that
+        cannot be judged never passes ``--fail-on-unstable``."""
         return self.verdict != STABLE
+
+    @property
+    def judged(self) -> bool:
+        """False while too few points were read to judge anything."""
+        return self.verdict != TOO_FEW
+
+    @property
+    def action_ids(self) -> tuple[str, ...]:
+        """The stable id of each of :attr:`actions` (``"lower_lr"``, ``"check_labels"``, ...)."""
+        return tuple(_id(a) for a in self.actions)
 
     @property
     def skipped_steps(self) -> int:
@@ -109,8 +123,12 @@ class Diagnosis:
         return {
             "verdict": self.verdict,
             "onset": self.onset,
-            "events": [{**asdict(e), "actions": list(e.actions)} for e in self.events],
+            "events": [
+                {**asdict(e), "actions": list(e.actions), "action_ids": [_id(a) for a in e.actions]}
+                for e in self.events
+            ],
             "actions": list(self.actions),
+            "action_ids": list(self.action_ids),
             "steps": self.steps,
             "signals": list(self.signals),
             "skipped_steps": self.skipped_steps,
@@ -118,8 +136,13 @@ class Diagnosis:
 
     def report(self) -> str:
         """A few lines for a person: the verdict, then each event with its actions."""
-        if self.steps == 0:
-            return "verdict: stable (no values read)"
+        if self.verdict == TOO_FEW:
+            read = (
+                "no value read"
+                if self.steps == 0
+                else f"{self.steps} step{'s' if self.steps > 1 else ''} read"
+            )
+            return f"verdict: {TOO_FEW} ({read}; at least {MIN_POINTS} are needed to judge a run)"
         read = f"{self.steps} steps read"
         if self.signals:
             names = {
@@ -148,6 +171,11 @@ class Diagnosis:
         if not self.events:
             lines.append("  no event: the norm stayed within its band")
         return "\n".join(lines)
+
+
+def _id(action: str) -> str:
+    """An action's id (plain strings, from a custom diagnoser, have none)."""
+    return getattr(action, "id", "other")
 
 
 def span(e: Event) -> str:

@@ -11,7 +11,6 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from fastnorm.monitoring.diagnosis.advice import NORMALISATION, RAISE_LR
 from fastnorm.monitoring.diagnosis.events import VANISHING, Event, num
 from fastnorm.monitoring.diagnosis.robust import number
 
@@ -71,6 +70,7 @@ class LayerSignal:
             self.streak_start = None
 
     def events(self, first_step: int | None, last: int | None) -> list[Event]:
+        """The vanishing streaks, as events without actions (the diagnoser chooses them)."""
         streaks = list(self.closed)
         if self.streak_start is not None:
             streaks.append((self.streak_start, last, self.streak_first, self.streak_detail))
@@ -80,7 +80,7 @@ class LayerSignal:
                 # Already so at the first per-layer reading: dated from the first step read.
                 start = min(start, first_step if first_step is not None else start)
                 detail += " (so from the first per-layer reading)"
-            events.append(Event(VANISHING, start, end, detail, (RAISE_LR, NORMALISATION)))
+            events.append(Event(VANISHING, start, end, detail))
         return events
 
 

@@ -84,6 +84,48 @@ class LossView:
         self.tol = max(3.0 * sigma / math.sqrt(w), stall_fraction * abs(self.first))
         # Above this, the loss is above its initial level: a margin beyond the noise of a smoothed point.
         self.ceiling = self.first + max(self.tol, 0.1 * abs(self.first))
+        self.ys = ys
+        level = median(sorted(abs(y) for y in ys))
+        # The step-to-step noise as a fraction of the loss's level: a batch's own noise.
+        self.noise = median(diffs) / level if diffs and level > 0 else 0.0
+
+    def chance(self) -> int | None:
+        """k where the loss began at ln k (chance for a classifier of k classes) and ended there too."""
+        if self.first <= 0.5:
+            return None
+        k = round(math.exp(self.first))
+        near = 0.03 * self.first
+        if (
+            2 <= k <= 100_000
+            and abs(self.first - math.log(k)) < near
+            and abs(self.final - math.log(k)) < near
+        ):
+            return k
+        return None
+
+    def early_blowup(self) -> tuple[int, float, float] | None:
+        """``(step, loss, level before)`` of the first loss 10x its level before (the median of up to 20
+        points), or not finite, within the first fifth of the run; None if none."""
+        span = self.steps[-1] - self.steps[0]
+        for i in range(1, len(self.ys)):
+            if self.steps[i] - self.steps[0] > span / 5:
+                break
+            before = median(sorted(self.ys[max(0, i - 20) : i]))
+            if before > 0 and self.ys[i] > 10 * before:
+                return self.steps[i], self.ys[i], before
+        return None
+
+    def plateau(self) -> tuple[int, float] | None:
+        """``(step, level)`` where the loss, after falling early (within the first tenth of the run), stopped
+        for good far above its start's half: a plateau of two thirds of the run and 200 steps or more."""
+        span = self.steps[-1] - self.steps[0]
+        if self.first - self.final <= self.tol or self.final < 0.5 * self.first:
+            return None
+        i = next(i for i, y in enumerate(self.smooth) if y <= self.final + self.tol)
+        flat = self.steps[-1] - self.steps[i]
+        if self.steps[i] - self.steps[0] <= span / 10 and flat >= max(200, 2 * span / 3):
+            return self.steps[i], self.smooth[i]
+        return None
 
     def shape(self) -> Shape | None:
         """How the loss failed: it never improved, went back up and stayed there, or climbed above its

@@ -10,20 +10,26 @@ class LrSignal:
 
     def __init__(self) -> None:
         self.last: float | None = None
+        self.last_step: int | None = None
+        self.first: float | None = None
+        self.first_step: int | None = None
         self.rising_until: int | None = None  # the last step of the initial rise (warmup)
         self.warming = True
-        self.changes: deque[tuple[int, float, float]] = deque(maxlen=256)  # (step, before, after)
+        # (step, before, after, previous step): the change happened after the previous step read, by `step`.
+        self.changes: deque[tuple[int, float, float, int]] = deque(maxlen=256)
 
     def update(self, step: int, value: float) -> None:
         last, self.last = self.last, value
+        previous, self.last_step = self.last_step, step
         if last is None:
+            self.first, self.first_step = value, step
             return
         if self.warming and value > last:
             self.rising_until = step
         else:
             self.warming = False  # a warmup rises from the first step on
         if self.rising_until != step and abs(value - last) > 0.2 * max(abs(last), 1e-300):
-            self.changes.append((step, last, value))
+            self.changes.append((step, last, value, previous))
 
     @property
     def still_warming(self) -> bool:
@@ -34,7 +40,7 @@ class LrSignal:
         """Why a spike at ``step`` may be normal: a warmup or a schedule change the log shows."""
         if self.rising_until is not None and step <= self.rising_until + recover:
             return f"during the learning-rate warmup (rising until step {self.rising_until})"
-        for s, before, after in reversed(self.changes):
+        for s, before, after, _ in reversed(self.changes):
             if s - 1 <= step <= s + sustain:
                 return f"at the learning-rate change of step {s} ({before:.3g} to {after:.3g})"
             if s < step:
