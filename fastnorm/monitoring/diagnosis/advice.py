@@ -105,6 +105,18 @@ def _g(value: float) -> str:
     return f"{value:.3g}"
 
 
+def _same_way(a: tuple, b: tuple) -> bool:
+    """Two learning-rate changes in the same direction (both up, or both down)."""
+    return (a[2] > a[1]) == (b[2] > b[1])
+
+
+def _read(step: int, previous: int) -> str:
+    """Where a change was seen: at a step, or between two readings."""
+    return (
+        f"at step {step}" if step - previous <= 1 else f"between the readings of steps {previous} and {step}"
+    )
+
+
 @dataclass
 class Evidence:
     """What the log showed beyond the norm and the loss's shape, for the advice to rest on."""
@@ -139,6 +151,25 @@ class Evidence:
         return max(
             near, key=lambda c: abs(math.log(abs(c[2]) + 1e-300) - math.log(abs(c[1]) + 1e-300)), default=None
         )
+
+    def change_start(self, change: tuple[int, float, float, int]) -> int:
+        """The step a learning-rate change began: after the reading before it, for a one-step jump; for a
+        steady geometric ramp (the readings after it rising too), where the ramp's rate puts its foot."""
+        step, before, after, previous = change
+        i = self.lr_changes.index(change)
+        chain = [change]
+        while (
+            i > 0 and self.lr_changes[i - 1][0] == chain[0][3] and _same_way(self.lr_changes[i - 1], change)
+        ):
+            i -= 1
+            chain.insert(0, self.lr_changes[i])
+        first = chain[0]
+        later = next((c for c in self.lr_changes if c[3] == first[0] and _same_way(c, first)), None)
+        if later is None or first[1] <= 0 or later[1] <= 0 or later[2] <= 0:
+            return first[3] + 1
+        rate = math.log(later[2] / later[1]) / (later[0] - later[3])  # per step, from the next reading
+        steps_in = math.log(first[2] / first[1]) / rate if rate > 0 else 0.0
+        return max(first[3] + 1, round(first[0] - steps_in))
 
     def decay_steps(self) -> float | None:
         """How many e-foldings the weight decay alone shrinks the weights by over the run (lr * wd * steps)."""
@@ -214,18 +245,20 @@ def lr_cause(ev: Evidence, onset: int, reach: int) -> Action | None:
     flip), or a rate that was this high from the first step without a warmup."""
     change = ev.change_near(onset, reach)
     if change is not None:
-        step, before, after, _ = change
+        step, before, after, previous = change
         if after < 0:
             return Action(
                 "lr_schedule",
-                f"Check the learning-rate schedule: the learning rate turned negative at step {step} "
+                f"Check the learning-rate schedule: the learning rate turned negative {_read(step, previous)} "
                 f"({_g(before)} to {_g(after)}), so each step climbs the loss instead of descending it.",
             )
         if abs(after) > 2 * abs(before):
+            start = ev.change_start(change)
+            how = "jumped" if start == previous + 1 else f"kept rising from about step {start} and grew"
             return Action(
                 "lower_lr",
-                f"Lower the learning rate: it jumped {abs(after) / abs(before):.3g}x at step {step} "
-                f"({_g(before)} to {_g(after)}) just before the norm rose; keep it at {_g(before)} "
+                f"Lower the learning rate: it {how} {abs(after) / abs(before):.3g}x {_read(step, previous)} "
+                f"({_g(before)} to {_g(after)}) as the norm rose; keep it at {_g(before)} "
                 "(check the schedule that raised it).",
             )
     if ev.lr_first is not None and ev.warmup_until is None and onset <= (ev.lr_first_step or 0) + reach:
@@ -276,15 +309,6 @@ def stall_actions(ev: Evidence, stall: Stall, layer_snapshots: int, layers_vanis
     """What to do about a stalled loss, the action the evidence points at first."""
     causes = []
     decay = ev.decay_steps()
-    if stall.chance is not None and norm_steady:
-        causes.append(
-            Action(
-                "check_labels",
-                f"Check that the labels match the inputs: the loss stayed at {_g(stall.first)} = ln {stall.chance} "
-                f"(chance for {stall.chance} classes) from step {stall.start} while the norm stayed in its "
-                "band: the gradients are normal, yet nothing is learned.",
-            )
-        )
     if decay is not None and decay >= 3.0:
         causes.append(
             Action(
@@ -302,7 +326,16 @@ def stall_actions(ev: Evidence, stall: Stall, layer_snapshots: int, layers_vanis
                 "learning rate is far below the one set.",
             )
         )
-    if stall.noise >= 0.5:
+    if stall.chance is not None and norm_steady:
+        causes.append(
+            Action(
+                "check_labels",
+                f"Check that the labels match the inputs: the loss stayed at {_g(stall.first)} = ln {stall.chance} "
+                f"(chance for {stall.chance} classes) from step {stall.start} while the norm stayed in its "
+                "band: the gradients are normal, yet nothing is learned.",
+            )
+        )
+    if stall.never and stall.noise >= 0.5:
         causes.append(
             Action(
                 "batch_size",

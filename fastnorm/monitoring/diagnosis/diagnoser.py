@@ -23,6 +23,7 @@ from fastnorm.monitoring.diagnosis.events import (
     MIN_POINTS,
     SPIKE,
     STABLE,
+    STALLED,
     TOO_FEW,
     UNSTABLE,
     VANISHING,
@@ -299,9 +300,17 @@ class Diagnoser:
             else None
         )
         consumed = read.consumed if read is not None else frozenset()
-        events += [self._norm_event(f, loss, found) for i, f in enumerate(found) if i not in consumed]
-        if read is not None:
+        blowup = loss.early_blowup() if loss is not None and (read is None or read.kind != DIVERGED) else None
+        if blowup is not None:
+            # Blown up in the first steps: a divergence (whatever the run learned after), which takes in the
+            # norm's own events of those steps (the wild swings, the dead units after).
+            consumed = frozenset(range(len(found)))
+            events.append(self._early_blowup(blowup, loss, found, last))
+        elif read is not None:
             events.append(self._loss_event(read, loss, found, last))
+        elif loss is not None and loss.plateau() is not None and self._lr.rising_until is None:
+            events.append(self._plateau(loss, found, last))
+        events += [self._norm_event(f, loss, found) for i, f in enumerate(found) if i not in consumed]
         vanish = advice.vanish_actions(self._ev, None)
         events += [replace(e, actions=vanish) for e in self._layers.events(self._first_step, last)]
         events.sort(key=lambda e: (e.start_step, KINDS.index(e.kind), e.end_step))
@@ -333,6 +342,14 @@ class Diagnoser:
             interval=max(1, round(span / (self._count - 1))) if self._count > 1 else 1,
         )
 
+    def _lr_onset(self, start: int) -> int:
+        """A blow-up's start, or the start of the learning-rate change that caused it when that came first:
+        the norm responds steps after a jump, and tens of steps into a ramp."""
+        change = self._ev.change_near(start, self._reach())
+        if change is None or not abs(change[2]) > 2 * abs(change[1]) and change[2] >= 0:
+            return start
+        return min(start, self._ev.change_start(change))
+
     def _reach(self) -> int:
         """How far (in steps) a cause may lie from what it caused: ``sustain`` points, or two windows of
         the learning rate's readings."""
@@ -344,18 +361,8 @@ class Diagnoser:
 
     def _loss_event(self, read, loss: LossView, found: list[Found], last: int | None) -> Event:
         if read.kind != DIVERGED:
-            blowup = loss.early_blowup()
-            if blowup is not None:
-                return self._early_blowup(blowup, loss, found, last)
-            norm_steady = not any(f.event.kind in (EXPLODING, VANISHING) for f in found)
-            stall = advice.Stall(
-                read.never, loss.first, read.start, loss.chance(), loss.noise, loss.plateau()
-            )
-            actions = advice.stall_actions(
-                self._ev, stall, self._layers.snapshots, self._layers.vanished, norm_steady
-            )
-            return Event(read.kind, read.start, last, read.detail, actions)
-        onset = read.start
+            return self._stall(read.never, read.start, read.detail, loss, found, last)
+        onset = self._lr_onset(read.start)
         return Event(
             DIVERGED,
             onset,
@@ -364,6 +371,27 @@ class Diagnoser:
             (*self._explode_actions(read.peak, read.base, onset, found), advice.resume_action(onset)),
         )
 
+    def _stall(self, never: bool, start: int, detail: str, loss: LossView, found: list[Found], last) -> Event:
+        norm_steady = not any(f.event.kind in (EXPLODING, VANISHING) for f in found)
+        stall = advice.Stall(never, loss.first, start, loss.chance(), loss.noise, loss.plateau())
+        actions = advice.stall_actions(
+            self._ev, stall, self._layers.snapshots, self._layers.vanished, norm_steady
+        )
+        if actions[0].id == "weight_decay" and self._first_step is not None:
+            # A decay too strong from the first step: the stall is its doing from there, whatever the loss
+            # did while the weights were still large.
+            start = self._first_step
+            detail += "; the weight decay was this strong from the first step"
+        return Event(STALLED, start, last, detail, actions)
+
+    def _plateau(self, loss: LossView, found: list[Found], last: int | None) -> Event:
+        step, at = loss.plateau()
+        detail = (
+            f"the loss fell from {num(loss.first)} to {num(at)} by step {step}, then stopped: "
+            f"{num(loss.final)} at the end, {last - step} steps later"
+        )
+        return self._stall(False, self._first_step, detail, loss, found, last)
+
     def _early_blowup(self, blowup, loss: LossView, found: list[Found], last: int | None) -> Event:
         """A loss that blew up in the run's first steps and never learned after: diverged, not stalled.
         Dated from the first step: a run that blows up that soon was unstable from its start."""
@@ -371,8 +399,7 @@ class Diagnoser:
         onset = self._first_step if self._first_step is not None else step
         detail = (
             f"the loss jumped to {num(value)} at step {step} ({value / before:.0f}x its level before, "
-            f"{num(before)}), then never came back below its initial level {num(loss.first)}: "
-            f"{num(loss.final)} at the end"
+            f"{num(before)}) in the run's first steps: {num(loss.first)} at the start, {num(loss.final)} at the end"
         )
         levels = self._norm.levels.all()
         base = levels[0][1] if levels else None
@@ -396,8 +423,10 @@ class Diagnoser:
                 )
                 return Event(kind, e.start_step, e.end_step, detail)
         if e.kind == EXPLODING:
-            actions = self._explode_actions(f.extreme, f.base, e.start_step, found)
-            return replace(e, actions=actions + (() if self._loss.read else (advice.LOG_LOSS,)))
+            start = self._lr_onset(e.start_step)
+            actions = self._explode_actions(f.extreme, f.base, start, found)
+            actions += () if self._loss.read else (advice.LOG_LOSS,)
+            return replace(e, start_step=start, actions=actions)
         if e.kind == VANISHING:
             zeros = e.start_step if f.extreme <= LOG_ZERO else None
             return replace(e, actions=advice.vanish_actions(self._ev, zeros))

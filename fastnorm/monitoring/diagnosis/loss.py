@@ -73,7 +73,10 @@ class LossView:
         w = max(5, n // 25) | 1
         self.w = w
         self.smooth = rolling_median(ys, w)
-        self.first = median(sorted(ys[:5]))
+        # The initial level: the points of the first 5 steps (one, for a log of every 10th step, whose 5th
+        # point may be 40 steps into a loss that falls fast).
+        head = [y for s, y in points[:5] if s - points[0][0] < 5]
+        self.first = median(sorted(head))
         best = min(range(n), key=self.smooth.__getitem__)
         self.best, self.best_step, self._best_index = self.smooth[best], self.steps[best], best
         if self.first < self.best:  # never below where it began
