@@ -187,7 +187,7 @@ def test_report_and_dict():
     }
     assert d.to_dict()["onset"] == K == d.onset
     assert d.to_dict()["action_ids"] == list(d.action_ids) == ["checkpoint", "check_data"]
-    assert diagnose([], []).report() == "verdict: too few points (no value read; at least 10 are needed to judge a run)"
+    assert diagnose([], []).report() == "verdict: too few points (no value read; at least 5 are needed to judge a run)"
     assert (
         diagnose(range(N), noise(0)).report().splitlines()[1] == "  no event: the norm stayed within its band"
     )

@@ -32,7 +32,7 @@ HEADLINES = {
     STABLE: "the run is stable",
     TOO_FEW: "too few points to judge the run",
 }
-MIN_POINTS = 10  # fewer norms than this are too few to judge: the verdict says so, never "stable"
+MIN_POINTS = 5  # fewer norms than this are too few to judge: the verdict says so, never "stable"
 KINDS = (*UNSTABLE, SPIKE, SKIPPED, GROWTH, DECAY, INVALID)
 
 _ZERO = 1e-45  # a zero norm is read as this (below float32's least subnormal), so that log10 stays finite

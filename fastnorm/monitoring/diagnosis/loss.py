@@ -14,13 +14,14 @@ import bisect
 import math
 from typing import NamedTuple
 
-from fastnorm.monitoring.diagnosis.events import DIVERGED, EXPLODING, STALLED, num
+from fastnorm.monitoring.diagnosis.events import DIVERGED, EXPLODING, MIN_POINTS, STALLED, num
 from fastnorm.monitoring.diagnosis.norm import Found
 from fastnorm.monitoring.diagnosis.robust import MAD_TO_SIGMA, Thinned, median, rolling_median
 from fastnorm.monitoring.diagnosis.skips import Run, close_run, extend
 
 _LOSS_POINTS = 1024  # the loss is kept at most this finely (pairs averaged beyond)
-MIN_LOSS_POINTS = 20  # fewer losses say nothing about the run's course
+MIN_LOSS_POINTS = 20  # fewer losses say nothing about the run's course, unless they span this many steps:
+_SHORT_SPAN = 40  # a log of every 10th step reads its first 5 losses 40 steps into the run
 # A loss flat for fewer steps may just not have started (a warmup). Counted in steps, not logged points,
 # so that logging every 10th step (a trainer's logging_steps) reads the same run the same way.
 _NEVER_STEPS = 200
@@ -48,7 +49,9 @@ class LossSignal:
 
     def view(self, stall_fraction: float, judge_start: bool) -> LossView | None:
         """The loss's shape, or None while too few losses were read to say anything."""
-        if len(self.thinned) < MIN_LOSS_POINTS:
+        points = self.thinned.all()
+        short = len(points) < MIN_POINTS or points[-1][0] - points[0][0] < _SHORT_SPAN
+        if len(points) < MIN_LOSS_POINTS and short:
             return None
         return LossView(self.thinned.all(), stall_fraction, judge_start)
 
@@ -85,6 +88,9 @@ class LossView:
         diffs = sorted(abs(b - a) for a, b in zip(ys, ys[1:]))
         sigma = MAD_TO_SIGMA * median(diffs) / math.sqrt(2.0) if diffs else 0.0
         self.tol = max(3.0 * sigma / math.sqrt(w), stall_fraction * abs(self.first))
+        # The initial level is itself a median of a few noisy points: progress below its own noise
+        # (two standard errors of a median of len(head) points) is no progress.
+        self.progress_tol = self.tol + 2.0 * 1.25 * sigma / math.sqrt(len(head))
         # Above this, the loss is above its initial level: a margin beyond the noise of a smoothed point.
         self.ceiling = self.first + max(self.tol, 0.1 * abs(self.first))
         self.ys = ys
@@ -107,15 +113,21 @@ class LossView:
         return None
 
     def early_blowup(self) -> tuple[int, float, float] | None:
-        """``(step, loss, level before)`` of the first loss 10x its level before (the median of up to 20
-        points), or not finite, within the first fifth of the run; None if none."""
-        span = self.steps[-1] - self.steps[0]
-        for i in range(1, len(self.ys)):
-            if self.steps[i] - self.steps[0] > span / 5:
+        """``(step, loss, level before)`` of the first loss 5x its level before (the median of up to 20
+        points) within the run's first fifth (its first 50 steps while it is shorter), where a healthy loss
+        is at its highest; None if none."""
+        early = max((self.steps[-1] - self.steps[0]) / 5, 50)
+        ys = self.ys
+        for i in range(1, len(ys)):
+            if self.steps[i] - self.steps[0] > early:
                 break
-            before = median(sorted(self.ys[max(0, i - 20) : i]))
-            if before > 0 and self.ys[i] > 10 * before:
-                return self.steps[i], self.ys[i], before
+            before = median(sorted(ys[max(0, i - 20) : i]))
+            if before > 0 and ys[i] > 5 * before:
+                # Beyond the loss's own step-to-step moves (a batch of 2 moves it 5x), measured without it.
+                rest = ys[:i] + ys[i + 1 :]
+                moves = sorted(abs(b - a) for a, b in zip(rest, rest[1:]))
+                if not moves or ys[i] - before > 10 * median(moves):
+                    return self.steps[i], ys[i], before
         return None
 
     def plateau(self) -> tuple[int, float] | None:
@@ -124,7 +136,8 @@ class LossView:
         span = self.steps[-1] - self.steps[0]
         if self.first - self.final <= self.tol or self.final < 0.5 * self.first:
             return None
-        i = next(i for i, y in enumerate(self.smooth) if y <= self.final + self.tol)
+        # Where it came within 5% of where it ended: a converging run gets there late, still learning.
+        i = next(i for i, y in enumerate(self.smooth) if y <= 1.05 * self.final)
         flat = self.steps[-1] - self.steps[i]
         if self.steps[i] - self.steps[0] <= span / 10 and flat >= max(200, 2 * span / 3):
             return self.steps[i], self.smooth[i]
@@ -141,7 +154,7 @@ class LossView:
         regained = self.final - self.best
         above = self.final > self.ceiling
         if not above and (progress < self.tol or regained < max(0.5 * progress, self.tol)):
-            if progress < self.tol and self.judge_start:
+            if progress < self.progress_tol and self.judge_start:
                 return Shape(True, self.steps[0], f"the loss never improved: {s}")
             return self._relapse(s)
         # Dated where the smoothed loss left the neighbourhood of its best for good.
