@@ -710,7 +710,7 @@ def test_the_optimizer_settings_and_precision_are_logged_once_per_window_without
     with GradNormMonitor(5, [rec, logger], optimizer=optimizer, precision="bf16-mixed") as monitor:
         for i in range(12):
             if i == 7:
-                optimizer.param_groups[0]["lr"] = 3e-2  # a jump, seen at the next window's end
+                optimizer.param_groups[0]["lr"] = 3e-2  # a jump: the learning rate is read at every update
             monitor.update(torch.tensor(1.0), loss=torch.tensor(2.0))
     assert reads == {"item": 0, "__bool__": 0}
     first, second, last = (w.settings for w in rec.windows)
@@ -719,8 +719,8 @@ def test_the_optimizer_settings_and_precision_are_logged_once_per_window_without
     )
     assert second["lr"] == pytest.approx(3e-2) and last["lr"] == pytest.approx(3e-2)
     series = fastnorm.read_series(tmp_path / "m.jsonl")  # read back as fastnorm diagnose reads it
-    assert series.lr.key == "gradient_norm_lr" and series.lr.steps == (4, 9, 11)
-    assert series.lr.values == pytest.approx((3e-3, 3e-2, 3e-2))
+    assert series.lr.key == "gradient_norm_lr" and series.lr.steps == (0, 4, 7, 9, 11)  # changes, window ends
+    assert series.lr.values == pytest.approx((3e-3, 3e-3, 3e-2, 3e-2, 3e-2))
     assert series.optimizer["weight_decay"].values == pytest.approx((0.1, 0.1, 0.1))
     assert sorted(series.optimizer) == ["beta1", "beta2", "eps", "weight_decay"]
     assert series.precision == "bf16-mixed"

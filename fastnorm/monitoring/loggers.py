@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from fastnorm.monitoring.diagnosis import Diagnosis
-from fastnorm.monitoring.series import KEY, LAYER_PREFIX, LOSS_KEY, SKIPPED_KEY
+from fastnorm.monitoring.series import KEY, LAYER_PREFIX, LOSS_KEY, LR_KEY, SKIPPED_KEY
 
 
 @dataclass(frozen=True)
@@ -60,6 +60,8 @@ class Window:
             last step: the optimizer's ``lr``, ``weight_decay``, ``eps``,
             ``beta1``, ``beta2``, ``momentum`` (those it has) and
             ``precision/<name>`` (1.0); logged as ``gradient_norm_<name>``.
+        lrs (dict): step -> the learning rate, at the steps where it changed
+            (the first update's included); logged there as ``gradient_norm_lr``.
     """
 
     steps: tuple[int, ...]
@@ -71,6 +73,7 @@ class Window:
     losses: tuple[float | None, ...] = ()
     skipped: tuple[bool | None, ...] = ()
     settings: dict[str, float] = field(default_factory=dict)
+    lrs: dict[int, float] = field(default_factory=dict)
 
     def metrics(self) -> Iterator[tuple[int, dict[str, float]]]:
         """``(step, metrics)`` in step order: each step's norm, the statistics
@@ -82,6 +85,8 @@ class Window:
                 metrics[LOSS_KEY] = self.losses[i]
             if self.skipped and self.skipped[i] is not None:
                 metrics[SKIPPED_KEY] = float(self.skipped[i])
+            if step in self.lrs:
+                metrics[LR_KEY] = self.lrs[step]
             if step == self.layers_step:
                 metrics.update({f"{LAYER_PREFIX}{name}": v for name, v in self.layers.items()})
             if i == last:

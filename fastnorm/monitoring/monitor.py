@@ -121,6 +121,12 @@ def _host_number(value: Any) -> float | None:
     return float(value)
 
 
+def optimizer_lr(optimizer: Any) -> float | None:
+    """The largest learning rate over the parameter groups, read on the host (None when none is)."""
+    values = [v for g in optimizer.param_groups if (v := _host_number(g.get("lr"))) is not None]
+    return max(values) if values else None
+
+
 def optimizer_settings(optimizer: Any) -> dict[str, float]:
     """The optimizer's settings, as the monitor logs them (see ``fastnorm.monitoring.series``).
 
@@ -171,6 +177,7 @@ class _InFlight:
     has_skipped: list[bool]
     layers_step: int | None
     settings: dict[str, float]
+    lrs: dict[int, float]
 
 
 class _Recorder:
@@ -195,6 +202,8 @@ class _Recorder:
         self.n = n
         self.precision = precision
         self.optimizer = optimizer
+        self.lr: float | None = None  # the learning rate at the last update
+        self.lr_steps: dict[int, float] = {}  # the window's steps where it changed, and its value there
         self.loggers = loggers
         self.max_norm = max_norm
         self.layer_names = layer_names
@@ -238,6 +247,11 @@ class _Recorder:
         if layers is not None:
             buffer[_ROWS * self.n :].copy_(layers.detach())
             self.layers_step = step
+        if self.optimizer is not None:
+            lr = optimizer_lr(self.optimizer)
+            if lr is not None and lr != self.lr:
+                self.lr = lr
+                self.lr_steps[step] = lr
         self.steps[slot] = step
         self.has_loss[slot] = loss is not None
         self.has_skipped[slot] = skipped is not None
@@ -270,18 +284,19 @@ class _Recorder:
         has_skipped = self.has_skipped[: self.count]
         layers_step = self.layers_step
         settings = self.settings()
+        lrs, self.lr_steps = self.lr_steps, {}
         self.count = 0
         self.layers_step = None
         self.transfers += 1
         if self.host is None:
-            self.emit(steps, has_loss, has_skipped, self.buffer.tolist(), layers_step, settings)
+            self.emit(steps, has_loss, has_skipped, self.buffer.tolist(), layers_step, settings, lrs)
             return
         if self.in_flight is not None:
             self.land()  # its pinned memory is about to be overwritten
         self.host.copy_(self.buffer, non_blocking=True)
         event = torch.cuda.Event()
         event.record(torch.cuda.current_stream(self.buffer.device))  # the stream the copy went on
-        self.in_flight = _InFlight(event, self.host, steps, has_loss, has_skipped, layers_step, settings)
+        self.in_flight = _InFlight(event, self.host, steps, has_loss, has_skipped, layers_step, settings, lrs)
 
     def land(self) -> None:
         """Logs the window in flight, waiting for its copy if it has not landed."""
@@ -295,6 +310,7 @@ class _Recorder:
             flight.host.tolist(),
             flight.layers_step,
             flight.settings,
+            flight.lrs,
         )
 
     def emit(
@@ -305,6 +321,7 @@ class _Recorder:
         host: list[float],
         layers_step: int | None,
         settings: dict[str, float],
+        lrs: dict[int, float],
     ) -> None:
         k, n = len(steps), self.n
         values = host[:k]
@@ -317,7 +334,7 @@ class _Recorder:
         layers = dict(zip(self.layer_names, host[_ROWS * n :])) if layers_step is not None else {}
         self.check_values(steps, values)
         if self.diagnoser is not None:
-            self.diagnose(steps, values, losses, skipped, layers, layers_step, settings)
+            self.diagnose(steps, values, losses, skipped, layers, layers_step, settings, lrs)
         window = Window(
             tuple(steps),
             tuple(values),
@@ -328,6 +345,7 @@ class _Recorder:
             losses,
             skipped,
             settings,
+            lrs,
         )
         for i, logger in enumerate(self.loggers):
             try:
@@ -355,7 +373,7 @@ class _Recorder:
             found[f"precision/{self.precision}"] = 1.0
         return found
 
-    def diagnose(self, steps, values, losses, skipped, layers, layers_step, settings) -> None:
+    def diagnose(self, steps, values, losses, skipped, layers, layers_step, settings, lrs) -> None:
         try:
             if skipped:
                 flagged = [(s, f) for s, f in zip(steps, skipped) if f is not None]
@@ -367,6 +385,8 @@ class _Recorder:
                 )
             if layers:
                 self.diagnoser.update_layers(layers_step, layers)
+            if lrs:
+                self.diagnoser.update_lr(list(lrs), list(lrs.values()))
             if settings:
                 self.diagnoser.update_settings(steps[-1], settings)
             self.diagnosis = self.diagnoser.result()
@@ -464,12 +484,15 @@ class GradNormMonitor:
             ``"16-mixed"``, ...). Logged as ``gradient_norm_precision/<name>``.
             Default: inferred from the parameters' dtype when ``optimizer`` is
             given and they are bf16 or fp16, unknown otherwise.
-        optimizer (torch.optim.Optimizer, optional): read once per window, on
-            the host (no sync), from its ``param_groups``: the learning rate,
-            weight decay, ``eps``, betas or momentum, logged at the window's
-            last step as ``gradient_norm_lr``, ``gradient_norm_weight_decay``,
-            ... and read by the diagnosis (a learning-rate jump, a decay too
-            strong, an ``eps`` that dominates Adam's denominator).
+        optimizer (torch.optim.Optimizer, optional): read on the host, never
+            a device value (no sync), from its ``param_groups``: the weight
+            decay, ``eps``, betas or momentum once per window, logged at the
+            window's last step as ``gradient_norm_weight_decay``, ...; the
+            learning rate (a float per group) at every update, logged as
+            ``gradient_norm_lr`` at the steps where it changed and at the
+            window's last step, so that a schedule's jump is dated to its step.
+            The diagnosis reads them (a learning-rate jump, a decay too strong,
+            an ``eps`` that dominates Adam's denominator).
 
     Raises:
         TypeError: an argument of the wrong type (``max_norm='1'``, ``GradNormMonitor(True)``).

@@ -127,7 +127,9 @@ class Evidence:
     lr_first: float | None = None  # the first learning rate logged, and its step
     lr_first_step: int | None = None
     warmup_until: int | None = None  # the last step of an initial rise of the learning rate
-    lr_changes: list = field(default_factory=list)  # (step, before, after, previous step read)
+    lr_changes: list = field(
+        default_factory=list
+    )  # as LrSignal.changes: (step, before, after, previous, since)
     weight_decay: float | None = None
     eps: float | None = None
     adam: bool = False  # Adam-like: betas were logged
@@ -152,24 +154,31 @@ class Evidence:
             near, key=lambda c: abs(math.log(abs(c[2]) + 1e-300) - math.log(abs(c[1]) + 1e-300)), default=None
         )
 
-    def change_start(self, change: tuple[int, float, float, int]) -> int:
-        """The step a learning-rate change began: after the reading before it, for a one-step jump; for a
-        steady geometric ramp (the readings after it rising too), where the ramp's rate puts its foot."""
-        step, before, after, previous = change
-        i = self.lr_changes.index(change)
-        chain = [change]
-        while (
-            i > 0 and self.lr_changes[i - 1][0] == chain[0][3] and _same_way(self.lr_changes[i - 1], change)
-        ):
-            i -= 1
-            chain.insert(0, self.lr_changes[i])
-        first = chain[0]
-        later = next((c for c in self.lr_changes if c[3] == first[0] and _same_way(c, first)), None)
-        if later is None or first[1] <= 0 or later[1] <= 0 or later[2] <= 0:
+    def change_start(self, change: tuple) -> int:
+        """The step a learning-rate change began: after the reading before it, for a jump; for a steady
+        ramp (a chain of changes, each since the one before), where the ramp's own rate puts its foot."""
+        first = self.chain_first(change)
+        later = next((c for c in self.lr_changes if c[4] == first[0] and _same_way(c, first)), None)
+        if later is None or min(first[1], first[2], later[1], later[2]) <= 0:
             return first[3] + 1
-        rate = math.log(later[2] / later[1]) / (later[0] - later[3])  # per step, from the next reading
+        rate = math.log(later[2] / later[1]) / (later[0] - later[4])  # per step, from the next change
         steps_in = math.log(first[2] / first[1]) / rate if rate > 0 else 0.0
-        return max(first[3] + 1, round(first[0] - steps_in))
+        return max(first[4] + 1, round(first[0] - steps_in))
+
+    def chain_first(self, change: tuple) -> tuple:
+        """The first change of the chain ``change`` belongs to (itself when it is a jump)."""
+        by_step = {c[0]: c for c in self.lr_changes}
+        first = change
+        while first[4] in by_step and by_step[first[4]] is not first and _same_way(by_step[first[4]], change):
+            first = by_step[first[4]]
+        return first
+
+    def ramp(self, change: tuple) -> bool:
+        """The change is one of a chain (the rate kept moving the same way, change after change)."""
+        return any(
+            c is not change and _same_way(c, change) and (c[4] == change[0] or c[0] == change[4])
+            for c in self.lr_changes
+        )
 
     def decay_steps(self) -> float | None:
         """How many e-foldings the weight decay alone shrinks the weights by over the run (lr * wd * steps)."""
@@ -245,7 +254,7 @@ def lr_cause(ev: Evidence, onset: int, reach: int) -> Action | None:
     flip), or a rate that was this high from the first step without a warmup."""
     change = ev.change_near(onset, reach)
     if change is not None:
-        step, before, after, previous = change
+        step, before, after, previous, _ = change
         if after < 0:
             return Action(
                 "lr_schedule",
@@ -253,12 +262,14 @@ def lr_cause(ev: Evidence, onset: int, reach: int) -> Action | None:
                 f"({_g(before)} to {_g(after)}), so each step climbs the loss instead of descending it.",
             )
         if abs(after) > 2 * abs(before):
-            start = ev.change_start(change)
-            how = "jumped" if start == previous + 1 else f"kept rising from about step {start} and grew"
+            if ev.ramp(change):
+                before = ev.chain_first(change)[1]
+                how = f"kept rising from about step {ev.change_start(change)}, {_g(before)} to {_g(after)} by step {step},"
+            else:
+                how = f"jumped {abs(after) / abs(before):.3g}x {_read(step, previous)} ({_g(before)} to {_g(after)})"
             return Action(
                 "lower_lr",
-                f"Lower the learning rate: it {how} {abs(after) / abs(before):.3g}x {_read(step, previous)} "
-                f"({_g(before)} to {_g(after)}) as the norm rose; keep it at {_g(before)} "
+                f"Lower the learning rate: it {how} as the norm rose; keep it at {_g(before)} "
                 "(check the schedule that raised it).",
             )
     if ev.lr_first is not None and ev.warmup_until is None and onset <= (ev.lr_first_step or 0) + reach:

@@ -348,7 +348,12 @@ class Diagnoser:
         change = self._ev.change_near(start, self._reach())
         if change is None or not abs(change[2]) > 2 * abs(change[1]) and change[2] >= 0:
             return start
-        return min(start, self._ev.change_start(change))
+        begun = self._ev.change_start(change)
+        if self._ev.ramp(change):
+            return min(start, begun)  # the norm rises tens of steps into a ramp: its foot dates the blow-up
+        # A jump: it happened after the reading before it (read each step: at its step), and the blow-up
+        # cannot come before its cause.
+        return begun if start <= change[3] else min(start, begun) if change[0] - change[3] <= 1 else start
 
     def _reach(self) -> int:
         """How far (in steps) a cause may lie from what it caused: ``sustain`` points, or two windows of
@@ -356,8 +361,7 @@ class Diagnoser:
         return self.sustain * self._ev.interval + self._lr_gap()
 
     def _lr_gap(self) -> int:
-        changes = self._lr.changes
-        return max((s - prev for s, _, _, prev in changes), default=0)
+        return max((c[0] - c[3] for c in self._lr.changes), default=0)
 
     def _loss_event(self, read, loss: LossView, found: list[Found], last: int | None) -> Event:
         if read.kind != DIVERGED:

@@ -15,21 +15,28 @@ class LrSignal:
         self.first_step: int | None = None
         self.rising_until: int | None = None  # the last step of the initial rise (warmup)
         self.warming = True
-        # (step, before, after, previous step): the change happened after the previous step read, by `step`.
-        self.changes: deque[tuple[int, float, float, int]] = deque(maxlen=256)
+        self._ref: tuple[int, float] | None = None  # (step, value) the next change is measured from
+        # (step, before, after, previous reading, since): by `step` the rate moved more than 20% from
+        # `before`, the value it had at step `since` (the previous change, or where it was steady); it
+        # happened after the previous reading. A ramp is a chain of changes, each since the one before.
+        self.changes: deque[tuple[int, float, float, int, int]] = deque(maxlen=256)
 
     def update(self, step: int, value: float) -> None:
         last, self.last = self.last, value
         previous, self.last_step = self.last_step, step
         if last is None:
             self.first, self.first_step = value, step
+            self._ref = (step, value)
             return
         if self.warming and value > last:
             self.rising_until = step
-        else:
-            self.warming = False  # a warmup rises from the first step on
-        if self.rising_until != step and abs(value - last) > 0.2 * max(abs(last), 1e-300):
-            self.changes.append((step, last, value, previous))
+            self._ref = (step, value)
+            return
+        self.warming = False  # a warmup rises from the first step on
+        since, before = self._ref
+        if abs(value - before) > 0.2 * max(abs(before), 1e-300):
+            self.changes.append((step, before, value, previous, since))
+            self._ref = (step, value)
 
     @property
     def still_warming(self) -> bool:
@@ -40,7 +47,7 @@ class LrSignal:
         """Why a spike at ``step`` may be normal: a warmup or a schedule change the log shows."""
         if self.rising_until is not None and step <= self.rising_until + recover:
             return f"during the learning-rate warmup (rising until step {self.rising_until})"
-        for s, before, after, _ in reversed(self.changes):
+        for s, before, after, _, _ in reversed(self.changes):
             if s - 1 <= step <= s + sustain:
                 return f"at the learning-rate change of step {s} ({before:.3g} to {after:.3g})"
             if s < step:
