@@ -754,3 +754,32 @@ def test_the_offline_diagnosis_sees_what_the_online_one_saw(tmp_path):
 
     offline = diagnose_series(fastnorm.read_series(tmp_path / "m.jsonl"))
     assert offline == m.diagnosis
+
+
+def test_a_warning_is_withdrawn_once_when_the_run_recovers():
+    # The loss stays flat for 300 steps (stalled), then learns: the warning is taken back, once, and the
+    # current diagnosis is stable again.
+    loss = [2.0 + 0.01 * math.sin(i) for i in range(300)] + [2.0 * 0.99 ** (i - 300) for i in range(300, 800)]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with GradNormMonitor(25) as monitor:
+            for i, v in enumerate(loss):
+                monitor.update(torch.tensor(1.0 + 0.1 * math.sin(i)), loss=torch.tensor(v))
+    kinds = [w.category for w in caught if w.category in (UnstableGradientWarning, fastnorm.RecoveredWarning)]
+    assert kinds == [UnstableGradientWarning, fastnorm.RecoveredWarning], [str(w.message) for w in caught]
+    assert "stalled" in str(caught[0].message)
+    recovered = next(w for w in caught if w.category is fastnorm.RecoveredWarning)
+    assert "the run recovered" in str(recovered.message) and "'stalled' warning is withdrawn" in str(
+        recovered.message
+    )
+    assert monitor.diagnosis.verdict == "stable"
+
+
+def test_no_warning_while_too_few_points_were_read():
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with GradNormMonitor(2) as monitor:
+            for v in (1.0, math.nan, math.nan):
+                monitor.update(torch.tensor(v))
+    assert monitor.diagnosis.verdict == "too few points"
+    assert not [w for w in caught if w.category is UnstableGradientWarning]

@@ -732,6 +732,7 @@ def make(spec: Spec, which: str, out: Path) -> dict:
         "name": spec.name,
         "set": which,
         "family": spec.family,
+        "injected": spec.cause.__name__,
         "healthy": truth["onset"] is None,
         **truth,
         # Of a faulty run, from the step the fault was injected: a jump before it is not the fault's.

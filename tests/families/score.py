@@ -76,9 +76,7 @@ def replay(folder: Path, truth: dict) -> Online:
             for step, value in zip(track.steps, track.values):
                 settings.setdefault(step, {})[name] = value
     optimizer = _Optimizer()
-    monitor = GradNormMonitor(
-        truth["window"], [], optimizer=optimizer, precision=series.precision, warn=True
-    )
+    monitor = GradNormMonitor(truth["window"], [], optimizer=optimizer, precision=series.precision, warn=True)
     losses = dict(zip(series.loss.steps, series.loss.values)) if series.loss else {}
     seen: list[tuple[int, str]] = []
     group = optimizer.param_groups[0]
@@ -186,7 +184,9 @@ def table(rows: list[Row]) -> str:
         action = "" if not r.faulty else f"{r.first_action} {_mark(r.action_ok)}"
         lead = "" if r.lead_ok is None else f"{r.lead if r.lead is not None else '-'} {_mark(r.lead_ok)}"
         alarms = "" if r.faulty else f"{r.false_alarms}{'' if r.online.withdrawn else ' XX'}"
-        lines.append(f"{r.name:28s} {cause:10s} {verdict:22s} {onset:13s} {action:22s} {lead:>6s} {alarms:>6s}")
+        lines.append(
+            f"{r.name:28s} {cause:10s} {verdict:22s} {onset:13s} {action:22s} {lead:>6s} {alarms:>6s}"
+        )
     return "\n".join(lines)
 
 

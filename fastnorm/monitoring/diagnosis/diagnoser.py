@@ -358,7 +358,7 @@ class Diagnoser:
     def _reach(self) -> int:
         """How far (in steps) a cause may lie from what it caused: ``sustain`` points, or two windows of
         the learning rate's readings."""
-        return self.sustain * self._ev.interval + self._lr_gap()
+        return 3 * self.sustain * self._ev.interval + self._lr_gap()
 
     def _lr_gap(self) -> int:
         return max((c[0] - c[3] for c in self._lr.changes), default=0)

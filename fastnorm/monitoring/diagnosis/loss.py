@@ -163,12 +163,20 @@ class LossView:
             i -= 1
         start = self.steps[min(i + 1, len(self.steps) - 1)]
         if above:
-            what = "rose above its initial level"
-        elif self.final >= self.first - 0.1 * progress:
+            # Where the smoothed loss crossed its initial level for good, which is not where it left its best.
+            k = len(self.smooth) - 1
+            while k > self._best_index and self.smooth[k - 1] > self.first:
+                k -= 1
+            detail = (
+                f"the loss left its best from step {start} and rose above its initial level "
+                f"({num(self.first)}) from step {self.steps[k]} and stayed there: {s}"
+            )
+            return Shape(False, start, detail)
+        if self.final >= self.first - 0.1 * progress:
             what = "returned to its initial level"
         else:
             what = f"went back up by {regained / progress:.0%} of what it had gained"
-        return Shape(False, start, f"the loss {what} from step {start} and stayed there: {s}")
+        return Shape(False, start, f"the loss left its best from step {start} and {what}: {s}")
 
     def _relapse(self, s: str) -> Shape | None:
         """A loss that, after real progress, rose above its initial level and came down again slowly.
@@ -195,10 +203,11 @@ class LossView:
                     while i > low_index and self.smooth[i - 1] > low + self.tol:
                         i -= 1
                     top = max(range(k, end + 1), key=self.smooth.__getitem__)
+                    crossed = next(j for j in range(i, k + 1) if self.smooth[j] > self.first)
                     detail = (
-                        f"the loss rose above its initial level from step {self.steps[i]} (to "
-                        f"{num(self.smooth[top])} at step {self.steps[top]}, from {num(low)}), then came "
-                        f"down again: {s}"
+                        f"the loss left its low ({num(low)}) from step {self.steps[i]}, rose above its "
+                        f"initial level ({num(self.first)}) at step {self.steps[crossed]} (to "
+                        f"{num(self.smooth[top])} at step {self.steps[top]}), then came down again: {s}"
                     )
                     return Shape(False, self.steps[i], detail, self.steps[end])
                 k = end

@@ -24,6 +24,7 @@ from fastnorm.monitoring.diagnosis.events import EXPLODING, LOG_ZERO, SPIKE, VAN
 from fastnorm.monitoring.diagnosis.robust import Baseline, Extremes, Thinned, median
 
 _LEVEL_POINTS = 1024  # the norm's levels are kept at most this finely (pairs averaged beyond)
+_MIN_BASE = 3  # the fewest points a baseline is formed from
 
 
 @dataclass
@@ -106,6 +107,7 @@ class NormSignal:
         self._drift: _Drift | None = None
         self.finite = 0
         self.levels = Thinned(_LEVEL_POINTS)  # log10 of the finite norms, for levels around a loss jump
+        self._first: int | None = None  # the step of the first finite norm
 
     def nonfinite(self) -> None:
         """A non-finite norm came: it marks the open departure."""
@@ -118,7 +120,9 @@ class NormSignal:
         self.levels.add(step, x)
         base = self._base
         self._recent.append((step, x))
-        if len(base) < self.warmup:
+        if self._first is None:
+            self._first = step
+        if self._warming(step):
             base.add(x)
             return
         dev = x - base.median
@@ -159,6 +163,12 @@ class NormSignal:
             base.restart(dep.xs)
             self._dep = None
             self._track_drift(step)
+
+    def _warming(self, step: int) -> bool:
+        """The baseline is still being formed: ``warmup`` points, or ``warmup`` steps, whichever ends first
+        (a log of every 10th step judges its 3rd point, not its 11th, 100 steps in), and 3 points at least."""
+        n = len(self._base)
+        return n < self.warmup and (n < _MIN_BASE or step - self._first < self.warmup)
 
     def _walk_back(self, step: int, side: int) -> int:
         """Where a departure began: back over the points already two sigmas out on its side,
