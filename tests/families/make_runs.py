@@ -9,7 +9,7 @@
 Needs scikit-learn (its bundled data sets: digits, iris, wine, breast_cancer,
 diabetes; nothing is downloaded); the tests never retrain and never import it.
 
-The families: a tanh RNN over sequences of 60 steps, a small CNN on the digits,
+The families: a recurrent net (a GRU, tanh cells) over sequences of 60 steps, a small CNN on the digits,
 a post-LayerNorm transformer over characters, tabular MLPs on iris, wine,
 breast_cancer and diabetes, a tanh autoencoder of the digits, and precision
 variants (fp16 autocast with and without a GradScaler, pure bf16). Each run is a
@@ -135,9 +135,11 @@ def mlp(sizes: list[int], act: type[nn.Module] = nn.Tanh, batchnorm: bool = Fals
 
 
 class RNN(nn.Module):
+    """A GRU over the whole sequence: its tanh cell carries the sum across every step."""
+
     def __init__(self, hidden: int = 32):
         super().__init__()
-        self.rnn = nn.RNN(1, hidden, nonlinearity="tanh", batch_first=True)
+        self.rnn = nn.GRU(1, hidden, batch_first=True)
         self.head = nn.Linear(hidden, 2)
 
     def forward(self, x):
@@ -292,7 +294,7 @@ def reconstruction(model, x, y):
 
 
 def blowup_step(losses: list[float], start: int = 0) -> int | None:
-    """The first step from ``start`` whose loss is not finite, or 10x the median of the 20 losses before it."""
+    """The first step from ``start`` whose loss is not finite, or 10x the median of the 20 before it."""
     for i, v in enumerate(losses[start:], start):
         if not math.isfinite(v):
             return i
@@ -442,9 +444,7 @@ def lr_too_high(family, seed=0, factor=300.0, every=1, **kw):
     chance = math.log(classes) if classes else None
     blew = blowup_step(trained.losses) is not None or undone(trained.losses, 0)
     end = level(trained.losses, len(trained.losses) - 50, len(trained.losses))
-    require(
-        blew or stalled(trained.losses, chance) or (chance and abs(end - chance) < 0.1 * chance), "it learned"
-    )
+    require(blew or stalled(trained.losses, chance) or (chance and end > 0.9 * chance), "it learned")
     return trained, {
         "cause": f"a learning rate {factor:g}x the healthy one from the first step",
         # A blow-up in the first steps, then a loss stuck at chance: diverged, or (the blow-up too short
@@ -462,7 +462,7 @@ def shuffled_labels(family, seed=0, **kw):
     trained, classes = family_run(family, seed, loop, **kw)
     require(stalled(trained.losses, math.log(classes)), "the loss learned something")
     return trained, {
-        "cause": f"labels shuffled against their inputs: the loss stays at ln {classes} = {math.log(classes):.3g}",
+        "cause": f"labels shuffled apart from the inputs: the loss stays at ln {classes} = {math.log(classes):.3g}",
         "verdicts": ["stalled"],
         "onset": 0,
         "actions": ["check_labels", "check_data"],
@@ -491,7 +491,7 @@ def adam_eps(family, seed=0, scale=1e-11, **kw):
     trained, classes = family_run(family, seed, loop, **kw)
     require(stalled(trained.losses, math.log(classes) if classes else None), "the loss improved")
     return trained, {
-        "cause": f"Adam (eps 1e-8) on gradients scaled by {scale:g}: the effective learning rate is far too low",
+        "cause": f"Adam (eps 1e-8) on gradients scaled by {scale:g}: its effective learning rate is too low",
         "verdicts": ["stalled"],
         "onset": 0,
         "actions": ["adam_eps"],
@@ -538,7 +538,7 @@ def fp16_underflow(family, seed=0, onset=150, scale=1e-6, **kw):
     zeros = [s for s, r in trained.records.items() if s >= onset and r.get("gradient_norm") == 0]
     require(len(zeros) > 0.5 * (STEPS - onset), f"only {len(zeros)} zero norms after {onset}")
     return trained, {
-        "cause": f"fp16 autocast switched on at step {onset} without a GradScaler: the gradients underflow to 0",
+        "cause": f"fp16 autocast from step {onset} without a GradScaler: the gradients underflow to 0",
         "verdicts": ["vanishing", "stalled"],
         "onset": onset,
         "actions": ["grad_scaler", "bf16"],
@@ -583,7 +583,7 @@ def explode_then_chance(family, seed=0, onset=150, factor=1000.0, length=5, **kw
     trained, classes = family_run(family, seed, loop, act=nn.ReLU, **kw)
     require(undone(trained.losses, onset), "the loss came back")
     return trained, {
-        "cause": f"the learning rate {factor:g}x for {length} steps at step {onset}: an explosion, then the loss "
+        "cause": f"the learning rate {factor:g}x for {length} steps at step {onset}: an explosion, then a loss "
         f"stuck at chance (ln {classes} = {math.log(classes):.3g})",
         "verdicts": ["diverged", "nonfinite"],
         "onset": onset,
@@ -673,7 +673,13 @@ SPECS = [
     Spec("wine-weight-decay", "wine", weight_decay, {"decay": 50.0}, {"seed": 41, "decay": 100.0}),
     Spec("postln-no-warmup", "postln", no_warmup, {"lr": 1e-1}, {"seed": 42, "lr": 5e-2}),
     Spec("fp16-underflow", "digits-mlp", fp16_underflow, {"onset": 150}, {"seed": 43, "onset": 100}),
-    Spec("rnn-lr-jump", "rnn", lr_jump, {"onset": 150}, {"seed": 44, "onset": 180, "factor": 50.0}),
+    Spec(
+        "rnn-lr-jump",
+        "rnn",
+        lr_jump,
+        {"onset": 150, "factor": 100.0},
+        {"seed": 44, "onset": 180, "factor": 300.0},
+    ),
     Spec("wine-lr-jump", "wine", lr_jump, {"onset": 150}, {"seed": 45, "onset": 200, "factor": 100.0}),
     Spec(
         "bf16-lr-jump",

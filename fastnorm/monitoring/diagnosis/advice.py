@@ -261,9 +261,10 @@ def lr_cause(ev: Evidence, onset: int, reach: int) -> Action | None:
                 f"Check the learning-rate schedule: the learning rate turned negative {_read(step, previous)} "
                 f"({_g(before)} to {_g(after)}), so each step climbs the loss instead of descending it.",
             )
+        if ev.ramp(change):
+            before = ev.chain_first(change)[1]
         if abs(after) > 2 * abs(before):
             if ev.ramp(change):
-                before = ev.chain_first(change)[1]
                 how = f"kept rising from about step {ev.change_start(change)}, {_g(before)} to {_g(after)} by step {step},"
             else:
                 how = f"jumped {abs(after) / abs(before):.3g}x {_read(step, previous)} ({_g(before)} to {_g(after)})"

@@ -346,7 +346,10 @@ class Diagnoser:
         """A blow-up's start, or the start of the learning-rate change that caused it when that came first:
         the norm responds steps after a jump, and tens of steps into a ramp."""
         change = self._ev.change_near(start, self._reach())
-        if change is None or not abs(change[2]) > 2 * abs(change[1]) and change[2] >= 0:
+        if change is None:
+            return start
+        before = self._ev.chain_first(change)[1]  # a ramp's factor is the whole chain's
+        if not abs(change[2]) > 2 * abs(before) and change[2] >= 0:
             return start
         begun = self._ev.change_start(change)
         if self._ev.ramp(change):
@@ -426,6 +429,14 @@ class Diagnoser:
                     f"while the loss fell from {fell}: healthy: {why}"
                 )
                 return Event(kind, e.start_step, e.end_step, detail)
+        if e.kind == EXPLODING and f.returned and loss is not None and not f.nonfinite:
+            held = loss.held(e.start_step, e.end_step)
+            if held is not None:
+                # A burst of large gradients that came back while the loss never rose (an RNN's): the run
+                # rode it out, as a spike; online it was exploding until it came back, and is withdrawn.
+                return self._spike(
+                    replace(f, event=replace(e, kind=SPIKE, detail=f"{e.detail}; the loss held ({held})"))
+                )
         if e.kind == EXPLODING:
             start = self._lr_onset(e.start_step)
             actions = self._explode_actions(f.extreme, f.base, start, found)

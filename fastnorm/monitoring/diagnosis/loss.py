@@ -218,6 +218,15 @@ class LossView:
         i = max(0, bisect.bisect_right(self.steps, step) - 1)
         return self.smooth[i]
 
+    def held(self, start: int, end: int) -> str | None:
+        """``"a to b"`` when the smoothed loss never rose beyond its noise over ``[start, end]``."""
+        a = self.at(start)
+        i, j = bisect.bisect_left(self.steps, start), bisect.bisect_right(self.steps, end)
+        top = max(self.smooth[i:j], default=a)
+        if top <= a + self.tol:
+            return f"{a:.3g} to {self.at(end):.3g}"
+        return None
+
     def fell(self, start: int, end: int) -> str | None:
         """``"a to b"`` when the loss fell over ``[start, end]`` and stayed below where it began."""
         a, b = self.at(start), self.at(end)

@@ -63,6 +63,7 @@ class Found:
     base: float  # log10 of the baseline it departed from
     extreme: float  # log10 of its peak (or trough)
     nonfinite: bool = False
+    returned: bool = False  # it came back to the band
 
 
 @dataclass
@@ -225,7 +226,7 @@ class NormSignal:
             if dep.nonfinite:
                 ending += ", running into non-finite values"
             event = Event(kind, dep.start, dep.end, f"{moved}; {ending}")
-            return Found(event, dep.side, dep.origin, extreme, dep.nonfinite)
+            return Found(event, dep.side, dep.origin, extreme, dep.nonfinite, returned)
         if dep.peak >= self.spike_orders and (returned or dep.count < self.sustain):
             ending = "back in the band" if returned else "not back in the band by the last step"
             event = Event(SPIKE, dep.start, dep.end, f"{moved}, {ending}")
