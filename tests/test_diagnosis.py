@@ -726,6 +726,8 @@ def test_an_explosion_never_advises_fp32_to_an_fp32_run(precision):
         assert "precision" not in d.action_ids and "32-true" not in text and "fp32" not in text
     else:
         assert "precision" in d.action_ids or "bf16" in d.action_ids
+    collapse = diagnose(range(N), case("nonfinite", 0)[0], precision=precision)
+    assert ("switch to fp32" in " ".join(collapse.actions)) != (precision in ("fp32", "32-true"))
 
 
 def test_every_action_has_a_known_id():

@@ -462,7 +462,8 @@ def shuffled_labels(family, seed=0, **kw):
     trained, classes = family_run(family, seed, loop, **kw)
     require(stalled(trained.losses, math.log(classes)), "the loss learned something")
     return trained, {
-        "cause": f"labels shuffled apart from the inputs: the loss stays at ln {classes} = {math.log(classes):.3g}",
+        "cause": f"labels shuffled apart from the inputs: the loss stays at ln "
+        f"{classes} ({math.log(classes):.3g})",
         "verdicts": ["stalled"],
         "onset": 0,
         "actions": ["check_labels", "check_data"],
@@ -583,7 +584,8 @@ def explode_then_chance(family, seed=0, onset=150, factor=1000.0, length=5, **kw
     trained, classes = family_run(family, seed, loop, act=nn.ReLU, **kw)
     require(undone(trained.losses, onset), "the loss came back")
     return trained, {
-        "cause": f"the learning rate {factor:g}x for {length} steps at step {onset}: an explosion, then a loss "
+        "cause": f"the learning rate {factor:g}x for {length} steps from step "
+        f"{onset}: an explosion, then a loss "
         f"stuck at chance (ln {classes} = {math.log(classes):.3g})",
         "verdicts": ["diverged", "nonfinite"],
         "onset": onset,

@@ -42,7 +42,6 @@ IDS = {
     "precision": "a more stable precision",
     "bf16": "bf16 instead of fp16",
     "grad_scaler": "a dynamic loss scaler (GradScaler) with fp16",
-    "fp32": "rerun in fp32 to isolate reduced precision",
     "weight_decay": "lower the weight decay",
     "adam_eps": "lower Adam's eps (or scale the loss up)",
     "batch_size": "larger batches (or a normalisation that does not depend on them)",
@@ -217,6 +216,25 @@ def precision_action(ev: Evidence) -> Action | None:
             "and overflows sooner.",
         )
     return PRECISION
+
+
+def checkpoint_action(ev: Evidence) -> Action:
+    """Re-run from a checkpoint, and isolate reduced precision only in a run that has it."""
+    kind = ev.kind
+    if kind in ("fp32", "fp64"):
+        return Action(
+            "checkpoint",
+            f"Re-run from the latest checkpoint; the run is in {kind}, so a non-finite value that reproduces "
+            "comes from the data or the arithmetic (a log of 0, a division by 0), not from the precision.",
+        )
+    if kind is None:
+        return CHECKPOINT
+    fp32 = "Trainer(precision='32-true')" if ev.lightning else "fp32 weights and no autocast"
+    return Action(
+        "checkpoint",
+        f"Re-run from the latest checkpoint; if it reproduces, switch to fp32 ({fp32}) to isolate the "
+        f"reduced-precision arithmetic of {kind}.",
+    )
 
 
 def grad_scaler_action(ev: Evidence, where: str) -> Action:

@@ -1,7 +1,14 @@
 """The composing :class:`Diagnoser`: each signal read by its own module, the events joined into a verdict.
 
 The verdict is the most severe kind among the events: nonfinite > diverged >
-exploding > vanishing > stalled > stable. Every event carries its own actions.
+exploding > vanishing > stalled > stable ("too few points" below 5 norms). Every
+event carries its own actions, the first chosen from :class:`~fastnorm.monitoring.
+diagnosis.advice.Evidence`: what the log showed of the learning rate, the
+optimizer's settings, the precision and the loss (see ``advice``). A blow-up in
+the loss's first steps is a divergence from the run's start, not a stall; a
+blow-up that follows a learning-rate change is dated from the change (a jump's
+step, a ramp's foot); a burst of the norm that came back while the loss held is
+a spike the run rode out.
 """
 
 from __future__ import annotations
@@ -57,7 +64,11 @@ class Diagnoser:
 
     Args:
         window (int): points in the running baseline. Default: 50.
-        warmup (int): points read before anything is judged. Default: 10.
+        warmup (int): points that form the first baseline before the norm
+            is judged, or as many steps, whichever ends first (3 points at
+            least): a log of every 10th step judges its 4th point, not its
+            11th. Default: 10. Fewer than 5 norms in all are too few to judge:
+            the verdict is ``"too few points"``.
         band_mads (float): half-width of the band, in robust standard
             deviations of the baseline's log10 values (from the median
             absolute difference of consecutive values). Default: 5.
@@ -313,6 +324,12 @@ class Diagnoser:
         events += [self._norm_event(f, loss, found) for i, f in enumerate(found) if i not in consumed]
         vanish = advice.vanish_actions(self._ev, None)
         events += [replace(e, actions=vanish) for e in self._layers.events(self._first_step, last)]
+        checkpoint = advice.checkpoint_action(self._ev)
+        if checkpoint is not advice.CHECKPOINT:  # the run's precision is known: said in its terms
+            events = [
+                replace(e, actions=tuple(checkpoint if a == advice.CHECKPOINT else a for a in e.actions))
+                for e in events
+            ]
         events.sort(key=lambda e: (e.start_step, KINDS.index(e.kind), e.end_step))
         kinds = {e.kind for e in events}
         verdict = next((k for k in UNSTABLE if k in kinds), STABLE)
