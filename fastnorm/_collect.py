@@ -1,6 +1,6 @@
 """From what the user passes to the tensors the backends read: the item rule and validation.
 
-The item rule, in one place (the README's "Inputs" says the same):
+The item rule, in one place (docs/rules.md, "Rules", says the same):
 
 * an ``nn.Parameter``, a leaf tensor that requires grad, and any tensor whose
   ``.grad`` is set are *parameters*: each stands for its ``.grad`` (None:
@@ -60,10 +60,10 @@ class Items(list):
     ``positions``: each item's position in the caller's list (``clip_`` passes
     on its parameters only), so that messages name the caller's positions.
     ``gradients``: every item is read as a gradient itself, never as a
-    parameter (``clip_(gradients=True)`` and the compiled ops, whose items are
-    gradients already). Such lists pass through the plan cache unchanged: where
-    this reading differs from the rule's (a tensor that requires grad or has a
-    ``.grad``), the plan is never cached.
+    parameter (``gradients=True`` and the compiled ops, whose items are
+    gradients already). The plan cache keys on this reading too, and caches
+    such lists only where it agrees with the rule's (no item requires grad or
+    has a ``.grad``).
     """
 
     def __init__(self, items: Iterable[Any], positions: list[int] | None = None, gradients: bool = False):
@@ -101,12 +101,11 @@ def refuse_parameter(item: Tensor, position: int, fn: str) -> None:
 def gradient_of(item: Any, position: int, fn: str, gradients: bool = False) -> Tensor | None:
     """The gradient an item stands for (None when it has none), type-checked.
 
-    With ``gradients``, the item is the gradient (a Parameter is refused).
+    With ``gradients``, the item is the gradient: read as given, a parameter's
+    own values included (torch's ``get_total_norm`` reads the tensors it is given).
     """
     item = check_tensor(item, position, fn)
     if gradients:
-        if isinstance(item, Parameter):
-            raise TypeError(f"{fn}: item {position} is an nn.Parameter, not a gradient")
         grad, what = item, f"item {position}"
     elif is_parameter(item):
         grad, what = item.grad, f"the .grad of item {position}"

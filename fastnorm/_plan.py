@@ -350,23 +350,25 @@ _CACHE = _Cache()
 
 def _kind(items: list[Any]) -> str | None:
     """How the items may be cached: all parameters, all DTensor parameters (FSDP2),
-    all plain gradients, or not at all."""
+    all plain gradients, or not at all (parameters read as gradients themselves,
+    ``gradients=True``: the snapshot would check their ``.grad``)."""
+    if all(type(item) is Tensor and not item.requires_grad and item.grad is None for item in items):
+        return "tensors"
+    if getattr(items, "gradients", False):
+        return None
     if all(type(item) is Parameter for item in items):
         return "params"
     dtensor = dtensor_type()
-    if (
-        items
-        and dtensor is not None
-        and all(type(item) is dtensor and isinstance(item, Parameter) for item in items)
-    ):
+    if dtensor is not None and all(type(item) is dtensor and isinstance(item, Parameter) for item in items):
         return "dtensor_params"
-    if all(type(item) is Tensor and not item.requires_grad and item.grad is None for item in items):
-        return "tensors"
     return None
 
 
 def _key(items: list[Any], group: Any, request: str) -> tuple[Any, ...]:
-    return (request, id(group), len(items), id(items[0]) if items else 0, id(items[-1]) if items else 0)
+    """The cache key: the backend request, the group, how the items are read
+    (``Items.gradients``) and the list's length, first and last item."""
+    first, last = (id(items[0]), id(items[-1])) if items else (0, 0)
+    return (request, id(group), getattr(items, "gradients", False), len(items), first, last)
 
 
 Reduced = tuple[Tensor, Tensor, None]  # what Backend.reduce returns, without per-tensor norms

@@ -1,6 +1,6 @@
 """``total_norm``, ``clip_`` and ``tensor_norms``: the stages around the kernels.
 
-A call is three stages (see ARCHITECTURE.md): each device's backend computes a
+A call is three stages (see docs/design.md): each device's backend computes a
 local partial in one fused pass; partials that belong to a distributed domain
 are all-reduced across ranks; the root is taken on the first gradient's
 device. Clipping then hands the norm to the backends' conditional scale,
@@ -156,15 +156,37 @@ def _check_finite(norm: Tensor, p: float) -> None:
         raise RuntimeError(NONFINITE.format(p=p) + f" (the norm is {norm.item()})")
 
 
-def _check_total_norm(norm: Any) -> None:
+def _as_given(items: list[Any], gradients: bool) -> list[Any]:
+    """``items``, each read as itself with ``gradients`` (see ``fastnorm._collect.Items``)."""
+    if not gradients or (isinstance(items, Items) and items.gradients):
+        return items
+    return Items(items, gradients=True)
+
+
+def _checked_total_norm(norm: Any) -> Tensor | None:
+    """A norm given to ``clip_``, as a plain dense tensor of one float32/float64 value.
+
+    A DTensor (accelerate and torchtitan pass one) stands for its full value,
+    as torch's ``clip_grads_with_norm_`` uses it; its address never reaches a
+    kernel. What cannot be a norm raises before anything is written.
+    """
     if norm is None:
-        return
+        return None
     if not isinstance(norm, Tensor):
         raise TypeError(f"clip_: total_norm must be a Tensor, got {type(norm).__name__}")
+    if distributed.is_dtensor(norm):
+        norm = norm.full_tensor()
+    elif type(norm) not in (Tensor, Parameter):  # a wrapper subclass may hold no memory of its own
+        raise TypeError(f"clip_: total_norm must be a torch.Tensor or a DTensor, got {type(norm).__name__}")
+    if norm.layout != torch.strided:
+        raise TypeError(f"clip_: total_norm must be a dense tensor, got layout {norm.layout}")
     if not norm.is_floating_point():
         raise TypeError(f"clip_: total_norm must be a floating-point tensor, got dtype {norm.dtype}")
     if norm.numel() != 1:
         raise ValueError(f"clip_: total_norm must hold one value, got shape {tuple(norm.shape)}")
+    if norm.device.type == "meta":
+        raise ValueError("clip_: total_norm is on the meta device, which holds no value to clip by")
+    return norm.detach()
 
 
 def _clip_targets(items: list[Any], gradients: bool) -> list[Any]:
@@ -244,6 +266,7 @@ def total_norm(
     foreach: bool | None = None,
     *,
     group: Any = None,
+    gradients: bool = False,
 ) -> Tensor:
     r"""The p-norm of all gradients together, as if concatenated into one vector.
 
@@ -279,6 +302,10 @@ def total_norm(
             stages, expert-parallel ranks): their local partial is all-reduced
             over ``group`` (``dist.group.WORLD`` for all ranks). Every rank of
             the group must call. Default: None (plain tensors are local).
+        gradients (bool): read every tensor as given, parameters included
+            (their values, not their ``.grad``): the meaning of
+            ``torch.nn.utils.get_total_norm(tensors)``, which is given the
+            gradients themselves. Default: False.
 
     Returns:
         Tensor: a 0-dim tensor on the device of the first gradient, float32
@@ -296,7 +323,7 @@ def total_norm(
     """
     del foreach  # every path is fused already
     p = checks.norm_type(norm_type, "total_norm")
-    items = items_of(tensors, "total_norm")
+    items = _as_given(items_of(tensors, "total_norm"), checks.boolean(gradients, "gradients", "total_norm"))
     if torch.compiler.is_compiling():
         ops.check_compilable("total_norm", group, error_if_nonfinite)
         return torch.ops.fastnorm.total_norm(ops.traced_gradients(items, "total_norm"), p)
@@ -369,7 +396,7 @@ def clip_(
     del foreach  # every path is fused already
     bound = checks.max_norm(max_norm, "clip_")
     p = checks.norm_type(norm_type, "clip_")
-    _check_total_norm(total_norm)
+    given = _checked_total_norm(total_norm)  # what the kernels read; the caller's tensor is returned
     items = items_of(parameters, "clip_")
     if not items and isinstance(parameters, types.GeneratorType):
         warnings.warn(EMPTY_GENERATOR, stacklevel=2)
@@ -390,13 +417,13 @@ def clip_(
         grads = _gradients(targets)  # read once: the plan's check and the writes share them
         plan = _plan_for(targets, p, "clip_", group, None if grads is targets else grads)
         written = _written(targets, grads, plan)
-    norm = _reduce(plan, p, "clip_", reduced=reduced)[0] if total_norm is None else total_norm
+    norm = _reduce(plan, p, "clip_", reduced=reduced)[0] if given is None else given
     if error_if_nonfinite:
         _check_finite(norm, p)
     torch._C._increment_version(written)
     with torch.no_grad():
         _scale(plan, norm, bound)
-    return norm
+    return norm if total_norm is None else total_norm
 
 
 def tensor_norms(
@@ -405,6 +432,7 @@ def tensor_norms(
     *,
     foreach: bool | None = None,
     group: Any = None,
+    gradients: bool = False,
 ) -> tuple[Tensor, Tensor]:
     r"""The total norm and each item's own norm, from the same fused pass.
 
@@ -420,6 +448,7 @@ def tensor_norms(
         group (ProcessGroup, optional): see :func:`total_norm`; the total is
             global, each plain item's norm is its own (local) tensor's. DTensor
             items' norms are global (one more all-reduce, of one row per item).
+        gradients (bool): read every tensor as given (see :func:`total_norm`).
 
     Returns:
         tuple[Tensor, Tensor]: ``(total, per_item)``. ``total`` equals
@@ -434,7 +463,9 @@ def tensor_norms(
     """
     del foreach  # every path is fused already
     p = checks.norm_type(norm_type, "tensor_norms")
-    items = items_of(tensors, "tensor_norms")
+    items = _as_given(
+        items_of(tensors, "tensor_norms"), checks.boolean(gradients, "gradients", "tensor_norms")
+    )
     if torch.compiler.is_compiling():
         ops.check_compilable("tensor_norms", group)
         grads = ops.traced_gradients(items, "tensor_norms", keep_missing=True)

@@ -158,6 +158,29 @@ def dtensor_clip_matches_torch(rank: int, world: int) -> dict:
     return {"norm": (got.item(), expected.item()), "max_grad_diff": diff}
 
 
+def dtensor_norm_given_to_clip(rank: int, world: int) -> dict:
+    """torch's own two-step clip on DTensors (what accelerate and torchtitan call):
+    get_total_norm returns a DTensor, which clip_ takes as total_norm=."""
+    mesh = init_device_mesh("cpu", (world,))
+    full = full_tensors(8)
+    params = []
+    for t, pl in zip(full, [Shard(0), Shard(1), Replicate(), Shard(0), Shard(0)]):
+        param = torch.nn.Parameter(distribute_tensor(torch.zeros_like(t), mesh, [pl]))
+        param.grad = distribute_tensor(t, mesh, [pl])
+        params.append(param)
+    grads = [q.grad for q in params]
+    norm = torch.nn.utils.get_total_norm(grads)
+    out = {"kind": type(norm).__name__}
+    ours = fastnorm.total_norm(grads, gradients=True)
+    out["total_norm"] = (ours.item(), norm.full_tensor().item())
+    expected = [t * min(1.0, 1.0 / (norm.full_tensor().item() + 1e-6)) for t in full]
+    fastnorm.clip_(params, 1.0, total_norm=norm)
+    out["max_grad_diff"] = max(
+        (q.grad.full_tensor() - e).abs().max().item() for q, e in zip(params, expected)
+    )
+    return out
+
+
 def _sharded_params(full: list[torch.Tensor], mesh: object) -> list[torch.nn.Parameter]:
     """DTensor parameters sharded on dim 0, each with its ``full`` tensor as gradient."""
     params = []
@@ -427,6 +450,7 @@ SCENARIOS = [
     partial_is_rejected,
     fsdp2_clip,
     dtensor_clip_matches_torch,
+    dtensor_norm_given_to_clip,
 ]
 
 

@@ -519,3 +519,55 @@ def test_compiled_clip_follows_the_item_rule():
     assert reference.norm([p.grad], 2.0) == pytest.approx(1.0, rel=1e-5)
     assert reference.norm([shard], 2.0) == pytest.approx(1.0, rel=1e-5)
     assert norm.item() > 1.0 and shard_norm.item() > 1.0
+
+
+class _Wrapper(torch.Tensor):
+    """A wrapper subclass: a tensor with no memory of its own, as some frameworks pass."""
+
+    @staticmethod
+    def __new__(cls, inner):
+        return torch.Tensor._make_wrapper_subclass(cls, inner.shape, dtype=inner.dtype, device=inner.device)
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        unwrap = lambda t: t.inner if isinstance(t, _Wrapper) else t  # noqa: E731
+        return func(*map(unwrap, args), **{k: unwrap(v) for k, v in (kwargs or {}).items()})
+
+
+@pytest.mark.parametrize(
+    "norm, error, match",
+    [
+        (torch.tensor(2), TypeError, "floating-point"),
+        (torch.tensor([1.0, 2.0]), ValueError, "one value"),
+        (torch.tensor([[1.0]]).to_sparse(), TypeError, "dense"),
+        (torch.empty((), device="meta"), ValueError, "meta"),
+        (torch.tensor(1.0 + 1j), TypeError, "floating-point"),
+        (1.0, TypeError, "must be a Tensor"),
+        ("wrapper", TypeError, "torch.Tensor or a DTensor"),
+    ],
+    ids=["int", "two-values", "sparse", "meta", "complex", "float", "wrapper-subclass"],
+)
+def test_a_total_norm_that_cannot_be_a_norm_raises_before_anything_is_written(backend, norm, error, match):
+    params = make_params(SHAPES, seed=3)
+    before = [q.grad.clone() for q in params]
+    if isinstance(norm, str):
+        norm = _Wrapper(torch.tensor(1.0))
+    with pytest.raises(error, match=match):
+        fastnorm.clip_(params, 0.1, total_norm=norm)
+    assert all(torch.equal(q.grad, b) for q, b in zip(params, before))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+def test_any_floating_norm_of_one_value_clips_as_torch_does(backend, dtype):
+    params = make_params(shapes(backend), seed=4, scale=10.0)
+    plain = clone_params(params)
+    norm = torch.nn.utils.get_total_norm([q.grad for q in params]).to(dtype)
+    view = torch.stack([norm, norm])[1:]  # one value, not at the start of its storage
+    fastnorm.clip_(params, 1.0, total_norm=view.requires_grad_(dtype != torch.float16))
+    # A 16-bit norm is widened to float32 first: torch would compute the coefficient in 16 bits.
+    torch.nn.utils.clip_grads_with_norm_(plain, 1.0, norm if norm.dtype.itemsize >= 4 else norm.float())
+    for q, r in zip(params, plain):
+        torch.testing.assert_close(q.grad, r.grad, rtol=0, atol=0)

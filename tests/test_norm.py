@@ -555,3 +555,25 @@ def test_one_answer_per_input(backend, layout, dtype, magnitude, p):
         own = float(t.count_nonzero()) if p == 0 else reference.total_norm([t], p)  # one tensor's count
         assert reference.rel_err(value, own) <= tolerance
     assert torch.equal(fastnorm.total_norm(tensors, p), total)
+
+
+def test_gradients_true_reads_every_tensor_as_given_as_torch_does(backend):
+    g = torch.Generator().manual_seed(11)
+    params = []
+    for shape in [(123,), (4097,), (7, 9)]:
+        q = torch.nn.Parameter(torch.randn(shape, generator=g, dtype=torch.float64).float())
+        q.grad = torch.randn(shape, generator=g, dtype=torch.float64).float() * 5
+        params.append(q)
+    values = reference.norm([q.detach() for q in params], 2.0)
+    grads = reference.norm([q.grad for q in params], 2.0)
+    # Interleaved, twice, so that a plan cached for one reading cannot serve the other.
+    for _ in range(2):
+        assert fastnorm.total_norm(params).item() == pytest.approx(grads, rel=1e-6)
+        assert fastnorm.total_norm(params, gradients=True).item() == pytest.approx(values, rel=1e-6)
+        total, each = fastnorm.tensor_norms(params, gradients=True)
+        assert total.item() == pytest.approx(values, rel=1e-6)
+        assert each.tolist() == pytest.approx([reference.norm([q.detach()], 2.0) for q in params], rel=1e-6)
+    expected = torch.nn.utils.get_total_norm(params)
+    assert fastnorm.total_norm(params, gradients=True).item() == pytest.approx(expected.item(), rel=1e-6)
+    with pytest.raises(TypeError, match="total_norm: gradients must be True or False"):
+        fastnorm.total_norm(params, gradients="yes")

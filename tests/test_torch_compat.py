@@ -3,7 +3,7 @@
 A port of ``test_clip_grad_norm``, ``test_clip_grad_norm_error_if_nonfinite``
 and ``test_clip_grad_norm_multi_device`` from PyTorch's ``test/test_nn.py``.
 Every test takes ``impl``: torch's own functions, or fastnorm's on each
-backend. fastnorm passes them all except where the README lists a deliberate
+backend. fastnorm passes them all except where docs/rules.md lists a deliberate
 difference; each of those has its own test at the end of this file, which also
 shows that torch differs there.
 """
@@ -282,7 +282,7 @@ def test_clip_grad_norm_multi_device(impl, devices, foreach):
 
 
 # ----------------------------------------------------------------------------
-# The deliberate differences (README, "API"), one test each
+# The deliberate differences (docs/rules.md), one test each
 # ----------------------------------------------------------------------------
 
 
@@ -355,9 +355,10 @@ def test_difference_a_repeated_tensor_counts_once(fastnorm_backend):
     assert torch.nn.utils.get_total_norm([theirs[0].grad]).item() == pytest.approx(1 / 26, rel=1e-4)
 
 
-def test_the_readme_lists_each_deliberate_difference_tested_here():
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    section = readme[readme.index("### Deliberate differences from torch") :]
-    listed = re.findall(r"^\d\. \*\*(.+?)\*\*", section[: section.index("\n## ")], flags=re.M)
+def test_the_rules_page_lists_each_deliberate_difference_tested_here():
+    rules = (Path(__file__).resolve().parents[1] / "docs" / "rules.md").read_text()
+    section = rules[rules.index("\n## Deliberate differences from torch\n") :]
+    end = section.find("\n## ", 1)
+    listed = re.findall(r"^\d\. \*\*(.+?)\*\*", section[: end if end != -1 else None], flags=re.M)
     tested = [name for name in globals() if name.startswith("test_difference_")]
     assert len(listed) == len(tested) == 4, (listed, tested)
