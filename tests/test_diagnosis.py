@@ -1,9 +1,9 @@
 """The diagnosis on synthetic series with known answers (see synthetic.py); real runs: test_corpus.py."""
 
 import json
-import re
 import math
 import random
+import re
 import subprocess
 import sys
 

@@ -749,11 +749,13 @@ def test_the_offline_diagnosis_sees_what_the_online_one_saw(tmp_path):
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.5, eps=1e-3)
     with GradNormMonitor(10, [JsonlLogger(tmp_path / "m.jsonl")], optimizer=optimizer, precision="fp32") as m:
         for i in range(300):
-            m.update(torch.tensor(1.0 + 0.1 * math.sin(i)), loss=torch.tensor(2.0 - i / 300))
+            optimizer.param_groups[0]["lr"] = 1e-3 * min(1.0, (i + 1) / 100)  # a warmup, then steady
+            norm = 1.0 + 0.1 * math.sin(i) if i < 90 else 100.0  # a blow-up late in the warmup
+            m.update(torch.tensor(norm), loss=torch.tensor(2.0 - i / 300 if i < 90 else 5.0))
     from fastnorm.monitoring.command import diagnose_series
 
     offline = diagnose_series(fastnorm.read_series(tmp_path / "m.jsonl"))
-    assert offline == m.diagnosis
+    assert offline == m.diagnosis and offline.verdict == "diverged" and offline.onset == 90
 
 
 def test_a_warning_is_withdrawn_once_when_the_run_recovers():

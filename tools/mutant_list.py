@@ -777,6 +777,14 @@ MUTANTS = [
         "what": "a run whose loss scale is logged is told to add a GradScaler",
     },
     {
+        "name": "diagnosis-lr-read-twice-ends-its-warmup",
+        "path": "fastnorm/monitoring/diagnosis/schedule.py",
+        "old": "        if self.last_step is not None and step <= self.last_step:\n            return",
+        "new": "        if False:\n            return",
+        "tests": ["tests/test_monitor.py::test_the_offline_diagnosis_sees_what_the_online_one_saw"],
+        "what": "the window's last learning rate, read again beside its changes, ends a warmup online only",
+    },
+    {
         "name": "monitor-never-withdraws",
         "path": "fastnorm/monitoring/monitor.py",
         "old": "        elif not d.unstable and self.alarm is not None:",

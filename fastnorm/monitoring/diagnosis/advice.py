@@ -180,7 +180,8 @@ class Evidence:
         )
 
     def decay_steps(self) -> float | None:
-        """How many e-foldings the weight decay alone shrinks the weights by over the run (lr * wd * steps)."""
+        """How many e-foldings the weight decay alone shrinks the weights by over the run (lr * wd * "
+        "steps)."""
         if self.weight_decay is None or self.lr_first is None or self.weight_decay <= 0:
             return None
         return abs(self.lr_first) * self.weight_decay * max(self.span, 1)
@@ -276,16 +277,23 @@ def lr_cause(ev: Evidence, onset: int, reach: int) -> Action | None:
         if after < 0:
             return Action(
                 "lr_schedule",
-                f"Check the learning-rate schedule: the learning rate turned negative {_read(step, previous)} "
+                "Check the learning-rate schedule: the learning rate turned negative "
+                f"{_read(step, previous)} "
                 f"({_g(before)} to {_g(after)}), so each step climbs the loss instead of descending it.",
             )
         if ev.ramp(change):
             before = ev.chain_first(change)[1]
         if abs(after) > 2 * abs(before):
             if ev.ramp(change):
-                how = f"kept rising from about step {ev.change_start(change)}, {_g(before)} to {_g(after)} by step {step},"
+                how = (
+                    f"kept rising from about step {ev.change_start(change)}, {_g(before)} to {_g(after)} "
+                    f"by step {step},"
+                )
             else:
-                how = f"jumped {abs(after) / abs(before):.3g}x {_read(step, previous)} ({_g(before)} to {_g(after)})"
+                how = (
+                    f"jumped {abs(after) / abs(before):.3g}x {_read(step, previous)} ({_g(before)} to "
+                    f"{_g(after)})"
+                )
             return Action(
                 "lower_lr",
                 f"Lower the learning rate: it {how} as the norm rose; keep it at {_g(before)} "
@@ -343,7 +351,8 @@ def stall_actions(ev: Evidence, stall: Stall, layer_snapshots: int, layers_vanis
         causes.append(
             Action(
                 "weight_decay",
-                f"Lower the weight decay: {_g(ev.weight_decay)} at a learning rate of {_g(ev.lr_first)} shrinks "
+                f"Lower the weight decay: {_g(ev.weight_decay)} at a learning rate of {_g(ev.lr_first)} "
+                "shrinks "
                 f"the weights by e^{decay:.0f} over the {ev.span} steps logged, holding them near zero.",
             )
         )
@@ -351,7 +360,8 @@ def stall_actions(ev: Evidence, stall: Stall, layer_snapshots: int, layers_vanis
         causes.append(
             Action(
                 "adam_eps",
-                f"Lower Adam's eps (or scale the loss up): the whole gradient's norm ({_g(ev.norm_level)}) is "
+                f"Lower Adam's eps (or scale the loss up): the whole gradient's norm ({_g(ev.norm_level)}) "
+                "is "
                 f"within 100x of eps={_g(ev.eps)}, so eps dominates Adam's denominator and the effective "
                 "learning rate is far below the one set.",
             )
@@ -360,7 +370,8 @@ def stall_actions(ev: Evidence, stall: Stall, layer_snapshots: int, layers_vanis
         causes.append(
             Action(
                 "check_labels",
-                f"Check that the labels match the inputs: the loss stayed at {_g(stall.first)} = ln {stall.chance} "
+                f"Check that the labels match the inputs: the loss stayed at {_g(stall.first)} = ln "
+                f"{stall.chance} "
                 f"(chance for {stall.chance} classes) from step {stall.start} while the norm stayed in its "
                 "band: the gradients are normal, yet nothing is learned.",
             )
@@ -380,7 +391,8 @@ def stall_actions(ev: Evidence, stall: Stall, layer_snapshots: int, layers_vanis
         causes.append(
             Action(
                 "warmup",
-                f"Warm the learning rate up (or lower it): the loss stopped falling at {_g(at)} from step {step}, "
+                f"Warm the learning rate up (or lower it): the loss stopped falling at {_g(at)} from step "
+                f"{step}, "
                 f"far above where it can go, with the learning rate {lr} and no warmup (post-LN transformers "
                 "and deep nets need one).",
             )
@@ -437,7 +449,8 @@ def vanish_actions(ev: Evidence, zeros_at: int | None) -> tuple[Action, ...]:
         actions.append(
             Action(
                 "weight_decay",
-                f"Lower the weight decay: {_g(ev.weight_decay)} at a learning rate of {_g(ev.lr_first)} shrinks "
+                f"Lower the weight decay: {_g(ev.weight_decay)} at a learning rate of {_g(ev.lr_first)} "
+                "shrinks "
                 f"the weights by e^{decay:.0f} over the {ev.span} steps logged.",
             )
         )

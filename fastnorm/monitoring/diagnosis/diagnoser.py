@@ -423,7 +423,8 @@ class Diagnoser:
         onset = self._first_step if self._first_step is not None else step
         detail = (
             f"the loss jumped to {num(value)} at step {step} ({value / before:.0f}x its level before, "
-            f"{num(before)}) in the run's first steps: {num(loss.first)} at the start, {num(loss.final)} at the end"
+            f"{num(before)}) in the run's first steps: {num(loss.first)} at the start, {num(loss.final)} "
+            "at the end"
         )
         levels = self._norm.levels.all()
         base = levels[0][1] if levels else None

@@ -22,6 +22,8 @@ class LrSignal:
         self.changes: deque[tuple[int, float, float, int, int]] = deque(maxlen=256)
 
     def update(self, step: int, value: float) -> None:
+        if self.last_step is not None and step <= self.last_step:
+            return  # read already (the monitor logs a window's last rate beside its changes)
         last, self.last = self.last, value
         previous, self.last_step = self.last_step, step
         if last is None:
