@@ -227,10 +227,11 @@ class LossView:
             return f"{a:.3g} to {self.at(end):.3g}"
         return None
 
-    def fell(self, start: int, end: int) -> str | None:
-        """``"a to b"`` when the loss fell over ``[start, end]`` and stayed below where it began."""
+    def fell(self, start: int, end: int, stayed: bool = True) -> str | None:
+        """``"a to b"`` when the loss fell over ``[start, end]`` (and, with ``stayed``, stayed below
+        where it began to the end)."""
         a, b = self.at(start), self.at(end)
-        if b < a - self.tol and self.final < a - self.tol:
+        if b < a - self.tol and (not stayed or self.final < a - self.tol):
             return f"{a:.3g} to {b:.3g}"
         return None
 
@@ -271,8 +272,24 @@ def loss_event(
             or (f.event.kind == EXPLODING and f.event.end_step >= start - near)
         )
     }
-    linked = [(found[i].event.start_step, found[i].extreme - found[i].base) for i in ours]
-    linked += [(a, peak) for a, b, peak in ups if a <= start + near and b >= start - near]
+    # A rise long under way while the loss still fell (a model leaving a small initialisation, then
+    # blowing up for another reason) goes into the divergence but does not date it.
+    dating = [
+        i
+        for i in ours
+        if not (
+            found[i].event.start_step < start - near
+            and loss.fell(found[i].event.start_step, start - near, stayed=False)
+        )
+    ]
+    linked = [(found[i].event.start_step, found[i].extreme - found[i].base) for i in dating]
+    linked += [
+        (a, peak)
+        for a, b, peak in ups
+        if a <= start + near
+        and b >= start - near
+        and not (a < start - near and loss.fell(a, start - near, stayed=False))
+    ]
     before = sorted(x for s, x in levels if start - 4 * near <= s < start) or sorted(
         x for _, x in levels[: 4 * near]
     )
