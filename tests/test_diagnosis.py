@@ -738,3 +738,15 @@ def test_every_action_has_a_known_id():
         for seed in SEEDS:
             found.update(diagnose(range(N), case(name, seed)[0]).action_ids)
     assert found and found <= set(IDS), found - set(IDS)
+
+
+def test_fail_on_unstable_never_passes_a_log_too_short_to_judge(tmp_path, capsys):
+    from fastnorm.cli import main
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps({"step": s, "gradient_norm": 1.0}) + "\n" for s in range(3)))
+    assert main(["diagnose", str(path), "--fail-on-unstable"]) == 1
+    assert (
+        "verdict: too few points (3 steps read; at least 5 are needed to judge a run)"
+        in capsys.readouterr().out
+    )
