@@ -785,6 +785,14 @@ MUTANTS = [
         "what": "the window's last learning rate, read again beside its changes, ends a warmup online only",
     },
     {
+        "name": "monitoring-imports-the-compute-core",
+        "path": "fastnorm/monitoring/monitor.py",
+        "old": "from fastnorm import checks\n",
+        "new": "from fastnorm import checks\nfrom fastnorm.norm import tensor_norms  # noqa: F401\n",
+        "tests": ["tests/test_monitoring_layout.py::test_monitoring_never_imports_the_compute_core"],
+        "what": "the monitor imports the compute core again (per-layer norms computed inside monitoring)",
+    },
+    {
         "name": "monitor-never-withdraws",
         "path": "fastnorm/monitoring/monitor.py",
         "old": "        elif not d.unstable and self.alarm is not None:",
