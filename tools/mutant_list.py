@@ -728,7 +728,8 @@ MUTANTS = [
         "old": "    if stall.chance is not None and norm_steady:",
         "new": "    if False:",
         "tests": [
-            "tests/test_diagnosis.py::test_a_loss_at_chance_from_the_start_with_normal_gradients_checks_the_labels"
+            "tests/test_diagnosis.py::test_a_loss_at_chance_from_the_start_with_normal_gradients_checks_the_labels",
+            "tests/test_families.py",
         ],
         "what": "a loss at ln(classes) from the start with normal gradients gets no label advice",
     },
