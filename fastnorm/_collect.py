@@ -24,7 +24,7 @@ rank waiting.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Union
 
@@ -42,16 +42,51 @@ _SPARSE_COMPRESSED = (torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr, torc
 
 
 def items_of(tensors: TensorOrTensors, fn: str) -> list[Any]:
+    """The items of a call, as a list; what is not a Tensor or an iterable of them
+    raises a TypeError that says what to pass instead."""
     if isinstance(tensors, Tensor):
         return [tensors]
     if isinstance(tensors, Items):
         return tensors
+    hint = _what_to_pass(tensors)
+    if hint:
+        raise TypeError(f"{fn}: got {hint}")
     try:
         return list(tensors)
     except TypeError:
         raise TypeError(
             f"{fn}: expected a Tensor or an iterable of Tensors, got {type(tensors).__name__}"
         ) from None
+
+
+def _what_to_pass(value: Any) -> str | None:
+    """For the containers users pass by mistake: what they are, and what to pass."""
+    name = type(value).__name__
+    if isinstance(value, torch.nn.Module):
+        return f"a module ({name}); pass its parameters: model.parameters()"
+    if isinstance(value, torch.optim.Optimizer):
+        return (
+            f"an optimizer ({name}); pass the parameters it steps: "
+            "[p for group in optimizer.param_groups for p in group['params']]"
+        )
+    if isinstance(value, Mapping):
+        return (
+            f"a mapping ({name}), which iterates over its keys; a state_dict() holds the weights, not "
+            "their gradients: pass model.parameters()"
+        )
+    return None
+
+
+def _item_hint(item: Any) -> str:
+    """What an item that is not a Tensor most likely is, and what to pass instead."""
+    named = isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str)
+    if named and isinstance(item[1], Tensor):
+        return " (a (name, parameter) pair, as named_parameters() gives: pass model.parameters())"
+    if isinstance(item, torch.nn.Module):
+        return " (a module: pass model.parameters())"
+    if isinstance(item, dict) and "params" in item:
+        return " (a param group: pass [p for group in groups for p in group['params']])"
+    return ""
 
 
 class Items(list):
@@ -84,7 +119,7 @@ def is_parameter(item: Tensor) -> bool:
 
 def check_tensor(item: Any, position: int, fn: str) -> Tensor:
     if not isinstance(item, Tensor):
-        raise TypeError(f"{fn}: item {position} is a {type(item).__name__}, not a Tensor")
+        raise TypeError(f"{fn}: item {position} is a {type(item).__name__}, not a Tensor{_item_hint(item)}")
     return item
 
 

@@ -339,14 +339,14 @@ def l2_sum_overflows_only_across_ranks(rank: int, world: int) -> dict:
 def unscaled_partials_keep_their_bits(rank: int, world: int) -> dict:
     # Ordinary values: the global norm is the square root of one SUM of the local
     # plain sums of squares, as before partials could be scaled.
-    from fastnorm._plan import plan_for
-    from fastnorm.backends import Mode
+    from fastnorm._partial import Mode
+    from fastnorm._plan import build
 
     g = torch.Generator().manual_seed(31 + rank)
     mine = [torch.randn(1000 + 17 * rank, generator=g, dtype=torch.float64) * 3]
     got = fastnorm.total_norm(mine, group=dist.group.WORLD)
-    group = plan_for(mine, 2.0, "test").norm_groups[0]
-    partial, _, _ = group.backend.reduce(group.state, Mode.L2, 2.0, torch.float64)
+    group = build(mine, 2.0, "test").norm_groups[0]
+    partial, _, _ = group.backend.reduce(group.prepared, Mode.L2, 2.0, torch.float64)
     assert partial[0].item() == 0.0  # unscaled
     plain = partial[1].clone()
     dist.all_reduce(plain, op=dist.ReduceOp.SUM)
