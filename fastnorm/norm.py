@@ -42,11 +42,17 @@ class NoGradientWarning(UserWarning):
 
 
 def _warn_no_gradient(fn: str, what: str) -> None:
-    """Warns at the caller of the public function (Python's filter then shows it once there)."""
+    """Warns at the first caller outside fastnorm (the user's line, or the framework's
+    through ``fastnorm.patch()``): Python's filter then shows it once there."""
     frame, level = sys._getframe(1), 2
-    while frame is not None and frame.f_globals.get("__name__") == __name__:
+    while frame is not None and _inside(frame.f_globals.get("__name__", "")):
         frame, level = frame.f_back, level + 1
     warnings.warn(f"{fn}: {what}; the norm is 0 and nothing is clipped", NoGradientWarning, stacklevel=level)
+
+
+def _inside(module: str) -> bool:
+    """fastnorm's own frames, and torch's no_grad wrapper around a patched function."""
+    return module.partition(".")[0] == "fastnorm" or module == "torch.utils._contextlib"
 
 
 def _warn_if_no_gradient(fn: str, count: int, plan: Plan | None) -> None:

@@ -505,3 +505,12 @@ def test_lightlytrains_total_gradient_norm_is_rebound_in_every_module_that_impor
     assert ours.item() == pytest.approx(original(params).item(), rel=1e-6)
     assert ours.item() == pytest.approx(reference.norm([p.grad for p in params], 2.0), rel=1e-6)
     assert [n.item() for n in monitor.norms] == [ours.item()]  # LightlyTrain's per-step norm
+
+
+def test_no_gradient_warning_points_at_the_frameworks_line_not_the_patch():
+    params = list(torch.nn.Linear(3, 2).parameters())  # before any backward()
+    with fastnorm.patch(), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.nn.utils.clip_grad_norm_(params, 1.0)  # a framework calling torch's name
+    [warning] = [w for w in caught if issubclass(w.category, fastnorm.NoGradientWarning)]
+    assert warning.filename == __file__

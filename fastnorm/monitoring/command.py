@@ -42,6 +42,8 @@ def diagnose_series(series: Series, max_norm: float | None = None) -> Diagnosis:
         scale=series.scale.pair() if series.scale else None,
         layers=series.layers,
         skipped=series.skipped.pair() if series.skipped else None,
+        optimizer={name: track.pair() for name, track in series.optimizer.items()},
+        precision=series.precision,
         max_norm=max_norm if max_norm is not None else series.max_norm,
     )
 
