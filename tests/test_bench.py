@@ -803,6 +803,9 @@ def test_the_docs_hold_the_targets_table_and_what_the_published_run_met():
     assert run["goals"] == goals.evaluate(run)  # judged by this goals.py (python -m fastnorm.bench.report)
     assert goals.by_target(run["goals"]) in text
     assert report.markdown(run) == PUBLISHED.with_suffix(".md").read_text()
+    judged = [g for g in run["goals"] if g["pass"] is not None]
+    met = f"({sum(g['pass'] for g in judged)} of the {len(judged)} judged)"
+    assert met in " ".join((ROOT / "README.md").read_text().split())
 
 
 def test_rounds_stop_at_their_time_budget_and_the_table_says_so(monkeypatch, registered):
@@ -851,6 +854,6 @@ def test_the_time_a_default_run_takes_is_said_the_same_in_help_and_docs(capsys):
         main(["bench", "--help"])
     help_text = " ".join(capsys.readouterr().out.split())
     docs = " ".join(DOCS.read_text().split())
-    assert said in help_text and said in docs
+    assert said in help_text and said in docs and said in (ROOT / "README.md").read_text()
     assert f"budget of {RUN_BUDGET_S / 60:.0f} minutes from the command on" in help_text
     assert f"budget of {int(RUN_BUDGET_S // 60)}:{int(RUN_BUDGET_S % 60):02d} from the command on" in docs
