@@ -171,7 +171,13 @@ class _PySnapshot:
         present = compress(grads, self.present)
         return list(map(_get_local, present) if self.kind == "dtensor_params" else present)
 
-    def matches(self, items: list[Any], grads: list[Any] | None = None, written: list | None = None) -> bool:
+    def matches(
+        self,
+        items: list[Any],
+        grads: list[Any] | None = None,
+        written: list | None = None,
+        held: list | None = None,
+    ) -> bool:
         if written is not None:
             return False  # clip_'s checks run in Python (norm._written) without the extension
         if list(map(id, items)) != self.ids or any(type(t) is not self.item_type for t in items):
@@ -195,7 +201,11 @@ class _PySnapshot:
                 return False
         except (TypeError, RuntimeError, AttributeError):  # a gradient now sparse, or not sharded
             return False
-        return all((tensors[i].shape, tensors[i].stride()) == layout for i, layout in self.layouts.items())
+        if not all((tensors[i].shape, tensors[i].stride()) == layout for i, layout in self.layouts.items()):
+            return False
+        if held is not None:
+            held.extend(tensors)
+        return True
 
 
 def _same_spec(item: Any, grad: Any, spec: Any) -> bool:
@@ -303,13 +313,18 @@ class _Cache:
         items: list[Any],
         grads: list[Any] | None = None,
         written: list[Tensor] | None = None,
+        held: list[Tensor] | None = None,
     ) -> Plan | None:
         """The cached plan of ``items`` if it still describes them; ``grads``: their
         ``.grad``, when the caller has read them already (then those are checked).
         ``written`` (for ``clip_``): on a hit, the tensors it writes, none of them
-        an inference tensor (see ``csrc/snapshot.h``)."""
+        an inference tensor (see ``csrc/snapshot.h``). ``held``: receives every
+        tensor the plan reads; the caller keeps it until the plan is reduced, so
+        that none is freed meanwhile by Python code the check ran (a
+        ``TorchFunctionMode``). An exception other than what a changed gradient
+        raises propagates (see ``csrc/snapshot.h``)."""
         entry = self._entries.get(key)
-        if entry is None or not entry.snapshot.matches(items, grads, written):
+        if entry is None or not entry.snapshot.matches(items, grads, written, held):
             return None
         self.touch(key)
         return entry.plan
@@ -373,7 +388,11 @@ Reduced = tuple[Tensor, Tensor, None]  # what Backend.reduce returns, without pe
 
 
 def cached_norm(
-    items: list[Any], p: float, group: Any = None, written: list[Tensor] | None = None
+    items: list[Any],
+    p: float,
+    group: Any = None,
+    written: list[Tensor] | None = None,
+    held: list[Tensor] | None = None,
 ) -> tuple[Plan, Reduced | None] | None:
     """The cached plan of ``items`` if it still describes them, and where one
     C++ call serves it, its reduction, computed while the plan is checked: the
@@ -381,14 +400,15 @@ def cached_norm(
     are confirmed, so the check, item after item on this thread, and the read
     of the memory, on the others, overlap. A tensor that fails the check is
     never read (on fastnorm's own thread pool the check runs first, see
-    ``_C.reduce_checked``). None when there is no valid plan. ``written``: see
-    ``cached_for_writing``."""
+    ``_C.reduce_checked``, which keeps every tensor it checked alive until it
+    is read). None when there is no valid plan. ``written``: see
+    ``cached_for_writing``; ``held``: see ``_Cache.lookup``."""
     key = _key(items, group, requested())
     entry = _CACHE.entry(key)
     if entry is None:
         return None
     if entry.gated is None:
-        plan = _CACHE.lookup(key, items, None, written)
+        plan = _CACHE.lookup(key, items, None, written, held)
         return None if plan is None else (plan, None)
     reduced = cpp.BACKEND.reduce_checked(
         entry.snapshot, items, written, entry.gated, Mode.of(p), p, entry.plan.result_dtype
@@ -422,17 +442,21 @@ def plan_for(
     group: Any = None,
     grads: list[Any] | None = None,
     looked_up: bool = False,
+    held: list[Tensor] | None = None,
 ) -> Plan:
     """The plan for ``items``, from the cache when still valid. ``grads``: the
     items' ``.grad``, when the caller has read them already (read once per call).
-    ``looked_up``: ``cached_norm`` found no valid plan just now (none is looked for)."""
+    ``looked_up``: ``cached_norm`` found no valid plan just now (none is looked for).
+    ``held``: receives the tensors the plan reads (see ``_Cache.lookup``)."""
     request = requested()
     key = _key(items, group, request)
-    plan = None if looked_up else _CACHE.lookup(key, items, grads)
+    plan = None if looked_up else _CACHE.lookup(key, items, grads, None, held)
     if plan is not None:
         return plan
     grads = collect(items, p, fn, group)
     plan = build(grads, request)
+    if held is not None:
+        held.extend(grads.norm)
     kind = _kind(items)
     if plan.cacheable and kind is not None:
         _CACHE.store(key, kind, items, grads.per_item, plan, grads.slots)

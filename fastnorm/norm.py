@@ -87,14 +87,21 @@ def _item_gather(plan: Plan) -> list[int]:
 
 
 def _plan_for(
-    items: list[Any], p: float, fn: str, group: Any, grads: list[Any] | None = None, looked_up: bool = False
+    items: list[Any],
+    p: float,
+    fn: str,
+    group: Any,
+    grads: list[Any] | None = None,
+    looked_up: bool = False,
+    held: list[Tensor] | None = None,
 ) -> Plan:
     """The plan for ``items``: cached, fused where it can be, for the norm types
     the fused backends compute; on the torch backend everywhere for the others.
     ``grads``: the parameters' ``.grad``, already read by the caller;
-    ``looked_up``: see ``_plan.plan_for``."""
+    ``looked_up`` and ``held`` (the tensors to keep until the plan is reduced):
+    see ``_plan.plan_for``."""
     if Mode.of(p).fused:
-        return plan_for(items, p, fn, group, grads, looked_up)
+        return plan_for(items, p, fn, group, grads, looked_up, held)
     return build_plan(collect(items, p, fn, group), "torch")
 
 
@@ -301,9 +308,10 @@ def total_norm(
         ops.check_compilable("total_norm", group, error_if_nonfinite)
         return torch.ops.fastnorm.total_norm(ops.traced_gradients(items, "total_norm"), p)
     fused = Mode.of(p).fused
-    hit = cached_norm(items, p, group) if fused else None
+    held: list[Tensor] = []  # what the plan reads, alive until it is reduced
+    hit = cached_norm(items, p, group, held=held) if fused else None
     if hit is None:  # no valid cached plan: build one (not looked up again)
-        hit = _plan_for(items, p, "total_norm", group, looked_up=fused), None
+        hit = _plan_for(items, p, "total_norm", group, looked_up=fused, held=held), None
     plan, reduced = hit
     norm, _ = _reduce(plan, p, "total_norm", reduced=reduced)
     if error_if_nonfinite:
@@ -388,7 +396,8 @@ def clip_(
         plan, written, reduced = hit
     else:
         grads = _gradients(targets)  # read once: the plan's check and the writes share them
-        plan = _plan_for(targets, p, "clip_", group, None if grads is targets else grads)
+        held: list[Tensor] = []  # what the plan reads, alive until it is reduced and scaled
+        plan = _plan_for(targets, p, "clip_", group, None if grads is targets else grads, held=held)
         written = _written(targets, grads, plan)
     norm = _reduce(plan, p, "clip_", reduced=reduced)[0] if total_norm is None else total_norm
     if error_if_nonfinite:
@@ -439,7 +448,8 @@ def tensor_norms(
         ops.check_compilable("tensor_norms", group)
         grads = ops.traced_gradients(items, "tensor_norms", keep_missing=True)
         return torch.ops.fastnorm.tensor_norms(grads, p)
-    plan = _plan_for(items, p, "tensor_norms", group)
+    held: list[Tensor] = []  # what the plan reads, alive until it is reduced
+    plan = _plan_for(items, p, "tensor_norms", group, held=held)
     total, per_item = _reduce(plan, p, "tensor_norms", per_item=True)
     assert per_item is not None
     return total, per_item

@@ -387,3 +387,133 @@ def test_two_threads_reading_through_a_torch_function_mode_do_not_deadlock(pool)
     result = run_python(["-c", _TWO_THREADS], **env)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip() == "done"
+
+
+_DROPPED = """
+import json, sys
+import torch
+from torch.overrides import TorchFunctionMode
+import fastnorm
+
+numel, count = int(sys.argv[1]), 16
+torch.set_num_threads(2)
+
+
+class DropTheFirst(TorchFunctionMode):
+    # When the check reads the middle gradient's address, the first one, checked
+    # already, loses its last reference; a new tensor may take its memory.
+    def __init__(self, params, watched):
+        super().__init__()
+        self.params, self.watched, self.filler = params, watched, None
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func is torch.Tensor.data_ptr and args[0] is self.watched and self.filler is None:
+            self.params[0].grad = None
+            self.filler = torch.full((numel,), 1000.0)
+        return out
+
+
+results = {}
+for fn in ("total_norm", "tensor_norms", "clip_"):
+    params = [torch.nn.Parameter(torch.zeros(numel)) for _ in range(count)]
+    for p in params:
+        p.grad = torch.ones(numel)
+    call = {
+        "total_norm": lambda: fastnorm.total_norm(params),
+        "tensor_norms": lambda: fastnorm.tensor_norms(params)[0],
+        "clip_": lambda: fastnorm.clip_(params, 1e30),
+    }[fn]
+    call()
+    call()  # from the cached plan
+    with DropTheFirst(params, params[count // 2].grad):
+        results[fn] = call().item()
+print(json.dumps(results))
+"""
+
+
+@pytest.mark.skipif(cpp._C is None, reason="the C++ kernels are not built")
+@pytest.mark.parametrize("pool", ["openmp", "own"])
+@pytest.mark.parametrize("numel", [1 << 12, 1 << 20], ids=["reused", "unmapped"])
+def test_a_gradient_dropped_during_the_check_is_read_as_it_was(pool, numel):
+    """Python code that runs while a cached plan is checked (a TorchFunctionMode)
+    drops a gradient checked already: the kernel reads it as it was, as torch's
+    get_total_norm, which holds its list, does. Its freed memory is reused by a
+    new tensor (16 KiB) or given back to the system (4 MiB, so that a read kills
+    the child process this runs in)."""
+    env = {"FASTNORM_BACKEND": "cpp"} | ({"FASTNORM_OWN_THREADS": "1"} if pool == "own" else {})
+    result = run_python(["-c", _DROPPED, str(numel)], **env)
+    assert result.returncode == 0, (result.returncode, result.stderr[-2000:])
+    want = float(16 * numel) ** 0.5
+    assert json.loads(result.stdout) == {"total_norm": want, "tensor_norms": want, "clip_": want}
+
+
+_RAISED = """
+import json, sys
+import torch
+from torch.overrides import TorchFunctionMode
+import fastnorm
+
+numel, count = int(sys.argv[1]), 16
+torch.set_num_threads(2)
+
+
+class RaiseOnce(TorchFunctionMode):
+    # Raises `error` once, when the check reads the middle gradient's address.
+    def __init__(self, watched, error):
+        super().__init__()
+        self.watched, self.error = watched, error
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func is torch.Tensor.data_ptr and args[0] is self.watched and self.error is not None:
+            error, self.error = self.error, None
+            raise error
+        return func(*args, **(kwargs or {}))
+
+
+results = {}
+for fn in ("total_norm", "clip_", "tensor_norms"):
+    for error in (KeyboardInterrupt, ValueError, RuntimeError):
+        fastnorm.clear_cache()
+        g = torch.Generator().manual_seed(1)
+        params = [torch.nn.Parameter(torch.zeros(numel)) for _ in range(count)]
+        for p in params:
+            p.grad = torch.randn(numel, generator=g)
+        call = {
+            "total_norm": lambda: fastnorm.total_norm(params),
+            "tensor_norms": lambda: fastnorm.tensor_norms(params)[0],
+            "clip_": lambda: fastnorm.clip_(params, 1.0),
+        }[fn]
+        fastnorm.total_norm(params)  # builds the plan
+        want = torch.cat([p.grad.double() for p in params]).norm().item()
+        before = [(p.grad.clone(), p.grad._version) for p in params]
+        try:
+            with RaiseOnce(params[count // 2].grad, error("from the check")):
+                outcome = call().item() / want
+        except BaseException as exc:
+            outcome = type(exc).__name__
+        untouched = all(torch.equal(p.grad, b) and p.grad._version == v for p, (b, v) in zip(params, before))
+        results[f"{fn} {error.__name__}"] = [outcome, untouched]
+print(json.dumps(results))
+"""
+
+
+@pytest.mark.skipif(cpp._C is None, reason="the C++ kernels are not built")
+@pytest.mark.parametrize("pool", ["openmp", "own"])
+@pytest.mark.parametrize("numel", [1 << 12, 1 << 18], ids=["one-thread", "overlapped"])
+def test_an_exception_raised_during_the_check_propagates_with_nothing_written(pool, numel):
+    """A KeyboardInterrupt (or any exception but those a changed gradient raises)
+    from Python code the cached plan's check runs propagates from total_norm,
+    clip_ and tensor_norms, before anything is written. A RuntimeError, what torch
+    raises for a gradient whose facts cannot be read, makes the check a miss:
+    the plan is rebuilt and the norm is right."""
+    env = {"FASTNORM_BACKEND": "cpp"} | ({"FASTNORM_OWN_THREADS": "1"} if pool == "own" else {})
+    result = run_python(["-c", _RAISED, str(numel)], **env)
+    assert result.returncode == 0, (result.returncode, result.stderr[-2000:])
+    for case, (outcome, untouched) in json.loads(result.stdout).items():
+        fn, error = case.split()
+        if error == "RuntimeError":
+            assert outcome == pytest.approx(1.0, rel=1e-6), case
+            assert untouched == (fn != "clip_"), case  # clip_ scaled by the right norm
+        else:
+            assert (outcome, untouched) == (error, True), case
