@@ -350,6 +350,64 @@ def test_bf16_under_the_callers_flush_denormal_mode_every_instruction_set_agrees
         torch.set_flush_denormal(False)
 
 
+_FLOAT_MODES = """
+import ctypes, json
+import torch
+import fastnorm
+
+libm = ctypes.CDLL("libm.so.6")
+FE_TONEAREST, FE_UPWARD = 0, 0x800
+tiny = [torch.full((65536,), 1e-39) for _ in range(48)]  # float32 subnormals, 12 MiB
+g = torch.Generator().manual_seed(3)
+# One large tensor sets the norm (about 1e6); clipped to 1e-3, the others'
+# values of about 1e-30 become float32 subnormals.
+small = [torch.randn(65536, generator=g) * 1e-30 for _ in range(47)] + [torch.full((65536,), 4e3)]
+for threads in (1, 2):  # every helper thread started before any mode is set
+    torch.set_num_threads(threads)
+    fastnorm.total_norm(tiny)
+out = {}
+for mode in ("default", "flush", "upward"):
+    if mode == "flush":
+        assert torch.set_flush_denormal(True)
+    if mode == "upward":
+        assert libm.fesetround(FE_UPWARD) == 0
+    seen, clipped = {}, {}
+    for threads in (1, 2):
+        torch.set_num_threads(threads)
+        seen[threads] = sorted({fastnorm.total_norm(tiny).item().hex() for _ in range(50)})
+        copies = [t.clone() for t in small]
+        fastnorm.clip_(copies, 1e-3, gradients=True)
+        clipped[threads] = torch.cat(copies).view(torch.int32)
+    torch.set_flush_denormal(False)
+    libm.fesetround(FE_TONEAREST)
+    out[mode] = {"norms": seen, "clipped alike": torch.equal(clipped[1], clipped[2])}
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="glibc's fenv through ctypes: Linux")
+@pytest.mark.parametrize("pool", ["openmp", "own"])
+def test_the_callers_floating_point_modes_rule_every_thread(pool):
+    """torch.set_flush_denormal(True) (and fesetround) set the calling thread's
+    modes only; the helper threads run each call's tasks under the caller's, so
+    that any thread count gives one answer, call after call: the issue's 48
+    tensors of 65,536 values of 1e-39 read as 0 under flush-to-zero, exactly
+    otherwise, and clipping that makes subnormals flushes them alike."""
+    env = {"FASTNORM_BACKEND": "cpp"} | ({"FASTNORM_OWN_THREADS": "1"} if pool == "own" else {})
+    result = run_python(["-c", _FLOAT_MODES], **env)
+    assert result.returncode == 0, result.stderr[-2000:]
+    out = json.loads(result.stdout)
+    exact = reference.norm([torch.full((65536 * 48,), 1e-39)], 2.0)
+    for mode, got in out.items():
+        one, two = got["norms"]["1"], got["norms"]["2"]
+        assert len(one) == 1 and two == one and got["clipped alike"], (mode, got)
+        norm = float.fromhex(one[0])
+        if mode == "flush":
+            assert norm == 0.0
+        else:
+            assert norm == pytest.approx(exact, rel=1e-6), mode
+
+
 _TRAPPING = """
 import ctypes, json, math, sys
 import torch
