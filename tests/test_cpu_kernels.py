@@ -542,13 +542,53 @@ def test_fastnorm_isa_is_read_once_per_process():
     assert {o["norm"] for o in outs} == {fastnorm.total_norm([x]).double().item()}
 
 
-def test_an_unknown_instruction_set_is_refused_with_what_the_cpu_supports():
-    result = run_python(["-m", "fastnorm", "info"], FASTNORM_ISA="avx1024", TRITON_INTERPRET="0")
-    assert result.returncode == 0, result.stderr
-    line = next(line for line in result.stdout.splitlines() if line.startswith("C++ kernels"))
-    assert "FASTNORM_ISA=avx1024 is unknown" in line and ", ".join(ISAS) in line
+_UNKNOWN_ISA = """
+import torch, fastnorm
+try:
+    fastnorm.total_norm([torch.ones(3)])
+except ValueError as exc:
+    print(exc)
+"""
+
+
+@pytest.mark.parametrize("variable", ["FASTNORM_ISA", "FASTNORM_CPU_ISA"])
+def test_an_unknown_instruction_set_raises_naming_the_known_ones(variable):
+    """A mistyped value raises at every use of the CPU backend, as a mistyped
+    FASTNORM_BACKEND does; the torch backend does not silently take over."""
+    message = f"{variable}='avx9' is not one of {', '.join(cpp.KNOWN_ISAS)}"
+    result = run_python(["-c", _UNKNOWN_ISA], **{variable: "avx9"}, TRITON_INTERPRET="0")
+    assert result.stdout.strip() == message, result.stderr[-2000:]
+    result = run_python(["-m", "fastnorm", "info"], **{variable: "avx9"}, TRITON_INTERPRET="0")
+    assert result.returncode != 0 and message in result.stderr
     with pytest.raises(ValueError, match="is not one of"):
-        cpp._C.use_isa("avx1024")
+        cpp._C.use_isa("avx9")
+
+
+def test_every_instruction_set_the_cpu_runs_is_a_known_one():
+    assert set(ISAS) <= set(cpp.KNOWN_ISAS)
+    if "avx512" in ISAS:
+        assert ISAS == list(cpp.KNOWN_ISAS)
+
+
+_LACKING = """
+import warnings, torch, fastnorm
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    print(fastnorm.total_norm([torch.ones(4)]).item())
+print(caught[0].message if caught else "no warning")
+"""
+
+
+def test_a_known_instruction_set_the_cpu_lacks_leaves_the_torch_backend_with_a_warning():
+    lacking = [isa for isa in cpp.KNOWN_ISAS if isa not in ISAS]
+    if not lacking:
+        pytest.skip("this CPU runs every instruction set fastnorm knows")
+    result = run_python(["-c", _LACKING], FASTNORM_ISA=lacking[0], TRITON_INTERPRET="0")
+    assert result.returncode == 0, result.stderr[-2000:]
+    norm, warning = result.stdout.strip().splitlines()
+    assert float(norm) == 2.0
+    assert f"FASTNORM_ISA={lacking[0]} is not supported here" in warning
+    assert "using the torch backend" in warning
 
 
 def _cpu_flags() -> set[str] | None:

@@ -113,8 +113,32 @@ def _import_extension() -> tuple[Any, ImportError | None, str | None]:
     )
 
 
+# The instruction sets csrc/kernels.cpp has kernels for (on x86-64), whether or not this CPU runs them.
+KNOWN_ISAS = ("generic", "avx2", "avx512")
+
+
+def _unknown_isa() -> str | None:
+    """Why FASTNORM_ISA (or its older name FASTNORM_CPU_ISA, read when the first is
+    unset) names no instruction set at all, or None. A known one this CPU lacks is
+    the extension's to refuse: then the C++ kernels are unavailable, and say why."""
+    for variable in ("FASTNORM_ISA", "FASTNORM_CPU_ISA"):
+        value = os.environ.get(variable, "")
+        if value:
+            if value in KNOWN_ISAS:
+                return None
+            return f"{variable}={value!r} is not one of {', '.join(KNOWN_ISAS)}"
+    return None
+
+
+# A mistyped FASTNORM_ISA raises at every use of the CPU backend, as a mistyped
+# FASTNORM_BACKEND does, instead of handing every CPU tensor to the torch backend.
+_UNKNOWN_ISA = _unknown_isa()
+
 # Built without the extension, a broken build, or an unsupported FASTNORM_ISA.
-_C, _IMPORT_ERROR, BORROWED_FROM = _import_extension()
+if _UNKNOWN_ISA is None:
+    _C, _IMPORT_ERROR, BORROWED_FROM = _import_extension()
+else:
+    _C, _IMPORT_ERROR, BORROWED_FROM = None, ValueError(_UNKNOWN_ISA), None
 
 DTYPE_CODES = {torch.float32: 0, torch.float64: 1, torch.float16: 2, torch.bfloat16: 3}
 
@@ -177,6 +201,8 @@ class CppBackend:
     name = "cpp"
 
     def not_supported_reasons(self, device: torch.device) -> list[str]:
+        if _UNKNOWN_ISA is not None and device.type == "cpu":
+            raise ValueError(_UNKNOWN_ISA)
         reasons = []
         if _C is None:
             reasons.append(f"the extension fastnorm._C is not built ({_IMPORT_ERROR})")
