@@ -393,6 +393,7 @@ def cached_norm(
     group: Any = None,
     written: list[Tensor] | None = None,
     held: list[Tensor] | None = None,
+    dtype: torch.dtype | None = None,
 ) -> tuple[Plan, Reduced | None] | None:
     """The cached plan of ``items`` if it still describes them, and where one
     C++ call serves it, its reduction, computed while the plan is checked: the
@@ -402,7 +403,8 @@ def cached_norm(
     never read (on fastnorm's own thread pool the check runs first, see
     ``_C.reduce_checked``, which keeps every tensor it checked alive until it
     is read). None when there is no valid plan. ``written``: see
-    ``cached_for_writing``; ``held``: see ``_Cache.lookup``."""
+    ``cached_for_writing``; ``held``: see ``_Cache.lookup``; ``dtype``: the
+    root's, instead of the plan's result dtype."""
     key = _key(items, group, requested())
     entry = _CACHE.entry(key)
     if entry is None:
@@ -411,7 +413,7 @@ def cached_norm(
         plan = _CACHE.lookup(key, items, None, written, held)
         return None if plan is None else (plan, None)
     reduced = cpp.BACKEND.reduce_checked(
-        entry.snapshot, items, written, entry.gated, Mode.of(p), p, entry.plan.result_dtype
+        entry.snapshot, items, written, entry.gated, Mode.of(p), p, dtype or entry.plan.result_dtype
     )
     if reduced is None:
         return None

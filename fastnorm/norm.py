@@ -106,12 +106,18 @@ def _plan_for(
 
 
 def _reduce(
-    plan: Plan, p: float, fn: str, per_item: bool = False, reduced: Reduced | None = None
+    plan: Plan,
+    p: float,
+    fn: str,
+    per_item: bool = False,
+    reduced: Reduced | None = None,
+    dtype: torch.dtype | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """The total norm and, with ``per_item``, each item's norm (from the same pass).
-    ``reduced``: the plan's one group, reduced already (``_plan.cached_norm``)."""
+    ``reduced``: the plan's one group, reduced already (``_plan.cached_norm``);
+    ``dtype``: the results', instead of the plan's result dtype."""
     mode = Mode.of(p)
-    first, dtype = plan.result_device, plan.result_dtype
+    first, dtype = plan.result_device, dtype or plan.result_dtype
     if mode == Mode.ZERO and any(d.key[0] == "mesh" for d in plan.domains):
         raise NotImplementedError(
             f"{fn}: norm_type=0 counts the tensors that hold a non-zero, which DTensor shards "
@@ -156,6 +162,25 @@ def _reduce(
             reduced = distributed.all_reduce(_to_device(items[index], device), mode, p, domain)
             items = items.index_copy(0, index, _to_device(reduced, first))
     return total, _partial.root(items, mode, p, dtype)
+
+
+def wide_total_norm(
+    items: list[Any], p: float, group: Any, dtype: torch.dtype | None = torch.float64
+) -> tuple[Tensor, torch.dtype]:
+    """The stages of :func:`total_norm` for checked arguments, run eagerly: the
+    norm as ``dtype`` (None: the dtype ``total_norm`` gives), and that dtype.
+
+    For ``StepClipper``: the float32 norm of gradients a ``GradScaler`` has
+    multiplied may overflow where the gradients do not; in float64 it cannot.
+    """
+    fused = Mode.of(p).fused
+    held: list[Tensor] = []  # what the plan reads, alive until it is reduced
+    hit = cached_norm(items, p, group, held=held, dtype=dtype) if fused else None
+    if hit is None:  # no valid cached plan: build one (not looked up again)
+        hit = _plan_for(items, p, "total_norm", group, looked_up=fused, held=held), None
+    plan, reduced = hit
+    norm, _ = _reduce(plan, p, "total_norm", reduced=reduced, dtype=dtype)
+    return norm, plan.result_dtype
 
 
 def _check_finite(norm: Tensor, p: float) -> None:
@@ -307,13 +332,7 @@ def total_norm(
     if torch.compiler.is_compiling():
         ops.check_compilable("total_norm", group, error_if_nonfinite)
         return torch.ops.fastnorm.total_norm(ops.traced_gradients(items, "total_norm"), p)
-    fused = Mode.of(p).fused
-    held: list[Tensor] = []  # what the plan reads, alive until it is reduced
-    hit = cached_norm(items, p, group, held=held) if fused else None
-    if hit is None:  # no valid cached plan: build one (not looked up again)
-        hit = _plan_for(items, p, "total_norm", group, looked_up=fused, held=held), None
-    plan, reduced = hit
-    norm, _ = _reduce(plan, p, "total_norm", reduced=reduced)
+    norm, _ = wide_total_norm(items, p, group, None)
     if error_if_nonfinite:
         _check_finite(norm, p)
     return norm

@@ -602,6 +602,54 @@ def test_both_flags_skip_once():
     assert not hasattr(opt, "grad_scale") and not hasattr(opt, "found_inf")
 
 
+@pytest.mark.parametrize(
+    "case, max_norm, magnitude",
+    [
+        # The scaled gradients' norm fits float32, the scale over the coefficient does not.
+        ("grad_scale overflows", 0.05, 0.02),
+        # The scaled gradients are finite, their float32 norm is not.
+        ("norm overflows", 1.0, 0.2),
+    ],
+)
+def test_a_grad_scaler_near_the_top_of_float32_without_unscale_steps_as_torch_does(
+    monkeypatch, case, max_norm, magnitude
+):
+    """A GradScaler's scale near 2^127 and no ``unscale_``: step by step, the same
+    scales, the same steps taken, close parameters as torch's recipe
+    (``unscale_``, ``clip_grad_norm_``, ``scaler.step``); every folded
+    ``grad_scale`` of a step taken finite. At step 3 a scaled gradient is inf: both skip."""
+    seen = _spy_fused(monkeypatch)
+    shapes = [(64, 32), (32,), (1000,)]
+    g = torch.Generator().manual_seed(1)
+    ours = [torch.nn.Parameter(torch.randn(s, generator=g)) for s in shapes]
+    theirs = [torch.nn.Parameter(p.detach().clone()) for p in ours]
+    opt = torch.optim.AdamW(ours, lr=1e-2, fused=True)
+    ref = torch.optim.AdamW(theirs, lr=1e-2, fused=True)
+    scaler, ref_scaler = (torch.amp.GradScaler("cpu", init_scale=2.0**126, growth_interval=1) for _ in "ab")
+    clipper = StepClipper(opt, max_norm)
+    for step in range(8):
+        scale = scaler.get_scale()
+        assert scale == ref_scaler.get_scale() and scale >= 2.0**125
+        scaler.scale(torch.ones(()))  # the scalers' scale tensors, as a scaled loss makes them
+        ref_scaler.scale(torch.ones(()))
+        for p, q, s in zip(ours, theirs, shapes):
+            p.grad = torch.randn(s, generator=g).clamp(-4, 4) * magnitude * scale  # finite
+            if step == 3:
+                p.grad[0] = math.inf
+            q.grad = p.grad.clone()
+        ref_scaler.unscale_(ref)
+        torch.nn.utils.clip_grad_norm_(theirs, max_norm)
+        ref_scaler.step(ref)
+        ref_scaler.update()
+        clipper.clip_()
+        scaler.step(opt)
+        scaler.update()
+        assert opt.state[ours[0]]["step"].item() == ref.state[theirs[0]]["step"].item() == step + (step < 3)
+        assert clipper.skipped.item() == float(step == 3), step
+        assert step == 3 or torch.isfinite(seen[-1][0]).all(), step
+        _assert_close(ours, theirs, exact=False)
+
+
 # ----------------------------------------------------------------------------
 # torch.compile, and no host reads
 # ----------------------------------------------------------------------------
