@@ -13,7 +13,7 @@ import torch
 import fastnorm
 import reference
 from fastnorm import _plan
-from fastnorm.backends import cpp
+from fastnorm.backends import cpp, requested
 from harness import run_python
 
 
@@ -151,6 +151,23 @@ def test_64_lists_alternating_every_step_stay_cached(snapshot, builds):
     assert builds[0] == 64
 
 
+def test_past_its_size_the_cache_forgets_the_list_used_least_recently(snapshot, builds):
+    """128 lists fill the cache; using the first again makes the second the
+    least recently used, which the 129th list then evicts (not the first)."""
+    lists = [_params(2, 8) for _ in range(129)]
+    for group in lists[:128]:
+        fastnorm.total_norm(group)
+    assert builds[0] == 128
+    fastnorm.total_norm(lists[0])  # a hit, now the most recently used
+    assert builds[0] == 128
+    fastnorm.total_norm(lists[128])  # a miss, evicting lists[1]
+    assert builds[0] == 129
+    fastnorm.total_norm(lists[0])
+    assert builds[0] == 129
+    fastnorm.total_norm(lists[1])
+    assert builds[0] == 130
+
+
 def test_clipping_through_a_cached_plan_scales_the_current_gradients(snapshot):
     params = _params()
     fastnorm.clip_(params, 1e9)
@@ -167,7 +184,7 @@ def test_clipping_through_a_cached_plan_scales_the_current_gradients(snapshot):
 def test_gradients_read_by_the_caller_are_the_ones_checked(snapshot):
     params = _params()
     fastnorm.total_norm(params)
-    key = ("cpp" if cpp._C is not None else "torch", id(None), 4, id(params[0]), id(params[-1]))
+    key = _plan._key(params, None, requested())  # the key total_norm stored the plan under
     grads = [p.grad for p in params]
     assert _plan._CACHE.lookup(key, params, grads) is not None
     moved = list(grads)
@@ -338,6 +355,54 @@ def test_a_gradient_that_moved_is_never_read_at_its_old_address(pool):
     env = {"FASTNORM_BACKEND": "cpp"} | ({"FASTNORM_OWN_THREADS": "1"} if pool == "own" else {})
     result = run_python(["-c", _STALE], **env)
     assert result.returncode == 0, result.stderr[-2000:]
+    for case, (got, want) in json.loads(result.stdout).items():
+        assert got == pytest.approx(want, rel=1e-6), case
+
+
+_SHARED_TASKS = """
+import ctypes, json, mmap
+import torch
+import fastnorm
+
+torch.set_num_threads(2)
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mprotect.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+numel, count = 1 << 14, 64  # 64 KiB each: four gradients per 256 KiB task, 16 tasks
+g = torch.Generator().manual_seed(6)
+results = {}
+for moved in (1, 2, 3, 4 * 9 + 2):  # never the first of its task
+    for repeat in range(5):
+        regions, params = [], []
+        for _ in range(count):
+            region = mmap.mmap(-1, numel * 4)
+            p = torch.nn.Parameter(torch.zeros(numel))
+            p.grad = torch.frombuffer(region, dtype=torch.float32)
+            p.grad.copy_(torch.randn(numel, generator=g))
+            regions.append(region)
+            params.append(p)
+        fastnorm.total_norm(params)
+        fastnorm.total_norm(params)  # from the cached plan, read while it is checked
+        params[moved].grad = torch.randn(numel, generator=g)
+        base = ctypes.addressof(ctypes.c_char.from_buffer(regions[moved]))
+        assert libc.mprotect(base, numel * 4, 0) == 0, ctypes.get_errno()
+        got = fastnorm.total_norm(params).item()
+        want = torch.cat([p.grad.double() for p in params]).norm().item()
+        results[f"{moved} {repeat}"] = [got, want]
+        assert libc.mprotect(base, numel * 4, 3) == 0, ctypes.get_errno()
+print(json.dumps(results))
+"""
+
+
+@pytest.mark.skipif(cpp._C is None, reason="the C++ kernels are not built")
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="mprotect through libc: Linux")
+@pytest.mark.parametrize("pool", ["openmp", "own"])
+def test_a_moved_gradient_that_shares_its_task_is_never_read_at_its_old_address(pool):
+    """Several small gradients share each task: a task waits for the last
+    gradient it reads, so one that moved in the middle of its task (not its
+    first) is not read at its old, unreadable address either."""
+    env = {"FASTNORM_BACKEND": "cpp"} | ({"FASTNORM_OWN_THREADS": "1"} if pool == "own" else {})
+    result = run_python(["-c", _SHARED_TASKS], **env)
+    assert result.returncode == 0, (result.returncode, result.stderr[-2000:])
     for case, (got, want) in json.loads(result.stdout).items():
         assert got == pytest.approx(want, rel=1e-6), case
 
