@@ -50,6 +50,17 @@ def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     return torch.equal(a.view(torch.int64), b.view(torch.int64))
 
 
+def _norm_of_row(m: float, s: float, p: float) -> float:
+    """The norm a tensor's partial ``[m, s]`` stands for (the contract of fastnorm.backends)."""
+    if p == 2.0:
+        return math.sqrt(s) * (m if m > 0 else 1.0)
+    if p == 1.0:
+        return s
+    if p == math.inf:
+        return m
+    return 0.0 if m == 0.0 else m * s ** (1.0 / p)
+
+
 def _special(dtype: torch.dtype) -> list[torch.Tensor]:
     """Values that take other paths: zeros, subnormals, the largest finite ones, inf, NaN."""
     info = torch.finfo(dtype)
@@ -78,6 +89,14 @@ def test_every_instruction_set_gives_the_same_bits(dtype):
         results = {isa: _reduce(tensors, p, isa) for isa in ISAS}
         for isa, got in results.items():
             assert _same_bits(got, results["generic"]), (isa, p)
+        # Agreement alone would pass a bug every loop shares (and test nothing
+        # where the CPU runs the portable loop only): each tensor's norm, and
+        # the total, against the float64 oracle.
+        got = results[ISAS[-1]]
+        rows = got[3:].reshape(-1, 2).tolist()
+        norms = [_norm_of_row(m, s, p) for m, s in rows] + [got[2].item()]
+        want = [reference.norm([t], p) for t in tensors] + [reference.norm(tensors, p)]
+        assert norms == pytest.approx(want, rel=1e-10, nan_ok=True), p
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
