@@ -44,11 +44,11 @@ def main() -> None:
     grads = [p.grad for p in params]
     fastnorm.clear_cache()
     fastnorm.total_norm(params)
-    plan = _plan.plan_for(params, 2.0, "total_norm")
+    plan = _plan.lookup(params, None, 2.0).plan
     entry = next(iter(_plan._CACHE._entries.values()))
     partial = torch.empty(2, dtype=torch.float64)
     root = torch.empty((), dtype=torch.float32)
-    state = plan.norm_groups[0].state
+    prepared = plan.norm_groups[0].prepared
     number = max(1, 200_000 // n)
 
     def per_tensor(fn) -> float:
@@ -71,7 +71,7 @@ def main() -> None:
     print(f"  read from Python, together        {total:6.1f}")
     print(f"  read in the extension (all facts) {per_tensor(lambda: entry.snapshot.matches(params)):6.1f}")
     addrs = partial.data_ptr(), root.data_ptr()
-    kernel = per_tensor(lambda: cpp._C.reduce(state, 0, 2.0, *addrs, False, 0, 1))
+    kernel = per_tensor(lambda: cpp._C.reduce(prepared, 0, 2.0, *addrs, False, 0, 1))
     print(f"  kernel                            {kernel:6.1f}")
     call = per_tensor(lambda: fastnorm.total_norm(params))
     print(f"  the whole cached call             {call:6.1f}")

@@ -5,6 +5,7 @@
 ``GradNormMonitor`` keeps that scalar for every step on the device, logs it at
 a cadence and diagnoses the trend (``diagnose``, also ``fastnorm diagnose PATH``).
 ``StepClipper`` folds the clip into torch's fused optimizer step.
+``patch`` makes torch's clip functions, and the trainers that call them, run fastnorm.
 
 Names are imported on first use: ``fastnorm.diagnose`` runs without torch, and
 ``import fastnorm`` costs nothing until a name is used.
@@ -19,7 +20,9 @@ _NAMES = {
     "clip_": "fastnorm.norm",
     "tensor_norms": "fastnorm.norm",
     "clear_cache": "fastnorm.norm",
+    "NoGradientWarning": "fastnorm.norm",
     "StepClipper": "fastnorm.optim",
+    "patch": "fastnorm.integrations.patch",
     "backend_report": "fastnorm.backends:report",
     "GradNormMonitor": "fastnorm.monitoring",
     "LayerNorms": "fastnorm.monitoring",

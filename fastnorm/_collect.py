@@ -1,6 +1,6 @@
 """From what the user passes to the tensors the backends read: the item rule and validation.
 
-The item rule, in one place (the README's "Inputs" says the same):
+The item rule, in one place (docs/rules.md, "Rules", says the same):
 
 * an ``nn.Parameter``, a leaf tensor that requires grad, and any tensor whose
   ``.grad`` is set are *parameters*: each stands for its ``.grad`` (None:
@@ -24,7 +24,7 @@ rank waiting.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Union
 
@@ -42,10 +42,15 @@ _SPARSE_COMPRESSED = (torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr, torc
 
 
 def items_of(tensors: TensorOrTensors, fn: str) -> list[Any]:
+    """The items of a call, as a list; what is not a Tensor or an iterable of them
+    raises a TypeError that says what to pass instead."""
     if isinstance(tensors, Tensor):
         return [tensors]
     if isinstance(tensors, Items):
         return tensors
+    hint = _what_to_pass(tensors)
+    if hint:
+        raise TypeError(f"{fn}: got {hint}")
     try:
         return list(tensors)
     except TypeError:
@@ -54,16 +59,46 @@ def items_of(tensors: TensorOrTensors, fn: str) -> list[Any]:
         ) from None
 
 
+def _what_to_pass(value: Any) -> str | None:
+    """For the containers users pass by mistake: what they are, and what to pass."""
+    name = type(value).__name__
+    if isinstance(value, torch.nn.Module):
+        return f"a module ({name}); pass its parameters: model.parameters()"
+    if isinstance(value, torch.optim.Optimizer):
+        return (
+            f"an optimizer ({name}); pass the parameters it steps: "
+            "[p for group in optimizer.param_groups for p in group['params']]"
+        )
+    if isinstance(value, Mapping):
+        return (
+            f"a mapping ({name}), which iterates over its keys; a state_dict() holds the weights, not "
+            "their gradients: pass model.parameters()"
+        )
+    return None
+
+
+def _item_hint(item: Any) -> str:
+    """What an item that is not a Tensor most likely is, and what to pass instead."""
+    named = isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str)
+    if named and isinstance(item[1], Tensor):
+        return " (a (name, parameter) pair, as named_parameters() gives: pass model.parameters())"
+    if isinstance(item, torch.nn.Module):
+        return " (a module: pass model.parameters())"
+    if isinstance(item, dict) and "params" in item:
+        return " (a param group: pass [p for group in groups for p in group['params']])"
+    return ""
+
+
 class Items(list):
     """Items with what the item rule alone does not say.
 
     ``positions``: each item's position in the caller's list (``clip_`` passes
     on its parameters only), so that messages name the caller's positions.
     ``gradients``: every item is read as a gradient itself, never as a
-    parameter (``clip_(gradients=True)`` and the compiled ops, whose items are
-    gradients already). Such lists pass through the plan cache unchanged: where
-    this reading differs from the rule's (a tensor that requires grad or has a
-    ``.grad``), the plan is never cached.
+    parameter (``gradients=True`` and the compiled ops, whose items are
+    gradients already). The plan cache keys on this reading too, and caches
+    such lists only where it agrees with the rule's (no item requires grad or
+    has a ``.grad``).
     """
 
     def __init__(self, items: Iterable[Any], positions: list[int] | None = None, gradients: bool = False):
@@ -84,7 +119,7 @@ def is_parameter(item: Tensor) -> bool:
 
 def check_tensor(item: Any, position: int, fn: str) -> Tensor:
     if not isinstance(item, Tensor):
-        raise TypeError(f"{fn}: item {position} is a {type(item).__name__}, not a Tensor")
+        raise TypeError(f"{fn}: item {position} is a {type(item).__name__}, not a Tensor{_item_hint(item)}")
     return item
 
 
@@ -101,12 +136,11 @@ def refuse_parameter(item: Tensor, position: int, fn: str) -> None:
 def gradient_of(item: Any, position: int, fn: str, gradients: bool = False) -> Tensor | None:
     """The gradient an item stands for (None when it has none), type-checked.
 
-    With ``gradients``, the item is the gradient (a Parameter is refused).
+    With ``gradients``, the item is the gradient: read as given, a parameter's
+    own values included (torch's ``get_total_norm`` reads the tensors it is given).
     """
     item = check_tensor(item, position, fn)
     if gradients:
-        if isinstance(item, Parameter):
-            raise TypeError(f"{fn}: item {position} is an nn.Parameter, not a gradient")
         grad, what = item, f"item {position}"
     elif is_parameter(item):
         grad, what = item.grad, f"the .grad of item {position}"

@@ -25,11 +25,66 @@ the host, and NaN anywhere makes the result NaN.
 
 from __future__ import annotations
 
+import enum
+
 import torch
 
-from fastnorm.backends import Mode
+
+class Mode(enum.IntEnum):
+    """Which reduction a norm type needs (the partials above differ by mode).
+
+    L2, L1, LINF and LP (any other p > 0) are the fused reductions: their
+    values are shared with csrc/fastnorm.h and the Triton kernels. ZERO
+    (p = 0), NEG (p < 0) and NINF (p = -inf) are computed by torch's ops; each
+    backend says which modes it serves (``Backend.not_supported_reasons``).
+    """
+
+    L2 = 0
+    L1 = 1
+    LINF = 2
+    LP = 3
+    ZERO = 4
+    NEG = 5
+    NINF = 6
+
+    @staticmethod
+    def of(p: float) -> Mode:
+        if p == 2.0:
+            return Mode.L2
+        if p == 1.0:
+            return Mode.L1
+        if p == float("inf"):
+            return Mode.LINF
+        if p == 0.0:
+            return Mode.ZERO
+        if p == float("-inf"):
+            return Mode.NINF
+        if p < 0.0:
+            return Mode.NEG
+        return Mode.LP
+
+    @property
+    def fused(self) -> bool:
+        """Whether this is one of the reductions the fused kernels compute."""
+        return self <= Mode.LP
+
 
 _MIN_MODES = (Mode.NEG, Mode.NINF)
+
+
+def accumulate_dtype(device: torch.device) -> torch.dtype:
+    """What partials are accumulated in on ``device``: float64 where it has it."""
+    return torch.float32 if device.type == "mps" else torch.float64
+
+
+def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``t`` on ``device``, without a host sync towards an accelerator (pinned,
+    ``non_blocking``); towards the CPU the value must be ready, which waits for it."""
+    if t.device == device:
+        return t
+    if t.device.type == "cpu" and device.type != "cpu":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
 
 
 def empty(mode: Mode, device: torch.device) -> torch.Tensor:

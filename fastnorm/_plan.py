@@ -1,13 +1,18 @@
 """Plans: the gradients grouped per (domain, device, backend) with the backends'
-prepared tables, and the cache that reuses a plan while nothing it depends on
+prepared states, and the cache that reuses a plan while nothing it depends on
 has changed.
 
-A plan is cached per list of items (by identity) and reused while every
-gradient keeps its address, size, dtype and layout (see _Cache). Values are
-never cached: they are read afresh by every call. Plans that hold tensors made
-for the call (merged sparse values, complex views) or whose backend state
-holds tensors (the torch backend) are not cached, so the cache never keeps a
-gradient alive.
+A plan is cached per list of items (by identity) and norm type, and reused
+while every gradient keeps its address, size, dtype and layout (see _Cache).
+Values are never cached: they are read afresh by every call. Plans that hold
+tensors made for the call (merged sparse values, complex views) or served by
+a backend whose prepared state holds the tensors (``Backend.cacheable``) are
+not cached, so the cache never keeps a gradient alive.
+
+Two entry points: ``lookup`` (the cached plan, checked, and where a backend
+can read while the cache checks, its norm) and ``build`` (a new plan, cached
+where it can be). Which backend serves which tensors is the backends' own
+answer (``fastnorm.backends.choose``); nothing here names one.
 """
 
 from __future__ import annotations
@@ -16,7 +21,6 @@ import operator
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from functools import cached_property
 from itertools import compress, repeat
 from operator import attrgetter
 from typing import Any
@@ -25,8 +29,10 @@ import torch
 from torch import Tensor
 from torch.nn import Parameter
 
+from fastnorm import _extension
 from fastnorm._collect import Gradients, collect
-from fastnorm.backends import Backend, Mode, choose, cpp, requested, warn_if_slow
+from fastnorm._partial import Mode
+from fastnorm.backends import Backend, CheckedReduce, choose, requested, warn_if_slow
 from fastnorm.distributed import Domain, collective_device, dtensor_type
 
 _get_grad = attrgetter("grad")
@@ -43,7 +49,7 @@ class Group:
     domain: int
     device: torch.device
     backend: Backend
-    state: Any  # what backend.prepare returned
+    prepared: Any  # what backend.prepare returned
     size: int  # number of tensors
 
 
@@ -59,6 +65,7 @@ class Plan:
     # gradient, and each item's domain.
     item_rows: list[tuple[int, int] | None]
     item_domains: list[int]
+    no_gradient: bool  # items were given, and not one of them has a gradient
     indices: dict[Any, Tensor] = field(default_factory=dict)  # device index tensors, built on first use
     # Backends' states hold addresses only: tensors made for this plan live as
     # long as it does (such plans are never cached).
@@ -68,44 +75,44 @@ class Plan:
     def distributed(self) -> bool:
         return any(d.groups for d in self.domains)
 
-    @cached_property
-    def collective_order(self) -> list[int]:
-        """The domains' indices in an order every rank agrees on (their keys')."""
-        return sorted(range(len(self.domains)), key=lambda i: repr(self.domains[i].key))
-
 
 def _groups(
-    tensors: list[Tensor], dense: list[bool], domain_of: list[int], request: str
+    tensors: list[Tensor], dense: list[bool], domain_of: list[int], request: str, mode: Mode
 ) -> tuple[list[Group], list[tuple[int, int]]]:
     """One group per (domain, device, backend), in order of first appearance, and
-    each tensor's (group, row). Tensors that are not dense go to the torch backend."""
+    each tensor's (group, row): per (domain, device), the dense tensors and then
+    the others, each served by the backend that ``choose`` picks for them."""
     buckets: dict[tuple[int, torch.device], tuple[list[int], list[int]]] = {}
     for i, (t, flat) in enumerate(zip(tensors, dense)):
         buckets.setdefault((domain_of[i], t.device), ([], []))[0 if flat else 1].append(i)
     groups: list[Group] = []
     rows: list[tuple[int, int]] = [(0, 0)] * len(tensors)
-    torch_backend = choose(torch.device("cpu"), "torch").backend
-    for (domain, device), (fused, rest) in buckets.items():
-        choice = choose(device, request)
-        warn_if_slow(device, choice)
-        if choice.backend.name == "torch":
-            fused, rest = [], fused + rest
-        for backend, members in ((choice.backend, fused), (torch_backend, rest)):
-            if members:
-                for row, i in enumerate(members):
-                    rows[i] = (len(groups), row)
-                state = backend.prepare([tensors[i] for i in members])
-                groups.append(Group(domain, device, backend, state, len(members)))
+    for (domain, device), (flat, rest) in buckets.items():
+        served: list[tuple[Backend, list[int]]] = []
+        for members, is_dense in ((flat, True), (rest, False)):
+            if not members:
+                continue
+            choice = choose(device, request, mode, is_dense)
+            warn_if_slow(device, choice)
+            if served and served[-1][0] is choice.backend:
+                served[-1][1].extend(members)
+            else:
+                served.append((choice.backend, list(members)))
+        for backend, members in served:
+            for row, i in enumerate(members):
+                rows[i] = (len(groups), row)
+            prepared = backend.prepare([tensors[i] for i in members])
+            groups.append(Group(domain, device, backend, prepared, len(members)))
     return groups, rows
 
 
-def build(grads: Gradients, request: str) -> Plan:
-    norm_groups, rows = _groups(grads.norm, grads.dense, grads.domain_of, request)
+def _plan(grads: Gradients, request: str, mode: Mode) -> Plan:
+    norm_groups, rows = _groups(grads.norm, grads.dense, grads.domain_of, request, mode)
     if grads.scale_differs:
-        scale_groups, _ = _groups(grads.scale, grads.dense, grads.domain_of, request)
+        scale_groups, _ = _groups(grads.scale, grads.dense, grads.domain_of, request, mode)
     else:
         scale_groups = norm_groups
-    cacheable = grads.cacheable and all(g.backend.name != "torch" for g in norm_groups)
+    cacheable = grads.cacheable and all(g.backend.cacheable for g in norm_groups)
     device = grads.first_device
     if device is None:  # no gradient on this rank: the result lives where the collective runs
         device = torch.device("cpu")
@@ -122,6 +129,7 @@ def build(grads: Gradients, request: str) -> Plan:
         cacheable,
         [None if slot is None else rows[slot] for slot in grads.slots],
         grads.item_domains,
+        bool(grads.per_item) and all(g is None for g in grads.per_item),
         keepalive=[] if cacheable else grads.norm + grads.scale,
     )
 
@@ -242,13 +250,13 @@ _ACCESS = tuple(
 
 def _snapshot(kind: str, items: list[Any], grads: list[Tensor | None]) -> Any:
     """The facts a plan depends on, read in the extension where it is built."""
-    if cpp._C is None:
+    if _extension.C is None:
         return _PySnapshot(kind, items, grads)
-    return cpp._C.Snapshot(_KINDS[kind], items, grads, _ACCESS)
+    return _extension.C.Snapshot(_KINDS[kind], items, grads, _ACCESS)
 
 
 class _Entry:
-    __slots__ = ("snapshot", "plan", "gated")
+    __slots__ = ("snapshot", "plan", "checked")
 
     def __init__(
         self, kind: str, items: list[Any], grads: list[Tensor | None], plan: Plan, slots: list[int | None]
@@ -257,24 +265,18 @@ class _Entry:
         # DTensor parameter; "tensors": no item requires grad or has a .grad.
         self.snapshot = _snapshot(kind, items, grads)
         self.plan = plan
-        # The C++ plan of a plan that one C++ call computes (one group on the
-        # cpp backend, nothing to reduce across ranks), with its gates set:
-        # then the kernel runs while the snapshot checks (cached_norm).
-        self.gated: Any = None
-        if (
-            len(plan.norm_groups) == 1
-            and plan.norm_groups[0].backend is cpp.BACKEND
-            and not plan.distributed
-            and not isinstance(self.snapshot, _PySnapshot)
-        ):
-            state = plan.norm_groups[0].state
-            first_item = [-1] * state.num_tensors
-            for i, slot in reversed(list(enumerate(slots))):
-                if slot is not None:
-                    first_item[slot] = i
-            if -1 not in first_item:
-                state.set_gates(first_item)
-                self.gated = state
+        # The one group whose backend reads while the snapshot checks (lookup),
+        # where one backend call computes the plan and nothing is reduced across ranks.
+        self.checked: Group | None = None
+        if len(plan.norm_groups) == 1 and not plan.distributed and not isinstance(self.snapshot, _PySnapshot):
+            group = plan.norm_groups[0]
+            if isinstance(group.backend, CheckedReduce):
+                first_item = [-1] * group.size
+                for i, slot in reversed(list(enumerate(slots))):
+                    if slot is not None:
+                        first_item[slot] = i
+                if -1 not in first_item and group.backend.gate(group.prepared, first_item):
+                    self.checked = group
 
 
 class _Cache:
@@ -307,27 +309,24 @@ class _Cache:
         self._size = size
         self._lock = threading.Lock()
 
-    def lookup(
+    def match(
         self,
         key: tuple[Any, ...],
         items: list[Any],
-        grads: list[Any] | None = None,
         written: list[Tensor] | None = None,
         held: list[Tensor] | None = None,
-    ) -> Plan | None:
-        """The cached plan of ``items`` if it still describes them; ``grads``: their
-        ``.grad``, when the caller has read them already (then those are checked).
-        ``written`` (for ``clip_``): on a hit, the tensors it writes, none of them
-        an inference tensor (see ``csrc/snapshot.h``). ``held``: receives every
-        tensor the plan reads; the caller keeps it until the plan is reduced, so
-        that none is freed meanwhile by Python code the check ran (a
-        ``TorchFunctionMode``). An exception other than what a changed gradient
-        raises propagates (see ``csrc/snapshot.h``)."""
+    ) -> _Entry | None:
+        """The entry of ``key`` if it still describes ``items``. ``written`` (for
+        ``clip_``, with the extension's snapshot only): on a match, filled with the
+        tensors it writes, none of them an inference tensor (see ``csrc/snapshot.h``).
+        ``held``: receives every tensor the plan reads, as it is checked (see
+        ``lookup``). An exception other than what a changed gradient raises
+        propagates (see ``csrc/snapshot.h``)."""
         entry = self._entries.get(key)
-        if entry is None or not entry.snapshot.matches(items, grads, written, held):
+        if entry is None or not entry.snapshot.matches(items, None, written, held):
             return None
         self.touch(key)
-        return entry.plan
+        return entry
 
     def entry(self, key: tuple[Any, ...]) -> _Entry | None:
         return self._entries.get(key)
@@ -365,103 +364,97 @@ _CACHE = _Cache()
 
 def _kind(items: list[Any]) -> str | None:
     """How the items may be cached: all parameters, all DTensor parameters (FSDP2),
-    all plain gradients, or not at all."""
+    all plain gradients, or not at all (parameters read as gradients themselves,
+    ``gradients=True``: the snapshot would check their ``.grad``)."""
+    if all(type(item) is Tensor and not item.requires_grad and item.grad is None for item in items):
+        return "tensors"
+    if getattr(items, "gradients", False):
+        return None
     if all(type(item) is Parameter for item in items):
         return "params"
     dtensor = dtensor_type()
-    if (
-        items
-        and dtensor is not None
-        and all(type(item) is dtensor and isinstance(item, Parameter) for item in items)
-    ):
+    if dtensor is not None and all(type(item) is dtensor and isinstance(item, Parameter) for item in items):
         return "dtensor_params"
-    if all(type(item) is Tensor and not item.requires_grad and item.grad is None for item in items):
-        return "tensors"
     return None
 
 
-def _key(items: list[Any], group: Any, request: str) -> tuple[Any, ...]:
-    return (request, id(group), len(items), id(items[0]) if items else 0, id(items[-1]) if items else 0)
+def _key(items: list[Any], group: Any, request: str, mode: Mode) -> tuple[Any, ...]:
+    """The cache key: the backend request, the group, the reduction (backends serve
+    some modes only), how the items are read (``Items.gradients``) and the list's
+    length, first and last item."""
+    first, last = (id(items[0]), id(items[-1])) if items else (0, 0)
+    return (request, id(group), mode, getattr(items, "gradients", False), len(items), first, last)
 
 
 Reduced = tuple[Tensor, Tensor, None]  # what Backend.reduce returns, without per-tensor norms
 
 
-def cached_norm(
+@dataclass
+class Hit:
+    """A cached plan that still describes the items of a call."""
+
+    plan: Plan
+    # The norm's reduction, read while the plan was checked (lookup's ``reduce``).
+    reduced: Reduced | None
+    # Whether the check filled lookup's ``written`` (else the caller checks what it writes).
+    wrote: bool
+
+
+def lookup(
     items: list[Any],
+    group: Any,
     p: float,
-    group: Any = None,
+    reduce: bool = False,
     written: list[Tensor] | None = None,
     held: list[Tensor] | None = None,
     dtype: torch.dtype | None = None,
-) -> tuple[Plan, Reduced | None] | None:
-    """The cached plan of ``items`` if it still describes them, and where one
-    C++ call serves it, its reduction, computed while the plan is checked: the
-    kernel reads each tensor as soon as the items up to the one that gives it
-    are confirmed, so the check, item after item on this thread, and the read
-    of the memory, on the others, overlap. A tensor that fails the check is
-    never read (on fastnorm's own thread pool the check runs first, see
-    ``_C.reduce_checked``, which keeps every tensor it checked alive until it
-    is read). None when there is no valid plan. ``written``: see
-    ``cached_for_writing``; ``held``: see ``_Cache.lookup``; ``dtype``: the
-    root's, instead of the plan's result dtype."""
-    key = _key(items, group, requested())
+) -> Hit | None:
+    """The cached plan of ``items`` for the norm type ``p``, if it still describes
+    them; None when there is no valid plan.
+
+    With ``reduce``, and where one backend call serves the plan, the norm is
+    computed while the plan is checked: the backend reads each tensor as soon as
+    the items up to the one that gives it are confirmed, so the check, item
+    after item on this thread, and the read of the memory overlap; a tensor
+    that fails the check is never read, and every one that passed it stays
+    referenced until it is read. ``written`` (for ``clip_``): a list the
+    check fills with the tensors to write, each checked writable, where the
+    snapshot can (see ``Hit.wrote``). ``held``: a list that receives every
+    tensor the plan reads, which the caller keeps until the plan is reduced, so
+    that Python code the check runs (a ``TorchFunctionMode``) cannot free one
+    meanwhile. ``dtype``: the reduced norm's, instead of the plan's result dtype.
+    """
+    mode = Mode.of(p)
+    key = _key(items, group, requested(), mode)
     entry = _CACHE.entry(key)
     if entry is None:
         return None
-    if entry.gated is None:
-        plan = _CACHE.lookup(key, items, None, written, held)
-        return None if plan is None else (plan, None)
-    reduced = cpp.BACKEND.reduce_checked(
-        entry.snapshot, items, written, entry.gated, Mode.of(p), p, dtype or entry.plan.result_dtype
-    )
-    if reduced is None:
+    fills = written if not isinstance(entry.snapshot, _PySnapshot) else None
+    if reduce and entry.checked is not None:
+        checked = entry.checked
+        reduced = checked.backend.reduce_checked(
+            checked.prepared, entry.snapshot, items, fills, mode, p, dtype or entry.plan.result_dtype
+        )
+        if reduced is None:
+            return None
+        _CACHE.touch(key)
+        return Hit(entry.plan, reduced, fills is not None)
+    if _CACHE.match(key, items, fills, held) is None:
         return None
-    _CACHE.touch(key)
-    return entry.plan, reduced
+    return Hit(entry.plan, None, fills is not None)
 
 
-def cached_for_writing(
-    items: list[Any], group: Any = None, p: float | None = None
-) -> tuple[Plan, list[Tensor], Reduced | None] | None:
-    """For ``clip_``: the cached plan of ``items`` and the tensors it writes (each
-    gradient, and a DTensor's local shard), read and checked in one pass in the
-    extension, and with ``p`` the norm's reduction where ``cached_norm`` gives
-    it; None when there is no valid plan, or where ``clip_``'s own checks must
-    run (an inference tensor, a build without the extension)."""
-    written: list[Tensor] = []
-    if p is not None:
-        hit = cached_norm(items, p, group, written)
-        return None if hit is None else (hit[0], written, hit[1])
-    plan = _CACHE.lookup(_key(items, group, requested()), items, None, written)
-    return None if plan is None else (plan, written, None)
-
-
-def plan_for(
-    items: list[Any],
-    p: float,
-    fn: str,
-    group: Any = None,
-    grads: list[Any] | None = None,
-    looked_up: bool = False,
-    held: list[Tensor] | None = None,
-) -> Plan:
-    """The plan for ``items``, from the cache when still valid. ``grads``: the
-    items' ``.grad``, when the caller has read them already (read once per call).
-    ``looked_up``: ``cached_norm`` found no valid plan just now (none is looked for).
-    ``held``: receives the tensors the plan reads (see ``_Cache.lookup``)."""
-    request = requested()
-    key = _key(items, group, request)
-    plan = None if looked_up else _CACHE.lookup(key, items, grads, None, held)
-    if plan is not None:
-        return plan
+def build(items: list[Any], p: float, fn: str, group: Any = None, held: list[Tensor] | None = None) -> Plan:
+    """A new plan for ``items`` (validated and sorted out by ``_collect.collect``),
+    cached where it can be. ``held``: receives the tensors the plan reads (see ``lookup``)."""
+    request, mode = requested(), Mode.of(p)
     grads = collect(items, p, fn, group)
-    plan = build(grads, request)
     if held is not None:
         held.extend(grads.norm)
+    plan = _plan(grads, request, mode)
     kind = _kind(items)
     if plan.cacheable and kind is not None:
-        _CACHE.store(key, kind, items, grads.per_item, plan, grads.slots)
+        _CACHE.store(_key(items, group, request, mode), kind, items, grads.per_item, plan, grads.slots)
     return plan
 
 

@@ -21,6 +21,7 @@ def _info(args: argparse.Namespace) -> int:
 
     from fastnorm import __version__
     from fastnorm.backends import cpp, report
+    from fastnorm.integrations import patch
 
     rows = report()
     if args.json:
@@ -34,6 +35,11 @@ def _info(args: argparse.Namespace) -> int:
         for name, reasons in row["backends"].items():
             status = "available" if not reasons else "unavailable: " + "; ".join(reasons)
             print(f"  {name:7s} {status}")
+    print("\nfastnorm.patch() replaces (call it after importing the framework):")
+    for row in patch.targets():
+        where = f"{row['package']} {row['version']}" if row["version"] else f"{row['package']} not installed"
+        state = f": patched in {len(row['reached'])} places" if row["patched"] else ""
+        print(f"  {row['name']} ({where}){state}")
     return 0
 
 

@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 from fastnorm import _partial
-from fastnorm.backends import Mode
+from fastnorm._partial import Mode, to_device
 
 
 def dtensor_type() -> type | None:
@@ -184,3 +184,50 @@ def global_partial(
     else:
         local = _partial.empty(mode, device)
     return all_reduce(local.reshape(1, 2), mode, p, domain)[0]
+
+
+def order(domains: list[Domain]) -> list[int]:
+    """The domains' indices in an order every rank agrees on (their keys')."""
+    return sorted(range(len(domains)), key=lambda i: repr(domains[i].key))
+
+
+def total_partial(
+    local: list[tuple[int, torch.Tensor]], domains: list[Domain], mode: Mode, p: float, device: torch.device
+) -> torch.Tensor:
+    """The partial of every gradient of a call, on ``device``: the local partials
+    (``(domain index, partial)`` pairs) combined per domain, each domain's
+    reduced across its ranks in ``order`` (every rank issues the same
+    collectives, also with no partial of its own), then combined."""
+    per_domain: list[list[torch.Tensor]] = [[] for _ in domains]
+    for d, partial in local:
+        per_domain[d].append(partial)
+    partials = []
+    for d in order(domains):
+        where = collective_device(domains[d], device)
+        mine = [to_device(q, where) for q in per_domain[d]]
+        partials.append(to_device(global_partial(mine, mode, p, domains[d], where), device))
+    return _partial.combine(partials, mode, p) if partials else _partial.empty(mode, device)
+
+
+def reduce_item_rows(
+    rows: torch.Tensor,
+    item_domains: list[int],
+    domains: list[Domain],
+    mode: Mode,
+    p: float,
+    index: Any,
+) -> torch.Tensor:
+    """Each item's partial (``rows``, one per item) made global where the item is a
+    DTensor: every rank holds a shard of it, so its rows are all-reduced over the
+    mesh. Plain tensors given with ``group=`` are different tensors on each rank
+    (stages, experts, flat shards): their rows stay local. ``index(d, members)``
+    gives the items of domain ``d`` as an index tensor on the rows' device."""
+    for d in order(domains):
+        domain = domains[d]
+        if domain.groups and domain.key[0] == "mesh":
+            members = [i for i, item_domain in enumerate(item_domains) if item_domain == d]
+            where = index(d, members)
+            device = collective_device(domain, rows.device)
+            reduced = all_reduce(to_device(rows[where], device), mode, p, domain)
+            rows = rows.index_copy(0, where, to_device(reduced, rows.device))
+    return rows

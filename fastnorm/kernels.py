@@ -113,7 +113,7 @@ def _config_for(target: Any) -> Any:
 
 
 def _describe(launch: Any) -> tuple[str | None, str | None, str]:
-    from fastnorm.backends import Mode
+    from fastnorm._partial import Mode
 
     dtype = str(launch.dtype).replace("torch.", "") if launch.dtype is not None else None
     mode = Mode(launch.constants["MODE"]).name if "MODE" in launch.constants else None

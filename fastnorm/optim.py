@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 from torch.optim import Optimizer
 
-from fastnorm import checks
+from fastnorm import _eager, checks
 from fastnorm import norm as _norm
 
 __all__ = ["StepClipper", "not_supported_reasons"]
@@ -267,8 +267,9 @@ class StepClipper:
         elif torch.compiler.is_compiling():  # the op gives the norm in its own dtype only
             norm = wide = _norm.total_norm(params, self.norm_type, group=self.group)
         else:
-            wide, dtype = _norm.wide_total_norm(params, self.norm_type, self.group)
-            norm = wide.to(dtype)
+            wide, plan = _eager.total_norm(params, self.norm_type, self.group, False, torch.float64)
+            _norm._warn_if_no_gradient("StepClipper.clip_", len(params), plan)
+            norm = wide.to(plan.result_dtype)
         if self.skip_nonfinite:
             self._nonfinite = torch.isfinite(norm).logical_not_().to(torch.float32)
             self._wide_nonfinite = torch.isfinite(wide).logical_not_().to(torch.float32)

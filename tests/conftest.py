@@ -34,6 +34,19 @@ def backend(request, monkeypatch):
     return use_backend(request.param, monkeypatch)
 
 
+@pytest.fixture(params=["auto", "torch"])
+def mixing(request, monkeypatch):
+    """Calls whose tensors two backends share on the CPU (auto: cpp for dense
+    tensors, torch for the others), and torch alone for comparison."""
+    if request.param == "auto":
+        from fastnorm.backends import cpp
+
+        if cpp._C is None:
+            pytest.skip("the C++ kernels are not built")
+    monkeypatch.setenv("FASTNORM_BACKEND", request.param)
+    return request.param
+
+
 @pytest.fixture(params=["cpp", "triton"])
 def fused(request, monkeypatch):
     """Each fused backend in turn, on CPU tensors, with an empty plan cache."""

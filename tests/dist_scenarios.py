@@ -175,6 +175,29 @@ def dtensor_clip_matches_torch(rank: int, world: int) -> dict:
     return {"norm": (got.item(), expected.item()), "max_grad_diff": diff}
 
 
+def dtensor_norm_given_to_clip(rank: int, world: int) -> dict:
+    """torch's own two-step clip on DTensors (what accelerate and torchtitan call):
+    get_total_norm returns a DTensor, which clip_ takes as total_norm=."""
+    mesh = init_device_mesh("cpu", (world,))
+    full = full_tensors(8)
+    params = []
+    for t, pl in zip(full, [Shard(0), Shard(1), Replicate(), Shard(0), Shard(0)]):
+        param = torch.nn.Parameter(distribute_tensor(torch.zeros_like(t), mesh, [pl]))
+        param.grad = distribute_tensor(t, mesh, [pl])
+        params.append(param)
+    grads = [q.grad for q in params]
+    norm = torch.nn.utils.get_total_norm(grads)
+    out = {"kind": type(norm).__name__}
+    ours = fastnorm.total_norm(grads, gradients=True)
+    out["total_norm"] = (ours.item(), norm.full_tensor().item())
+    expected = [t * min(1.0, 1.0 / (norm.full_tensor().item() + 1e-6)) for t in full]
+    fastnorm.clip_(params, 1.0, total_norm=norm)
+    out["max_grad_diff"] = max(
+        (q.grad.full_tensor() - e).abs().max().item() for q, e in zip(params, expected)
+    )
+    return out
+
+
 def _sharded_params(full: list[torch.Tensor], mesh: object) -> list[torch.nn.Parameter]:
     """DTensor parameters sharded on dim 0, each with its ``full`` tensor as gradient."""
     params = []
@@ -333,14 +356,14 @@ def l2_sum_overflows_only_across_ranks(rank: int, world: int) -> dict:
 def unscaled_partials_keep_their_bits(rank: int, world: int) -> dict:
     # Ordinary values: the global norm is the square root of one SUM of the local
     # plain sums of squares, as before partials could be scaled.
-    from fastnorm._plan import plan_for
-    from fastnorm.backends import Mode
+    from fastnorm._partial import Mode
+    from fastnorm._plan import build
 
     g = torch.Generator().manual_seed(31 + rank)
     mine = [torch.randn(1000 + 17 * rank, generator=g, dtype=torch.float64) * 3]
     got = fastnorm.total_norm(mine, group=dist.group.WORLD)
-    group = plan_for(mine, 2.0, "test").norm_groups[0]
-    partial, _, _ = group.backend.reduce(group.state, Mode.L2, 2.0, torch.float64)
+    group = build(mine, 2.0, "test").norm_groups[0]
+    partial, _, _ = group.backend.reduce(group.prepared, Mode.L2, 2.0, torch.float64)
     assert partial[0].item() == 0.0  # unscaled
     plain = partial[1].clone()
     dist.all_reduce(plain, op=dist.ReduceOp.SUM)
@@ -445,6 +468,7 @@ SCENARIOS = [
     partial_is_rejected,
     fsdp2_clip,
     dtensor_clip_matches_torch,
+    dtensor_norm_given_to_clip,
 ]
 
 

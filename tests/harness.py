@@ -32,3 +32,19 @@ def run_python(args: list[str], **env: str) -> subprocess.CompletedProcess:
         cwd=os.path.dirname(os.path.abspath(__file__)),
         check=False,
     )
+
+
+def serves(backend: str, p: float = 2.0, dense: bool = True) -> bool:
+    """Whether a backend serves a call: the fused ones (cpp, triton) compute
+    p-norms with p > 0 or inf of tensors whose elements lie consecutively in
+    memory; torch computes everything, and auto hands it what the fused ones do
+    not serve. A forced backend never hands a call on."""
+    fused_p = p > 0 or p == float("inf")
+    return backend in ("torch", "auto") or (fused_p and dense)
+
+
+def refused(backend: str):
+    """The refusal of a forced backend that cannot serve a call, naming the backend."""
+    from fastnorm.backends import BackendUnavailableError
+
+    return pytest.raises(BackendUnavailableError, match=f"FASTNORM_BACKEND={backend} cannot serve")

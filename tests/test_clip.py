@@ -11,7 +11,7 @@ import torch
 
 import fastnorm
 import reference
-from harness import run_python
+from harness import refused, run_python, serves, use_backend
 
 
 def make_params(shapes, dtype=torch.float32, seed=0, scale=1.0):
@@ -294,7 +294,8 @@ def test_a_state_dict_is_left_alone(backend):
         torch.manual_seed(0)
         return list(torch.nn.Sequential(torch.nn.Linear(5, 4), torch.nn.BatchNorm1d(4)).state_dict().values())
 
-    ours, theirs, got, expected = _both(items, 1e-3)
+    with pytest.warns(fastnorm.NoGradientWarning, match="state_dict"):  # torch says nothing
+        ours, theirs, got, expected = _both(items, 1e-3)
     assert got.item() == expected.item() == 0.0
     assert all(torch.equal(a, b) for a, b in zip(ours, theirs))  # no weight scaled
 
@@ -327,7 +328,10 @@ def test_gradients_true_clips_the_tensors_given(backend):
     norm = fastnorm.clip_(shards, 1.0, gradients=True)
     assert norm.item() == pytest.approx(before, rel=1e-6)
     assert reference.norm(shards, 2.0) == pytest.approx(1.0, rel=1e-5)
-    assert fastnorm.clip_(shards[:1], 1.0).item() == 0.0  # without gradients=True: a plain tensor is skipped
+    with pytest.warns(fastnorm.NoGradientWarning, match="gradients=True"):
+        assert (
+            fastnorm.clip_(shards[:1], 1.0).item() == 0.0
+        )  # without gradients=True: a plain tensor is skipped
 
 
 @pytest.mark.parametrize(
@@ -428,11 +432,18 @@ def test_an_inference_tensor_at_a_cached_gradients_address_is_refused(backend):
 # ----------------------------------------------------------------------------
 
 
-def test_expanded_gradient_is_refused_before_anything_is_written(backend):
+@pytest.mark.parametrize("backend", ["auto", "torch", "cpp", "triton"])
+def test_expanded_gradient_is_refused_before_anything_is_written(backend, monkeypatch):
+    use_backend(backend, monkeypatch)
     dense = torch.nn.Parameter(torch.zeros(3))
     dense.grad = torch.full((3,), 5.0)
     expanded = torch.nn.Parameter(torch.zeros(10))
     expanded.grad = torch.ones(1).expand(10)
+    if not serves(backend, dense=False):  # a forced fused backend refuses it, before writing too
+        with refused(backend):
+            fastnorm.clip_([dense, expanded], 1.0)
+        assert torch.equal(dense.grad, torch.full((3,), 5.0))
+        return
     with pytest.raises(RuntimeError, match="single memory location") as theirs:
         torch.nn.utils.clip_grad_norm_([expanded], 1.0)
     with pytest.raises(RuntimeError, match="item 1") as ours:
@@ -454,6 +465,10 @@ def test_conjugated_gradient_is_clipped(backend):
     neg = z.clone().conj().imag  # a real view with the negative bit
     q = torch.nn.Parameter(torch.zeros(50))
     q.grad = neg
+    if not serves(backend, dense=False):  # every other element of the complex memory
+        with refused(backend):
+            fastnorm.clip_([q], 1.0)
+        return
     expected = z.conj().imag * (1.0 / (torch.linalg.vector_norm(z.imag) + 1e-6))
     fastnorm.clip_([q], 1.0)
     torch.testing.assert_close(q.grad.resolve_neg(), expected)
@@ -483,6 +498,10 @@ def test_nonfinite_message_is_torchs(backend, p):
 
     with pytest.raises(RuntimeError) as theirs:
         torch.nn.utils.clip_grad_norm_(items(), 1.0, p, error_if_nonfinite=True)
+    if not serves(backend, float(p)):
+        with refused(backend):
+            fastnorm.clip_(items(), 1.0, p, error_if_nonfinite=True)
+        return
     with pytest.raises(RuntimeError) as ours:
         fastnorm.clip_(items(), 1.0, p, error_if_nonfinite=True)
     assert str(ours.value).startswith(str(theirs.value))
@@ -519,3 +538,134 @@ def test_compiled_clip_follows_the_item_rule():
     assert reference.norm([p.grad], 2.0) == pytest.approx(1.0, rel=1e-5)
     assert reference.norm([shard], 2.0) == pytest.approx(1.0, rel=1e-5)
     assert norm.item() > 1.0 and shard_norm.item() > 1.0
+
+
+class _Wrapper(torch.Tensor):
+    """A wrapper subclass: a tensor with no memory of its own, as some frameworks pass."""
+
+    @staticmethod
+    def __new__(cls, inner):
+        return torch.Tensor._make_wrapper_subclass(cls, inner.shape, dtype=inner.dtype, device=inner.device)
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        unwrap = lambda t: t.inner if isinstance(t, _Wrapper) else t  # noqa: E731
+        return func(*map(unwrap, args), **{k: unwrap(v) for k, v in (kwargs or {}).items()})
+
+
+@pytest.mark.parametrize(
+    "norm, error, match",
+    [
+        (torch.tensor(2), TypeError, "floating-point"),
+        (torch.tensor([1.0, 2.0]), ValueError, "one value"),
+        (torch.tensor([[1.0]]).to_sparse(), TypeError, "dense"),
+        (torch.empty((), device="meta"), ValueError, "meta"),
+        (torch.tensor(1.0 + 1j), TypeError, "floating-point"),
+        (1.0, TypeError, "must be a Tensor"),
+        ("wrapper", TypeError, "torch.Tensor or a DTensor"),
+    ],
+    ids=["int", "two-values", "sparse", "meta", "complex", "float", "wrapper-subclass"],
+)
+def test_a_total_norm_that_cannot_be_a_norm_raises_before_anything_is_written(backend, norm, error, match):
+    params = make_params(SHAPES, seed=3)
+    before = [q.grad.clone() for q in params]
+    if isinstance(norm, str):
+        norm = _Wrapper(torch.tensor(1.0))
+    with pytest.raises(error, match=match):
+        fastnorm.clip_(params, 0.1, total_norm=norm)
+    assert all(torch.equal(q.grad, b) for q, b in zip(params, before))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+def test_any_floating_norm_of_one_value_clips_as_torch_does(backend, dtype):
+    params = make_params(shapes(backend), seed=4, scale=10.0)
+    plain = clone_params(params)
+    norm = torch.nn.utils.get_total_norm([q.grad for q in params]).to(dtype)
+    view = torch.stack([norm, norm])[1:]  # one value, not at the start of its storage
+    fastnorm.clip_(params, 1.0, total_norm=view.requires_grad_(dtype != torch.float16))
+    # A 16-bit norm is widened to float32 first: torch would compute the coefficient in 16 bits.
+    torch.nn.utils.clip_grads_with_norm_(plain, 1.0, norm if norm.dtype.itemsize >= 4 else norm.float())
+    for q, r in zip(params, plain):
+        torch.testing.assert_close(q.grad, r.grad, rtol=0, atol=0)
+
+
+# ----------------------------------------------------------------------------
+# Traps: what torch takes silently, or refuses without saying what to pass
+# ----------------------------------------------------------------------------
+
+
+def _model():
+    return torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
+
+
+@pytest.mark.parametrize(
+    "given, hint",
+    [
+        (lambda m: m, r"a module \(Sequential\); pass its parameters: model.parameters\(\)"),
+        (lambda m: m.named_parameters(), r"\(name, parameter\) pair, as named_parameters\(\) gives"),
+        (lambda m: torch.optim.SGD(m.parameters(), lr=0.1), r"an optimizer \(SGD\).*param_groups"),
+        (lambda m: m.state_dict(), r"a mapping \(OrderedDict\), which iterates over its keys"),
+        (lambda m: torch.optim.SGD(m.parameters(), lr=0.1).param_groups, r"a param group"),
+        (lambda m: list(m.children()), r"item 0 is a Linear, not a Tensor \(a module"),
+    ],
+    ids=["module", "named_parameters", "optimizer", "state_dict", "param_groups", "modules"],
+)
+def test_containers_passed_by_mistake_say_what_to_pass(given, hint):
+    model = _model()
+    model(torch.randn(5, 4)).sum().backward()
+    before = [q.grad.clone() for q in model.parameters()]
+    for call in (lambda x: fastnorm.clip_(x, 0.01), fastnorm.total_norm, fastnorm.tensor_norms):
+        with pytest.raises(TypeError, match=hint):
+            call(given(model))
+    assert all(torch.equal(q.grad, b) for q, b in zip(model.parameters(), before))
+
+
+@pytest.mark.parametrize(
+    "call, items, says",
+    [
+        (lambda x: fastnorm.clip_(x, 1.0), lambda m: m.parameters(), "none of the 4 parameters has a .grad"),
+        (fastnorm.total_norm, lambda m: list(m.parameters()), "none of the 4 parameters has a .grad"),
+        (fastnorm.tensor_norms, lambda m: list(m.parameters()), "none of the 4 parameters has a .grad"),
+        (
+            lambda x: fastnorm.clip_(x, 1.0),
+            lambda m: m.state_dict().values(),
+            "none of the 4 items is a parameter",
+        ),
+    ],
+    ids=[
+        "clip_-before-backward",
+        "total_norm-before-backward",
+        "tensor_norms-before-backward",
+        "clip_-state_dict",
+    ],
+)
+def test_items_without_any_gradient_warn_once_per_call_site(backend, call, items, says):
+    model = _model()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("default")  # Python's own rule: once per call site
+        for _ in range(3):
+            call(items(model))
+    [warning] = [w for w in caught if issubclass(w.category, fastnorm.NoGradientWarning)]
+    assert says in str(warning.message) and warning.filename == __file__
+
+
+def test_a_list_of_gradients_given_without_gradients_true_warns_with_the_fix(backend):
+    model = _model()
+    model(torch.randn(5, 4)).sum().backward()
+    with pytest.warns(fastnorm.NoGradientWarning, match=r"\[p.grad for p in ...\]\? .* gradients=True"):
+        norm = fastnorm.clip_([q.grad for q in model.parameters()], 1.0)
+    assert norm.item() == 0.0  # torch's answer too: plain tensors are skipped
+
+
+def test_no_warning_where_some_item_has_a_gradient(backend):
+    model = _model()
+    model(torch.randn(5, 4)).sum().backward()
+    model[0].weight.grad = None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", fastnorm.NoGradientWarning)
+        fastnorm.clip_(model.parameters(), 1.0)
+        fastnorm.clip_([], 1.0)  # nothing given: nothing to warn about
+        fastnorm.total_norm(model.parameters())

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import fastnorm
-from fastnorm import ops
+from fastnorm import custom_ops as ops
 
 
 def _grads(seed=0, dtypes=(torch.float32, torch.bfloat16, torch.float64)):

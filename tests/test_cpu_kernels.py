@@ -15,7 +15,8 @@ import torch
 
 import fastnorm
 import reference
-from fastnorm.backends import Mode, cpp
+from fastnorm._partial import Mode
+from fastnorm.backends import cpp
 from harness import run_python
 
 pytestmark = pytest.mark.skipif(cpp._C is None, reason="the C++ kernels are not built")
@@ -296,7 +297,8 @@ def test_bf16_words_keep_inf_and_nan(bad, p):
 _GUARDED = """
 import ctypes, json, mmap, sys
 import torch
-from fastnorm.backends import Mode, cpp
+from fastnorm._partial import Mode
+from fastnorm.backends import cpp
 
 page, pages = mmap.PAGESIZE, 6
 region = mmap.mmap(-1, page * (pages + 2))
@@ -430,7 +432,8 @@ def test_the_callers_floating_point_modes_rule_every_thread(pool):
 _TRAPPING = """
 import ctypes, json, math, sys
 import torch
-from fastnorm.backends import Mode, cpp
+from fastnorm._partial import Mode
+from fastnorm.backends import cpp
 
 tensors = torch.load(sys.argv[1])
 libc = ctypes.CDLL(None)

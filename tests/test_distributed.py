@@ -121,6 +121,14 @@ def test_dtensor_clip_matches_torch(ranks):
         assert record["max_grad_diff"] <= 1e-6
 
 
+def test_a_dtensor_norm_given_to_clip_is_its_full_value(ranks):
+    for record in _scenario(ranks, "dtensor_norm_given_to_clip"):
+        assert record["kind"] == "DTensor"  # what torch's get_total_norm returns on DTensors
+        got, expected = record["total_norm"]
+        assert got == pytest.approx(expected, rel=1e-6)
+        assert record["max_grad_diff"] <= 1e-6
+
+
 def test_cached_plan_follows_dtensor_gradients(ranks):
     _check_pairs(_scenario(ranks, "cached_plan_follows_dtensor_gradients"))
 

@@ -1,4 +1,4 @@
-"""The distributed examples the README points to run under torchrun (gloo, 2 ranks)."""
+"""The distributed examples docs/distributed.md points to run under torchrun (gloo, 2 ranks)."""
 
 from __future__ import annotations
 

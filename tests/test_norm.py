@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import inspect
 import math
+import warnings
 
 import pytest
 import torch
 
 import fastnorm
 import reference
+from harness import refused, serves, use_backend
 
 NORM_TYPES = [2.0, 1.0, float("inf"), 0.5, 3.0]
 # Tolerances per input dtype, relative to the oracle: 16-bit inputs are exact
@@ -46,7 +48,7 @@ def test_matches_oracle(backend, dtype, p):
 
 
 @pytest.mark.parametrize("p", [2.0, float("inf"), 1.0])
-def test_mixed_dtypes_and_layouts(backend, p):
+def test_mixed_dtypes_and_layouts(mixing, p):
     g = torch.Generator().manual_seed(7)
     tensors = [
         torch.randn(300, generator=g).to(torch.bfloat16),
@@ -88,7 +90,9 @@ def test_frozen_parameter_without_grad_is_skipped(backend):
 
 def test_nothing_to_reduce_gives_zero(backend):
     for empty in ([], [torch.nn.Parameter(torch.randn(3))], iter(())):
-        got = fastnorm.total_norm(empty)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", fastnorm.NoGradientWarning)  # the parameter without a .grad
+            got = fastnorm.total_norm(empty)
         assert got.item() == 0.0 and got.dtype == torch.float32 and got.dim() == 0
     assert fastnorm.total_norm([torch.zeros(0)]).item() == 0.0
 
@@ -119,6 +123,10 @@ def test_the_same_strided_or_sparse_tensor_twice_counts_once(backend):
     indices = torch.tensor([[0, 0, 2]])
     sparse = torch.sparse_coo_tensor(indices, torch.tensor([2.0, 2.0, 1.0]), (3,))  # uncoalesced
     for t in (gapped, sparse):
+        if t is gapped and not serves(backend, dense=False):
+            with refused(backend):
+                fastnorm.total_norm([t, t])
+            continue
         assert torch.equal(fastnorm.total_norm([t, t]), fastnorm.total_norm([t]))
         once, twice = t.clone(), t
         fastnorm.clip_([once], 1.0, gradients=True)
@@ -335,7 +343,7 @@ def test_tensor_norms(backend, p):
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
 @pytest.mark.parametrize("p", [3.0, 0.5])
-def test_p_norm_of_partials_from_two_backends_with_zeros_and_inf(backend, p):
+def test_p_norm_of_partials_from_two_backends_with_zeros_and_inf(mixing, p):
     # A dense tensor and a view with gaps are read by two backends (the view by
     # torch's ops); the front merges their partials at the largest scale, where
     # equal scales of 0 or inf must merge without 0 / 0 or inf / inf.
@@ -373,7 +381,8 @@ def test_a_tensor_with_a_grad_stands_for_its_grad(backend):
 
 def test_a_leaf_that_requires_grad_stands_for_its_grad(backend):
     w = torch.randn(7, requires_grad=True)
-    assert fastnorm.total_norm([w]).item() == 0.0  # no .grad yet: skipped, never read itself
+    with pytest.warns(fastnorm.NoGradientWarning, match="none of the 1 parameters has a .grad"):
+        assert fastnorm.total_norm([w]).item() == 0.0  # no .grad yet: skipped, never read itself
     w.grad = torch.full((7,), 2.0)
     assert fastnorm.total_norm([w]).item() == pytest.approx(2.0 * 7**0.5)
 
@@ -421,6 +430,11 @@ def test_norm_types_only_torch_computes_give_torchs_values(backend, p, dtype):
     tensors = [(torch.randn(n, generator=g, dtype=torch.float64) * 3).to(dtype) for n in (50, 7, 300)]
     tensors.append(torch.zeros(9, dtype=dtype))  # no non-zero: not counted by p=0, makes p<0 zero
     tensors.append(torch.randn(4, 5, generator=g).to(dtype).t())  # transposed
+    if not serves(backend, float(p)):
+        for call in (fastnorm.total_norm, fastnorm.tensor_norms):
+            with refused(backend):
+                call(tensors, p)
+        return
     for subset in (tensors[:3], tensors):
         got = fastnorm.total_norm(subset, p)
         ref = reference.total_norm(subset, float(p))
@@ -438,6 +452,10 @@ def test_norm_types_only_torch_computes_give_torchs_values(backend, p, dtype):
 def test_norm_type_zero_counts_tensors_not_elements(backend):
     # torch takes the 0-"norm" of the per-tensor counts: 2 tensors hold a non-zero.
     tensors = [torch.tensor([1.0, 2.0, 0.0]), torch.tensor([0.0, 5.0]), torch.zeros(3)]
+    if not serves(backend, 0.0):
+        with refused(backend):
+            fastnorm.total_norm(tensors, 0)
+        return
     assert fastnorm.total_norm(tensors, 0).item() == 2.0 == torch.nn.utils.get_total_norm(tensors, 0).item()
     assert fastnorm.tensor_norms(tensors, 0)[1].tolist() == [2.0, 1.0, 0.0]  # each tensor's own count
 
@@ -448,6 +466,10 @@ def test_norm_type_zero_counts_tensors_not_elements(backend):
 def test_norm_types_only_torch_computes_propagate_like_torch(backend, p, bad):
     tensors = grads([(100,), (7,)], torch.float64, 15)
     tensors[1][2] = bad
+    if not serves(backend, p):
+        with refused(backend):
+            fastnorm.total_norm(tensors, p)
+        return
     got = fastnorm.total_norm(tensors, p).item()
     theirs = torch.nn.utils.get_total_norm(tensors, p).item()
     assert got == theirs or (math.isnan(got) and math.isnan(theirs))
@@ -457,6 +479,10 @@ def test_tiny_and_huge_values_at_negative_p_stay_finite(backend):
     # |x|^-2 underflows to 0 for 2e200 (torch's norm becomes inf): scaled by the smallest |x| it does not.
     tensors = [torch.full((10,), 2e200, dtype=torch.float64), torch.full((3,), 1e-300, dtype=torch.float64)]
     for p in (-2.0, -0.5):
+        if not serves(backend, p):
+            with refused(backend):
+                fastnorm.total_norm(tensors, p)
+            continue
         got = fastnorm.total_norm(tensors[:1], p).item()
         assert reference.rel_err(got, reference.total_norm(tensors[:1], p)) <= 1e-12
         got = fastnorm.total_norm(tensors, p).item()
@@ -476,6 +502,10 @@ def test_conjugated_and_negative_views_are_read_through_their_memory(backend):
     assert fastnorm.total_norm([conj]).item() == pytest.approx(expected, rel=1e-6)
     neg = z.conj().imag  # a real view with the negative bit
     assert neg.is_neg()
+    if not serves(backend, dense=False):  # every other element of the complex memory
+        with refused(backend):
+            fastnorm.total_norm([neg])
+        return
     for p in (2.0, 1.0, float("inf"), 3.0):
         assert reference.rel_err(fastnorm.total_norm([neg], p).item(), reference.norm([neg], p)) <= 5e-6
 
@@ -483,6 +513,10 @@ def test_conjugated_and_negative_views_are_read_through_their_memory(backend):
 def test_expanded_gradients_are_read_element_by_element(backend):
     expanded = torch.randn(1, 8).expand(5, 8)  # stride 0: 40 elements over 8 values
     for p in (2.0, 1.0, float("inf"), 3.0, 0.0, -1.0):
+        if not serves(backend, p, dense=False):
+            with refused(backend):
+                fastnorm.total_norm([expanded], p)
+            continue
         got = fastnorm.total_norm([expanded], p).item()
         assert reference.rel_err(got, torch.nn.utils.get_total_norm([expanded.double()], p).item()) <= 1e-6
 
@@ -534,10 +568,29 @@ def matrix_tolerance(dtype, p):
     return 1e-12 if p in (2.0, 1.0, float("inf"), 0.0, float("-inf")) else 1e-9
 
 
-@pytest.mark.parametrize("p", MATRIX_NORM_TYPES, ids=lambda p: f"p{p}")
-@pytest.mark.parametrize("dtype, magnitude", MATRIX, ids=[f"{str(d).split('.')[1]}-{m:g}" for d, m in MATRIX])
-@pytest.mark.parametrize("layout", LAYOUTS)
-def test_one_answer_per_input(backend, layout, dtype, magnitude, p):
+DENSE_LAYOUTS = ("contiguous", "channels_last")
+# Only the cases each backend serves (a forced backend refuses the others, see
+# test_a_forced_backend_refuses_what_it_does_not_serve): every case on torch.
+SERVED = [
+    pytest.param(
+        backend,
+        layout,
+        dtype,
+        magnitude,
+        p,
+        id=f"{backend}-{layout}-{str(dtype).split('.')[1]}-{magnitude:g}-p{p}",
+    )
+    for backend in ("cpp", "triton", "torch")
+    for layout in LAYOUTS
+    for dtype, magnitude in MATRIX
+    for p in MATRIX_NORM_TYPES
+    if serves(backend, p, layout in DENSE_LAYOUTS)
+]
+
+
+@pytest.mark.parametrize("name, layout, dtype, magnitude, p", SERVED)
+def test_one_answer_per_input(name, layout, dtype, magnitude, p, monkeypatch):
+    backend = use_backend(name, monkeypatch)
     g = torch.Generator().manual_seed(hash((layout, str(dtype), magnitude, p)) % 2**31)
     shapes = [(2, 3, 4, 5), (3, 2, 2, 3)]
     if layout == "contiguous":  # and one larger than a C++ task (256 KiB) or a Triton chunk
@@ -555,3 +608,48 @@ def test_one_answer_per_input(backend, layout, dtype, magnitude, p):
         own = float(t.count_nonzero()) if p == 0 else reference.total_norm([t], p)  # one tensor's count
         assert reference.rel_err(value, own) <= tolerance
     assert torch.equal(fastnorm.total_norm(tensors, p), total)
+
+
+def test_gradients_true_reads_every_tensor_as_given_as_torch_does(backend):
+    g = torch.Generator().manual_seed(11)
+    params = []
+    for shape in [(123,), (4097,), (7, 9)]:
+        q = torch.nn.Parameter(torch.randn(shape, generator=g, dtype=torch.float64).float())
+        q.grad = torch.randn(shape, generator=g, dtype=torch.float64).float() * 5
+        params.append(q)
+    values = reference.norm([q.detach() for q in params], 2.0)
+    grads = reference.norm([q.grad for q in params], 2.0)
+    # Interleaved, twice, so that a plan cached for one reading cannot serve the other.
+    for _ in range(2):
+        assert fastnorm.total_norm(params).item() == pytest.approx(grads, rel=1e-6)
+        assert fastnorm.total_norm(params, gradients=True).item() == pytest.approx(values, rel=1e-6)
+        total, each = fastnorm.tensor_norms(params, gradients=True)
+        assert total.item() == pytest.approx(values, rel=1e-6)
+        assert each.tolist() == pytest.approx([reference.norm([q.detach()], 2.0) for q in params], rel=1e-6)
+    expected = torch.nn.utils.get_total_norm(params)
+    assert fastnorm.total_norm(params, gradients=True).item() == pytest.approx(expected.item(), rel=1e-6)
+    with pytest.raises(TypeError, match="total_norm: gradients must be True or False"):
+        fastnorm.total_norm(params, gradients="yes")
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("p", MATRIX_NORM_TYPES, ids=lambda p: f"p{p}")
+def test_a_forced_backend_refuses_what_it_does_not_serve(fused, layout, p):
+    # Never handed to torch behind the user's back: FASTNORM_BACKEND=cpp runs cpp or raises.
+    tensors = [laid_out((2, 3, 4, 5), layout, torch.float32, 1.0, torch.Generator().manual_seed(3))]
+    if serves(fused, p, layout in DENSE_LAYOUTS):
+        assert (
+            reference.rel_err(fastnorm.total_norm(tensors, p).item(), reference.total_norm(tensors, p))
+            <= 5e-6
+        )
+        return
+    for call in (
+        fastnorm.total_norm,
+        fastnorm.tensor_norms,
+        lambda t, p: fastnorm.clip_(t, 1.0, p, gradients=True),
+    ):
+        with refused(fused) as raised:
+            call(tensors, p)
+        why = str(raised.value)
+        assert ("norm type" in why) == (not (p > 0 or p == float("inf")))
+        assert ("consecutively in memory" in why) == (layout not in DENSE_LAYOUTS)

@@ -816,13 +816,14 @@ def test_cuda_no_host_sync():
     assert clipper.skipped.item() == 0.0
 
 
-def test_readme_loop_runs(capsys, tmp_path, monkeypatch):
-    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    start = text.index("\n## Clipping for free\n")
+def test_the_clipping_page_loop_runs(capsys, tmp_path, monkeypatch):
+    page = Path(__file__).resolve().parents[1] / "docs" / "clipping.md"
+    text = page.read_text()
+    start = text.index("\n## A training loop\n")
     section = text[start : text.index("\n## ", start + 1)]
     code = re.findall(r"```python\n(.*?)```", section, flags=re.S)[0]
     monkeypatch.chdir(tmp_path)
-    exec(compile(code, "README.md", "exec"), {})
+    exec(compile(code, str(page), "exec"), {})
     printed = capsys.readouterr().out.splitlines()
     assert [line.split(":")[0] for line in printed] == ["step 0", "step 1", "step 2"]
     assert all(line.endswith("skipped=0") for line in printed)

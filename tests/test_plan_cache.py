@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -13,8 +14,9 @@ import torch
 import fastnorm
 import reference
 from fastnorm import _plan
-from fastnorm.backends import cpp, requested
-from harness import run_python
+from fastnorm._partial import Mode
+from fastnorm.backends import cpp
+from harness import refused, run_python
 
 
 @pytest.fixture(params=["extension", "python"])
@@ -91,7 +93,11 @@ def test_a_gradient_changed_in_place_rebuilds_the_plan(snapshot, builds, attack)
     _check(params)
     assert builds[0] == 1
     attack(params[2].grad)
-    _check(params)
+    if attack.__name__ == "gaps" and os.environ["FASTNORM_BACKEND"] == "cpp":
+        with refused("cpp"):  # noticed: the new plan has a tensor the forced backend does not serve
+            _check(params)
+    else:
+        _check(params)
     assert builds[0] == 2
 
 
@@ -181,18 +187,17 @@ def test_clipping_through_a_cached_plan_scales_the_current_gradients(snapshot):
         torch.testing.assert_close(p.grad, b * (1.0 / (norm + 1e-6)), rtol=1e-5, atol=0)
 
 
-def test_gradients_read_by_the_caller_are_the_ones_checked(snapshot):
+def test_a_lookup_checks_the_gradients_of_now(snapshot):
     params = _params()
     fastnorm.total_norm(params)
-    key = _plan._key(params, None, requested())  # the key total_norm stored the plan under
-    grads = [p.grad for p in params]
-    assert _plan._CACHE.lookup(key, params, grads) is not None
-    moved = list(grads)
-    moved[2] = torch.randn(64)  # what the caller read differs from the plan
-    assert _plan._CACHE.lookup(key, params, moved) is None
-    missing = list(grads)
-    missing[1] = None
-    assert _plan._CACHE.lookup(key, params, missing) is None
+    assert _plan.lookup(params, None, 2.0) is not None
+    kept = params[2].grad
+    params[2].grad = torch.randn(64)  # another tensor, elsewhere
+    assert _plan.lookup(params, None, 2.0) is None
+    params[2].grad = kept
+    assert _plan.lookup(params, None, 2.0) is not None
+    params[1].grad = None
+    assert _plan.lookup(params, None, 2.0) is None
 
 
 def test_plain_tensors_that_get_a_grad_rebuild(snapshot, builds):
@@ -253,7 +258,7 @@ def test_an_item_of_another_type_at_the_same_address_rebuilds(snapshot, builds):
 
 
 # ----------------------------------------------------------------------------
-# The norm computed while the cached plan is checked (_plan.cached_norm)
+# The norm computed while the cached plan is checked (_plan.lookup with reduce)
 
 
 def _gated_params(dtype, count, numel, seed):
@@ -280,9 +285,9 @@ def test_the_norm_read_while_checking_has_the_bits_of_a_fresh_plan(monkeypatch, 
         if gradients:  # the gradients themselves, one of them twice
             params = [q.grad for q in params] + [params[3].grad]
         fresh = fastnorm.total_norm(params, p)  # builds the plan and reduces it apart
-        entry = _plan._CACHE.entry(_plan._key(params, None, "cpp"))
-        assert entry is not None and entry.gated is not None
-        assert _plan.cached_norm(params, p)[1] is not None
+        entry = _plan._CACHE.entry(_plan._key(params, None, "cpp", Mode.of(p)))
+        assert entry is not None and entry.checked is not None
+        assert _plan.lookup(params, None, p, reduce=True).reduced is not None
         cached = fastnorm.total_norm(params, p)
         assert cached.dtype == fresh.dtype and cached.item() == fresh.item()
         grads = params[:-1] if gradients else [q.grad for q in params]

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from fastnorm import _build
 from fastnorm.backends import cpp
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -46,7 +47,7 @@ def _info(tree: Path) -> str:
 
 
 def test_a_tree_without_a_build_uses_the_installed_build_of_the_same_sources(tree):
-    if cpp._C.source_hash() != cpp._build.source_hash(tree / "csrc"):
+    if cpp._C.source_hash() != _build.source_hash(tree / "csrc"):
         pytest.skip("the installed build is not of this checkout's sources (rebuild it)")
     line = _info(tree)
     assert line.startswith(f"C++ kernels: {cpp._C.isa()}") and "same sources as this tree" in line

@@ -2,10 +2,10 @@
 
 A port of ``test_clip_grad_norm``, ``test_clip_grad_norm_error_if_nonfinite``
 and ``test_clip_grad_norm_multi_device`` from PyTorch's ``test/test_nn.py``.
-Every test takes ``impl``: torch's own functions, or fastnorm's on each
-backend. fastnorm passes them all except where the README lists a deliberate
-difference; each of those has its own test at the end of this file, which also
-shows that torch differs there.
+Every test takes ``impl``: torch's own functions, fastnorm's on each
+backend, or torch's names inside ``fastnorm.patch()``. fastnorm passes them
+all except where docs/rules.md lists a deliberate difference; each of those has
+its own test at the end of this file, which also shows that torch differs there.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import re
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import product
 from pathlib import Path
 from typing import Any, Callable
@@ -23,7 +23,7 @@ import torch
 
 import fastnorm
 import reference
-from harness import use_backend
+from harness import refused, serves, use_backend
 
 inf, nan = math.inf, math.nan
 
@@ -34,6 +34,12 @@ class Impl:
     clip_grad_norm_: Callable[..., torch.Tensor]
     get_total_norm: Callable[..., torch.Tensor]
     clip_grads_with_norm_: Callable[..., Any]
+    backend: str = "auto"
+
+    def serves(self, norm_type: float) -> bool:
+        """Whether the norm type is computed here: a forced fused backend refuses
+        0, negative p and -inf (auto hands those to torch's ops, as users get)."""
+        return self.name == "torch" or serves(self.backend, float(norm_type))
 
 
 def _fastnorm_clip_with_norm(parameters, max_norm, total_norm, foreach=None):
@@ -49,12 +55,19 @@ TORCH = Impl(
 FASTNORM = Impl("fastnorm", fastnorm.clip_, fastnorm.total_norm, _fastnorm_clip_with_norm)
 
 
-@pytest.fixture(params=["torch", "fastnorm-cpp", "fastnorm-triton", "fastnorm-torch"])
+# fastnorm as users get it (auto: the C++ kernels, torch's ops for what they do not
+# compute), the Triton kernels forced (in the interpreter), the torch backend forced,
+# and torch's own names inside fastnorm.patch() (auto).
+@pytest.fixture(params=["torch", "fastnorm-auto", "fastnorm-triton", "fastnorm-torch", "patched"])
 def impl(request, monkeypatch) -> Impl:
     if request.param == "torch":
         return TORCH
-    use_backend(request.param.split("-")[1], monkeypatch)
-    return FASTNORM
+    if request.param == "patched":
+        request.addfinalizer(fastnorm.patch().undo)
+        utils = torch.nn.utils
+        return Impl("patched", utils.clip_grad_norm_, utils.get_total_norm, utils.clip_grads_with_norm_)
+    backend = use_backend(request.param.split("-")[1], monkeypatch)
+    return replace(FASTNORM, backend=backend)
 
 
 def assert_equal(actual, expected):
@@ -234,10 +247,12 @@ def test_clip_grad_norm_error_if_nonfinite(impl, case):
 
     for error_if_nonfinite in [False, True]:
         for norm_type, scalar in product(norms_nonfinite, scalars):
-            nonfinite = not (impl is FASTNORM and finite_where_torch_overflows(case, norm_type))
-            run_test_case(norm_type, error_if_nonfinite, scalar, nonfinite)
+            if impl.serves(norm_type):
+                nonfinite = not (impl is not TORCH and finite_where_torch_overflows(case, norm_type))
+                run_test_case(norm_type, error_if_nonfinite, scalar, nonfinite)
         for norm_type, scalar in product(norms_finite, scalars):
-            run_test_case(norm_type, error_if_nonfinite, scalar, False)
+            if impl.serves(norm_type):
+                run_test_case(norm_type, error_if_nonfinite, scalar, False)
 
 
 # ----------------------------------------------------------------------------
@@ -282,11 +297,11 @@ def test_clip_grad_norm_multi_device(impl, devices, foreach):
 
 
 # ----------------------------------------------------------------------------
-# The deliberate differences (README, "API"), one test each
+# The deliberate differences (docs/rules.md), one test each
 # ----------------------------------------------------------------------------
 
 
-@pytest.fixture(params=["cpp", "triton", "torch"])
+@pytest.fixture(params=["auto", "triton", "torch"])
 def fastnorm_backend(request, monkeypatch):
     return use_backend(request.param, monkeypatch)
 
@@ -315,6 +330,10 @@ def test_difference_16bit_gradients_give_a_float32_norm(fastnorm_backend, dtype)
     ids=["f64-2e200-p2", "f64-2e200-p3.5", "f64-2e200-p-2", "f32-1e20-p2", "f32-1e20-p100", "f64-1e-310-p2"],
 )
 def test_difference_a_finite_norm_where_torchs_overflows(fastnorm_backend, grads, p):
+    if not serves(fastnorm_backend, p):
+        with refused(fastnorm_backend):
+            fastnorm.total_norm(grads, p)
+        return
     theirs = torch.nn.utils.get_total_norm(grads, p).item()
     ours = fastnorm.total_norm(grads, p).item()
     assert theirs in (inf, 0.0)  # an overflow, or a sum of squares that vanished
@@ -355,9 +374,53 @@ def test_difference_a_repeated_tensor_counts_once(fastnorm_backend):
     assert torch.nn.utils.get_total_norm([theirs[0].grad]).item() == pytest.approx(1 / 26, rel=1e-4)
 
 
-def test_the_readme_lists_each_deliberate_difference_tested_here():
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    section = readme[readme.index("### Deliberate differences from torch") :]
-    listed = re.findall(r"^\d\. \*\*(.+?)\*\*", section[: section.index("\n## ")], flags=re.M)
+def test_difference_items_without_a_gradient_warn(fastnorm_backend):
+    def params():
+        return list(torch.nn.Linear(3, 2).parameters())  # before any backward()
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert torch.nn.utils.clip_grad_norm_(params(), 1.0).item() == 0.0
+    with pytest.warns(fastnorm.NoGradientWarning, match="before loss.backward"):
+        assert fastnorm.clip_(params(), 1.0).item() == 0.0
+
+
+@pytest.mark.parametrize("max_norm", ["1.0", True, torch.tensor(1.0)], ids=["str", "bool", "tensor"])
+def test_difference_a_max_norm_that_is_not_a_number_raises(fastnorm_backend, max_norm):
+    def params():
+        p = torch.nn.Parameter(torch.zeros(4))
+        p.grad = torch.tensor([3.0, -4.0, 0.0, 12.0])
+        return [p]
+
+    theirs = params()
+    torch.nn.utils.clip_grad_norm_(theirs, max_norm)  # converted with float()
+    assert theirs[0].grad.norm().item() == pytest.approx(1.0, rel=1e-5)
+    ours = params()
+    with pytest.raises(TypeError, match="max_norm must be a number"):
+        fastnorm.clip_(ours, max_norm)
+    assert torch.equal(ours[0].grad, params()[0].grad)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_difference_a_16bit_total_norm_is_widened(fastnorm_backend, dtype):
+    def params():
+        p = torch.nn.Parameter(torch.zeros(3))
+        p.grad = torch.tensor([0.1234, -7.77, 3.3])
+        return [p]
+
+    norm = torch.linalg.vector_norm(params()[0].grad).to(dtype)
+    theirs, widened, ours = params(), params(), params()
+    torch.nn.utils.clip_grads_with_norm_(theirs, 0.5, norm)  # the coefficient in 16 bits
+    torch.nn.utils.clip_grads_with_norm_(widened, 0.5, norm.float())
+    fastnorm.clip_(ours, 0.5, total_norm=norm)
+    assert torch.equal(ours[0].grad, widened[0].grad)
+    assert not torch.equal(ours[0].grad, theirs[0].grad)
+
+
+def test_the_rules_page_lists_each_deliberate_difference_tested_here():
+    rules = (Path(__file__).resolve().parents[1] / "docs" / "rules.md").read_text()
+    section = rules[rules.index("\n## Deliberate differences from torch\n") :]
+    end = section.find("\n## ", 1)
+    listed = re.findall(r"^\d\. \*\*(.+?)\*\*", section[: end if end != -1 else None], flags=re.M)
     tested = [name for name in globals() if name.startswith("test_difference_")]
-    assert len(listed) == len(tested) == 4, (listed, tested)
+    assert len(listed) == len(tested) == 7, (listed, tested)

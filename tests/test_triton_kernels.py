@@ -15,7 +15,7 @@ import torch
 
 import fastnorm
 import reference
-from fastnorm.backends import Mode
+from fastnorm._partial import Mode
 from harness import INTERPRETED
 
 pytestmark = pytest.mark.skipif(not INTERPRETED, reason="runs the kernels in Triton's interpreter")

@@ -326,14 +326,6 @@ MUTANTS = [
         "what": "a KeyboardInterrupt raised in the cached plan's check is cleared, the call returns normally",
     },
     {
-        "name": "cpp-snapshot-ignores-the-callers-gradients",
-        "path": "csrc/snapshot.cpp",
-        "old": "    PyObject* grad = given != nullptr ? PyList_GET_ITEM(given, i) : nullptr;",
-        "new": "    PyObject* grad = nullptr;",
-        "tests": ["tests/test_plan_cache.py::test_gradients_read_by_the_caller_are_the_ones_checked"],
-        "what": "the snapshot checks the items' .grad, not the gradients the caller read and will write",
-    },
-    {
         "name": "cpp-gates-from-a-tasks-first-gradient",
         "path": "csrc/kernels.cpp",
         "old": "[size_t(task_start_[size_t(task) + 1] - 1)].tensor)] + 1;",
@@ -454,6 +446,38 @@ MUTANTS = [
     # The front (fastnorm/_collect.py, norm.py, _partial.py)
     # ------------------------------------------------------------------
     {
+        "name": "front-forced-backend-reads-gapped-views",
+        "path": "fastnorm/backends/fused.py",
+        "old": "    if not dense:\n        reasons.append(NOT_DENSE)\n",
+        "new": "",
+        "tests": ["tests/test_norm.py::test_a_forced_backend_refuses_what_it_does_not_serve"],
+        "what": "a forced fused backend takes a view with gaps and reads memory that is not the tensor's",
+    },
+    {
+        "name": "plan-key-ignores-how-items-are-read",
+        "path": "fastnorm/_plan.py",
+        "old": 'getattr(items, "gradients", False), len(items), first, last)',
+        "new": "len(items), first, last)",
+        "tests": ["tests/test_norm.py::test_gradients_true_reads_every_tensor_as_given_as_torch_does"],
+        "what": "a plan cached for the parameters' .grad serves a call that reads their values",
+    },
+    {
+        "name": "front-no-gradient-is-silent",
+        "path": "fastnorm/norm.py",
+        "old": "    elif plan.no_gradient:\n",
+        "new": "    elif False:\n",
+        "tests": ["tests/test_clip.py::test_items_without_any_gradient_warn_once_per_call_site"],
+        "what": "parameters without a .grad (before backward) give 0 without a word",
+    },
+    {
+        "name": "front-dtensor-norm-read-as-local",
+        "path": "fastnorm/norm.py",
+        "old": "        norm = norm.full_tensor()\n",
+        "new": "        norm = norm._local_tensor\n",
+        "tests": ["tests/test_distributed.py::test_a_dtensor_norm_given_to_clip_is_its_full_value"],
+        "what": "a DTensor norm given to clip_ is read as its local shard, not its full value",
+    },
+    {
         "name": "front-dedup-ignores-numel",
         "path": "fastnorm/_collect.py",
         "old": "            key = (norm_t.device, norm_t.data_ptr(), norm_t.dtype, norm_t.numel())",
@@ -479,27 +503,27 @@ MUTANTS = [
     },
     {
         "name": "front-clip-writes-before-finite-check",
-        "path": "fastnorm/norm.py",
+        "path": "fastnorm/_eager.py",
         "old": (
             "    if error_if_nonfinite:\n"
-            "        _check_finite(norm, p)\n"
+            "        check_finite(norm, p)\n"
             "    torch._C._increment_version(written)\n"
             "    with torch.no_grad():\n"
-            "        _scale(plan, norm, bound)\n"
+            "        _scale(plan, norm, max_norm)\n"
         ),
         "new": (
             "    torch._C._increment_version(written)\n"
             "    with torch.no_grad():\n"
-            "        _scale(plan, norm, bound)\n"
+            "        _scale(plan, norm, max_norm)\n"
             "    if error_if_nonfinite:\n"
-            "        _check_finite(norm, p)\n"
+            "        check_finite(norm, p)\n"
         ),
         "tests": ["tests/test_clip.py::test_error_if_nonfinite_raises_before_scaling"],
         "what": "error_if_nonfinite raises after the gradients were scaled",
     },
     {
         "name": "front-clip-bumps-no-version",
-        "path": "fastnorm/norm.py",
+        "path": "fastnorm/_eager.py",
         "old": "    torch._C._increment_version(written)\n",
         "new": "",
         "tests": ["tests/test_clip.py::test_every_gradient_that_may_be_written_has_its_version_bumped"],
@@ -507,7 +531,7 @@ MUTANTS = [
     },
     {
         "name": "front-overlap-check-wrong-code",
-        "path": "fastnorm/norm.py",
+        "path": "fastnorm/_eager.py",
         "old": "torch._debug_has_internal_overlap(local) == 1:",
         "new": "torch._debug_has_internal_overlap(local) == 2:",
         "tests": ["tests/test_clip.py::test_expanded_gradient_is_refused_before_anything_is_written"],
@@ -515,7 +539,7 @@ MUTANTS = [
     },
     {
         "name": "front-plain-item-norms-reduced-across-ranks",
-        "path": "fastnorm/norm.py",
+        "path": "fastnorm/distributed.py",
         "old": '        if domain.groups and domain.key[0] == "mesh":',
         "new": "        if domain.groups:",
         "tests": ["tests/test_distributed.py::test_group_tensor_norms_with_uneven_items"],
@@ -548,8 +572,8 @@ MUTANTS = [
     {
         "name": "cpp-backend-unknown-isa-falls-back",
         "path": "fastnorm/backends/cpp.py",
-        "old": '        if _UNKNOWN_ISA is not None and device.type == "cpu":\n'
-        "            raise ValueError(_UNKNOWN_ISA)\n",
+        "old": '        if _extension.UNKNOWN_ISA is not None and device.type == "cpu":\n'
+        "            raise ValueError(_extension.UNKNOWN_ISA)\n",
         "new": "",
         "tests": ["tests/test_cpu_kernels.py::test_an_unknown_instruction_set_raises_naming_the_known_ones"],
         "what": "a mistyped FASTNORM_ISA hands every CPU tensor to the torch backend instead of raising",
@@ -578,8 +602,8 @@ MUTANTS = [
     {
         "name": "plan-key-ignores-group",
         "path": "fastnorm/_plan.py",
-        "old": "id(group), len(items), id(items[0])",
-        "new": "len(items), id(items[0])",
+        "old": "return (request, id(group), mode,",
+        "new": "return (request, mode,",
         "tests": [
             "tests/test_distributed.py::test_a_plan_cached_without_group_never_serves_a_call_with_group"
         ],
@@ -596,8 +620,8 @@ MUTANTS = [
     {
         "name": "plan-key-ignores-backend-request",
         "path": "fastnorm/_plan.py",
-        "old": "    return (request, id(group), len(items),",
-        "new": "    return (id(group), len(items),",
+        "old": "    return (request, id(group), mode,",
+        "new": "    return (id(group), mode,",
         "tests": ["tests/test_backends.py::test_request_is_read_at_every_call"],
         "what": "a plan cached for one FASTNORM_BACKEND is reused under another",
     },
@@ -620,7 +644,7 @@ MUTANTS = [
     {
         "name": "plan-caches-torch-backend-plans",
         "path": "fastnorm/_plan.py",
-        "old": '    cacheable = grads.cacheable and all(g.backend.name != "torch" for g in norm_groups)',
+        "old": "    cacheable = grads.cacheable and all(g.backend.cacheable for g in norm_groups)",
         "new": "    cacheable = grads.cacheable",
         "tests": ["tests/test_backends.py::test_cache_does_not_keep_gradients_alive"],
         "what": "plans whose backend state holds the gradients are cached (and keep them alive)",
@@ -635,9 +659,9 @@ MUTANTS = [
     },
     {
         "name": "plan-collective-order-first-appearance",
-        "path": "fastnorm/_plan.py",
-        "old": "        return sorted(range(len(self.domains)), key=lambda i: repr(self.domains[i].key))",
-        "new": "        return list(range(len(self.domains)))",
+        "path": "fastnorm/distributed.py",
+        "old": "    return sorted(range(len(domains)), key=lambda i: repr(domains[i].key))",
+        "new": "    return list(range(len(domains)))",
         "tests": ["tests/test_distributed.py::test_group_and_dtensors_where_a_rank_holds_no_plain_gradient"],
         "what": "collectives run in each rank's order of first appearance, not an agreed one",
     },

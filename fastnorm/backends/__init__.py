@@ -1,85 +1,61 @@
 """Backends compute the local partial of a norm and the conditional scale.
 
-A backend sees the dense gradients of one device, already validated and
-deduplicated by the front (``fastnorm/norm.py``), and implements three steps:
+A backend sees the gradients of one device, already validated and
+deduplicated by the front (``fastnorm/norm.py`` and ``fastnorm/_collect.py``),
+and implements three steps:
 
 * ``prepare(tensors)``: what it needs to read them (a pointer table, a task
-  split); the front caches it while the gradients' addresses do not change;
+  split), its *prepared* state; the front caches it (``fastnorm/_plan.py``)
+  while the gradients' addresses do not change, if the backend is ``cacheable``;
 * ``reduce(prepared, mode, p, result_dtype, per_tensor)``: the partial, the
   local root and, on request, each tensor's partial from the same pass;
 * ``scale_(prepared, norm, max_norm)``: ``x *= min(1, max_norm / (norm + 1e-6))``
   in place, decided on the device, touching no memory when it is 1.
 
-Selection: ``FASTNORM_BACKEND=auto|triton|cpp|torch`` (read at every call)
-forces one; ``auto`` takes triton on CUDA, cpp on the CPU, and torch where
-those cannot run (never Triton's interpreter: it is for tests). A forced
-backend that cannot run raises with every reason.
+A backend may also read a cached plan's tensors while the cache checks them
+(``CheckedReduce``), so that the check of many small gradients and the read
+of their memory overlap.
+
+Selection: each backend says what it cannot serve (``not_supported_reasons``:
+a device, a norm type, a tensor with gaps); ``FASTNORM_BACKEND=auto`` takes the
+first that can (triton on CUDA, cpp on the CPU, torch everywhere, never
+Triton's interpreter: it is for tests); ``triton``, ``cpp`` or ``torch``
+forces one, read at every call, and a forced backend that cannot serve the
+call raises with every reason: it never hands the work to another backend.
 """
 
 from __future__ import annotations
 
-import enum
 import os
 import warnings
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
+from fastnorm._partial import Mode
+
 ENV_VAR = "FASTNORM_BACKEND"
 CHOICES = ("auto", "triton", "cpp", "torch")
-
-
-class Mode(enum.IntEnum):
-    """Which reduction a norm type needs.
-
-    L2, L1, LINF and LP (any other p > 0) are fused: their values are shared
-    with csrc/fastnorm.h and the Triton kernels. ZERO (p = 0), NEG (p < 0) and
-    NINF (p = -inf) are served by the torch backend only: the front never hands
-    them to a fused backend.
-    """
-
-    L2 = 0
-    L1 = 1
-    LINF = 2
-    LP = 3
-    ZERO = 4
-    NEG = 5
-    NINF = 6
-
-    @staticmethod
-    def of(p: float) -> Mode:
-        if p == 2.0:
-            return Mode.L2
-        if p == 1.0:
-            return Mode.L1
-        if p == float("inf"):
-            return Mode.LINF
-        if p == 0.0:
-            return Mode.ZERO
-        if p == float("-inf"):
-            return Mode.NINF
-        if p < 0.0:
-            return Mode.NEG
-        return Mode.LP
-
-    @property
-    def fused(self) -> bool:
-        """Whether the fused backends compute this reduction."""
-        return self <= Mode.LP
 
 
 class Backend(Protocol):
     """What every backend provides (see the module docstring)."""
 
     name: str
+    # Whether a prepared state holds no reference to its tensors and stays valid
+    # while they keep their addresses, sizes, dtypes and layouts (then it is cached).
+    cacheable: bool
 
-    def not_supported_reasons(self, device: torch.device) -> list[str]:
-        """Why this backend cannot serve tensors on ``device``; empty when it can."""
+    def not_supported_reasons(
+        self, device: torch.device, mode: Mode | None = None, dense: bool = True
+    ) -> list[str]:
+        """Why this backend cannot serve tensors on ``device`` (and, when given, the
+        reduction ``mode``, tensors that are not ``dense``); empty when it can."""
         ...
 
     def prepare(self, tensors: list[torch.Tensor]) -> Any:
-        """Tables for ``tensors`` (dense, one device, float16/bfloat16/float32/float64)."""
+        """The prepared state for ``tensors`` (one device, float16/bfloat16/float32/float64)."""
         ...
 
     def reduce(
@@ -106,7 +82,40 @@ class Backend(Protocol):
         ...
 
     def scale_(self, prepared: Any, norm: torch.Tensor, max_norm: float) -> None:
-        """Scales the tensors by ``min(1, max_norm / (norm + 1e-6))`` (torch's formula)."""
+        """Scales the tensors by ``min(1, max_norm / (norm + 1e-6))`` (torch's formula).
+        ``norm``: a 0-dim float32 or float64 tensor on the tensors' device."""
+        ...
+
+
+@runtime_checkable
+class CheckedReduce(Protocol):
+    """Optional: ``reduce`` run while the plan cache checks the items of a cached plan.
+
+    The cache (``fastnorm/_plan.py``) checks the items in order on the calling
+    thread; such a backend already reads every tensor whose items are
+    confirmed, and never one that is not, so the check and the read overlap.
+    """
+
+    def gate(self, prepared: Any, first_item: list[int]) -> bool:
+        """Records, for each tensor of ``prepared``, the first item that gives it, so
+        that it is read once the items up to that one are confirmed. False where
+        this prepared state cannot be read while checking."""
+        ...
+
+    def reduce_checked(
+        self,
+        prepared: Any,
+        snapshot: Any,
+        items: list[Any],
+        written: list[torch.Tensor] | None,
+        mode: Mode,
+        p: float,
+        result_dtype: torch.dtype,
+    ) -> tuple[torch.Tensor, torch.Tensor, None] | None:
+        """``reduce`` of a gated ``prepared`` while ``snapshot`` (the extension's
+        ``Snapshot``) checks ``items``; with ``written`` (a list), also fills it
+        with the tensors ``clip_`` writes. None where the items no longer match:
+        then nothing was read at an address that failed the check."""
         ...
 
 
@@ -166,21 +175,22 @@ def _auto_order(device: torch.device) -> tuple[str, ...]:
     return (fast, "torch") if fast else ("torch",)
 
 
-def choose(device: torch.device, request: str) -> Choice:
-    """The backend for tensors on ``device`` under ``request`` (a CHOICES value)."""
+def choose(device: torch.device, request: str, mode: Mode | None = None, dense: bool = True) -> Choice:
+    """The backend for tensors on ``device`` under ``request`` (a CHOICES value),
+    for the reduction ``mode`` (None: any) of tensors that are ``dense`` or not."""
     table = backends()
     if request != "auto":
         backend = table[request]
-        reasons = backend.not_supported_reasons(device)
+        reasons = backend.not_supported_reasons(device, mode, dense)
         if reasons:
             raise BackendUnavailableError(
-                f"{ENV_VAR}={request} cannot serve {device.type} tensors: " + "; ".join(reasons)
+                f"{ENV_VAR}={request} cannot serve these {device.type} tensors: " + "; ".join(reasons)
             )
         return Choice(backend, True, {})
     skipped: dict[str, list[str]] = {}
     for name in _auto_order(device):
         backend = table[name]
-        reasons = backend.not_supported_reasons(device)
+        reasons = backend.not_supported_reasons(device, mode, dense)
         if not reasons:
             return Choice(backend, False, skipped)
         skipped[name] = reasons
@@ -191,21 +201,22 @@ _WARNED: set[tuple[str, str]] = set()
 
 
 def warn_if_slow(device: torch.device, choice: Choice) -> None:
-    """Warns once per device type when the expected fused backend is missing."""
+    """Warns once per device type when the fused backend expected there is missing
+    (not when it only passes on a norm type or a layout it does not compute)."""
     fast = expected_fast(device)
     if choice.forced or fast is None or choice.backend.name == fast:
         return
     key = (device.type, choice.backend.name)
-    if key in _WARNED:
+    missing = backends()[fast].not_supported_reasons(device)
+    if key in _WARNED or not missing:
         return
     _WARNED.add(key)
-    reasons = "; ".join(choice.skipped.get(fast, ["unavailable"]))
     warnings.warn(
-        f"fastnorm: the {fast} backend cannot serve {device.type} tensors ({reasons}); "
+        f"fastnorm: the {fast} backend cannot serve {device.type} tensors ({'; '.join(missing)}); "
         f"using the {choice.backend.name} backend, which is correct but slower. "
         f"`python -m fastnorm info` shows every backend and why.",
         RuntimeWarning,
-        stacklevel=4,
+        stacklevel=5,
     )
 
 

@@ -15,130 +15,19 @@ the clip coefficient is 1.
 
 from __future__ import annotations
 
-import importlib.machinery
-import importlib.util
 import os
-import sys
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import torch
 
-from fastnorm import _build
-from fastnorm.backends import Mode
+from fastnorm import _extension
+from fastnorm._partial import Mode
+from fastnorm.backends.fused import fused_reasons
 
-_PACKAGE = Path(__file__).resolve().parent.parent
-_TREE = _PACKAGE.parent  # the repository root, when running from a source checkout
-
-
-def _installed_builds() -> list[Path]:
-    """The built extensions of other fastnorm copies Python could import (site-packages,
-    an editable install elsewhere), which this source tree hides."""
-    spec_paths = [p for p in sys.path if Path(p or ".").resolve() != _TREE]
-    specs = [importlib.machinery.PathFinder.find_spec("fastnorm", spec_paths)]
-    for finder in sys.meta_path:
-        if finder is not importlib.machinery.PathFinder and hasattr(finder, "find_spec"):
-            try:
-                specs.append(finder.find_spec("fastnorm", None))
-            except Exception:  # a third-party finder that cannot answer
-                continue
-    builds = []
-    for spec in specs:
-        for location in (spec.submodule_search_locations or []) if spec else []:
-            if Path(location).resolve() != _PACKAGE:
-                for suffix in importlib.machinery.EXTENSION_SUFFIXES:
-                    builds += [p for p in Path(location).glob("_C*" + suffix) if p.name == "_C" + suffix]
-    return builds
-
-
-def _load(path: Path) -> ModuleType:
-    spec = importlib.util.spec_from_file_location("fastnorm._C", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    sys.modules["fastnorm._C"] = module
-    return module
-
-
-def _tree_hash() -> str | None:
-    """The fingerprint of this source checkout's csrc/, or None for an installed package."""
-    return _build.source_hash(_TREE / "csrc") if (_TREE / "csrc").is_dir() else None
-
-
-def _import_extension() -> tuple[Any, ImportError | None, str | None]:
-    """``(fastnorm._C, None, where)``, or ``(None, why, None)`` with what to run.
-
-    ``where`` is None for the build inside this package. A source checkout
-    without a build of its own (``python -m fastnorm`` in the repository root
-    imports the tree, not the installed package) uses an installed build
-    compiled from the same sources, and says so; one compiled from other
-    sources is never used.
-    """
-    tree_hash = _tree_hash()
-    if importlib.util.find_spec("fastnorm._C") is None:
-        if tree_hash is None:
-            return None, ImportError("fastnorm was installed without its C++ kernels (fastnorm._C)"), None
-        candidates = _installed_builds()
-    else:
-        try:
-            from fastnorm import _C
-        except ImportError as exc:  # a broken build, an unsupported FASTNORM_ISA
-            return None, exc, None
-        where = Path(_C.__file__).resolve().parent
-        if where == _PACKAGE or tree_hash is None:
-            return _C, None, None
-        del sys.modules["fastnorm._C"]  # an editable install's finder handed over its own build
-        candidates = [Path(_C.__file__)]
-    others = []
-    for path in candidates:
-        try:
-            module = _load(path)
-        except ImportError as exc:
-            others.append(f"{path} ({exc})")
-            continue
-        if module.source_hash() == tree_hash:
-            return module, None, str(path.parent)
-        del sys.modules["fastnorm._C"]
-        others.append(f"{path.parent} (built from other sources)")
-    found = f"; the installed fastnorm cannot stand in: {', '.join(others)}" if others else ""
-    return (
-        None,
-        ImportError(
-            f"this source tree ({_TREE}) has no build of fastnorm._C{found}; run `pip install -e .` "
-            "there (it builds the kernels in place), or run from another directory to use an "
-            "installed fastnorm"
-        ),
-        None,
-    )
-
-
-# The instruction sets csrc/kernels.cpp has kernels for (on x86-64), whether or not this CPU runs them.
-KNOWN_ISAS = ("generic", "avx2", "avx512")
-
-
-def _unknown_isa() -> str | None:
-    """Why FASTNORM_ISA (or its older name FASTNORM_CPU_ISA, read when the first is
-    unset) names no instruction set at all, or None. A known one this CPU lacks is
-    the extension's to refuse: then the C++ kernels are unavailable, and say why."""
-    for variable in ("FASTNORM_ISA", "FASTNORM_CPU_ISA"):
-        value = os.environ.get(variable, "")
-        if value:
-            if value in KNOWN_ISAS:
-                return None
-            return f"{variable}={value!r} is not one of {', '.join(KNOWN_ISAS)}"
-    return None
-
-
-# A mistyped FASTNORM_ISA raises at every use of the CPU backend, as a mistyped
-# FASTNORM_BACKEND does, instead of handing every CPU tensor to the torch backend.
-_UNKNOWN_ISA = _unknown_isa()
-
-# Built without the extension, a broken build, or an unsupported FASTNORM_ISA.
-if _UNKNOWN_ISA is None:
-    _C, _IMPORT_ERROR, BORROWED_FROM = _import_extension()
-else:
-    _C, _IMPORT_ERROR, BORROWED_FROM = None, ValueError(_UNKNOWN_ISA), None
+_C = _extension.C
+_IMPORT_ERROR = _extension.IMPORT_ERROR
+BORROWED_FROM = _extension.BORROWED_FROM
+KNOWN_ISAS = _extension.KNOWN_ISAS
 
 DTYPE_CODES = {torch.float32: 0, torch.float64: 1, torch.float16: 2, torch.bfloat16: 3}
 
@@ -165,7 +54,7 @@ def kernels_line() -> str:
     line = f"C++ kernels: {_C.isa()} (this CPU supports {', '.join(_C.supported_isas())})"
     if BORROWED_FROM is not None:
         line += f", from the installed build in {BORROWED_FROM} (same sources as this tree)"
-    elif _tree_hash() not in (None, _C.source_hash()):
+    elif _extension.tree_hash() not in (None, _C.source_hash()):
         line += "; WARNING: built from older sources than csrc/: rerun `pip install -e .`"
     return line
 
@@ -199,11 +88,14 @@ if _OPENMP is not None and not _C.attach_openmp(_OPENMP):
 
 class CppBackend:
     name = "cpp"
+    cacheable = True  # a task split over addresses, rebuilt when an address changes
 
-    def not_supported_reasons(self, device: torch.device) -> list[str]:
-        if _UNKNOWN_ISA is not None and device.type == "cpu":
-            raise ValueError(_UNKNOWN_ISA)
-        reasons = []
+    def not_supported_reasons(
+        self, device: torch.device, mode: Mode | None = None, dense: bool = True
+    ) -> list[str]:
+        if _extension.UNKNOWN_ISA is not None and device.type == "cpu":
+            raise ValueError(_extension.UNKNOWN_ISA)
+        reasons = fused_reasons(mode, dense)
         if _C is None:
             reasons.append(f"the extension fastnorm._C is not built ({_IMPORT_ERROR})")
         if device.type != "cpu":
@@ -220,7 +112,7 @@ class CppBackend:
 
     def reduce(
         self,
-        plan: _C.Plan,
+        prepared: _C.Plan,
         mode: Mode,
         p: float,
         result_dtype: torch.dtype,
@@ -228,9 +120,9 @@ class CppBackend:
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         partial = torch.empty_like(_PARTIAL)
         root = torch.empty_like(_ROOTS[result_dtype])
-        tensors = torch.empty((plan.num_tensors, 2), dtype=torch.float64) if per_tensor else None
+        tensors = torch.empty((prepared.num_tensors, 2), dtype=torch.float64) if per_tensor else None
         _C.reduce(
-            plan,
+            prepared,
             int(mode),
             p,
             partial.data_ptr(),
@@ -241,26 +133,30 @@ class CppBackend:
         )
         return partial, root, tensors
 
+    def gate(self, prepared: _C.Plan, first_item: list[int]) -> bool:
+        prepared.set_gates(first_item)
+        return True
+
     def reduce_checked(
         self,
+        prepared: _C.Plan,
         snapshot: Any,
         items: list[Any],
         written: list[torch.Tensor] | None,
-        plan: _C.Plan,
         mode: Mode,
         p: float,
         result_dtype: torch.dtype,
     ) -> tuple[torch.Tensor, torch.Tensor, None] | None:
-        """``reduce``, run while ``snapshot`` checks ``items`` (see
-        ``_plan.cached_norm``): None, with nothing read at an address that
-        failed the check, where they no longer match."""
+        """See ``fastnorm.backends.CheckedReduce``: on torch's OpenMP threads the
+        calling thread checks while the others read; on fastnorm's own pool the
+        check runs first (``_C.reduce_checked``)."""
         partial = torch.empty_like(_PARTIAL)
         root = torch.empty_like(_ROOTS[result_dtype])
         ok = _C.reduce_checked(
             snapshot,
             items,
             written,
-            plan,
+            prepared,
             int(mode),
             p,
             partial.data_ptr(),
@@ -270,9 +166,9 @@ class CppBackend:
         )
         return (partial, root, None) if ok else None
 
-    def scale_(self, plan: _C.Plan, norm: torch.Tensor, max_norm: float) -> None:
+    def scale_(self, prepared: _C.Plan, norm: torch.Tensor, max_norm: float) -> None:
         _C.scale_by_norm(
-            plan, norm.data_ptr(), norm.dtype == torch.float64, max_norm, torch.get_num_threads()
+            prepared, norm.data_ptr(), norm.dtype == torch.float64, max_norm, torch.get_num_threads()
         )
 
 

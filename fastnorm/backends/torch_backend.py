@@ -18,16 +18,11 @@ from __future__ import annotations
 import torch
 
 from fastnorm import _partial
-from fastnorm.backends import Mode
+from fastnorm._partial import Mode, accumulate_dtype
 
 # Moving a scaled sum back by a power of two is exact while the result is a
 # normal float64: such rows are stored unscaled (m = 0), as a plain sum.
 _SMALLEST_NORMAL = torch.finfo(torch.float64).tiny
-
-
-def accumulate_dtype(device: torch.device) -> torch.dtype:
-    """float64 where the device supports it."""
-    return torch.float32 if device.type == "mps" else torch.float64
 
 
 def _norms(tensors: list[torch.Tensor], p: float, dtype: torch.dtype) -> torch.Tensor:
@@ -106,8 +101,11 @@ def _rows(tensors: list[torch.Tensor], mode: Mode, p: float, acc: torch.dtype) -
 
 class TorchBackend:
     name = "torch"
+    cacheable = False  # its prepared state is the tensors themselves
 
-    def not_supported_reasons(self, device: torch.device) -> list[str]:
+    def not_supported_reasons(
+        self, device: torch.device, mode: Mode | None = None, dense: bool = True
+    ) -> list[str]:
         return []
 
     def prepare(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -115,22 +113,22 @@ class TorchBackend:
 
     def reduce(
         self,
-        tensors: list[torch.Tensor],
+        prepared: list[torch.Tensor],
         mode: Mode,
         p: float,
         result_dtype: torch.dtype,
         per_tensor: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        rows = _rows(tensors, mode, p, accumulate_dtype(tensors[0].device))
+        rows = _rows(prepared, mode, p, accumulate_dtype(prepared[0].device))
         partial = _partial.of_tensors(rows, mode, p)
         return partial, _partial.root(partial, mode, p, result_dtype), rows if per_tensor else None
 
-    def scale_(self, tensors: list[torch.Tensor], norm: torch.Tensor, max_norm: float) -> None:
+    def scale_(self, prepared: list[torch.Tensor], norm: torch.Tensor, max_norm: float) -> None:
         coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
         try:
-            torch._foreach_mul_(tensors, coef)
+            torch._foreach_mul_(prepared, coef)
         except (RuntimeError, NotImplementedError):
-            for t in tensors:
+            for t in prepared:
                 t.mul_(coef)
 
 

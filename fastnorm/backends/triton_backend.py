@@ -25,7 +25,8 @@ from typing import Any
 
 import torch
 
-from fastnorm.backends import Mode
+from fastnorm._partial import Mode
+from fastnorm.backends.fused import fused_reasons
 
 _TRITON_FOUND = importlib.util.find_spec("triton") is not None
 _KERNELS: Any = None
@@ -290,8 +291,14 @@ def _table(addrs: list[int], numels: list[int], chunk: int) -> tuple[torch.Tenso
 
 class TritonBackend:
     name = "triton"
+    cacheable = True  # tables of addresses, rebuilt when an address changes
 
-    def not_supported_reasons(self, device: torch.device) -> list[str]:
+    def not_supported_reasons(
+        self, device: torch.device, mode: Mode | None = None, dense: bool = True
+    ) -> list[str]:
+        return fused_reasons(mode, dense) + self._device_reasons(device)
+
+    def _device_reasons(self, device: torch.device) -> list[str]:
         reasons = []
         if not _TRITON_FOUND:
             reasons.append("triton is not installed (pip install 'fastnorm[triton]')")
@@ -309,9 +316,9 @@ class TritonBackend:
             except RuntimeError as exc:
                 return [str(exc)]
             if interpreted != (device.type == "cpu"):
-                mode = "interpreted" if interpreted else "compiled"
+                loaded = "interpreted" if interpreted else "compiled"
                 reasons.append(
-                    f"the kernels were loaded {mode} (TRITON_INTERPRET changed after the first use)"
+                    f"the kernels were loaded {loaded} (TRITON_INTERPRET changed after the first use)"
                 )
         return reasons
 

@@ -284,7 +284,7 @@ def _time_cell(record: dict[str, Any], name: str) -> str:
 
 
 def markdown(run: dict[str, Any]) -> str:
-    """The tables for the README: fastnorm against torch and the roofline, the
+    """The tables for docs/benchmarks.md: fastnorm against torch and the roofline, the
     single-core kernels, and the host cost."""
     env = run["environment"]
     isa = f", C++ kernels {env['cpp_isa']}" if env.get("cpp_isa") else ""

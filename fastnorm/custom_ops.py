@@ -5,7 +5,9 @@ under ``torch.compile``, ``total_norm``, ``clip_`` and ``tensor_norms`` gather
 the gradients with traceable Python (type checks, ``.grad``) and call one of
 these ops, which inductor calls in place on the real gradients (no copy). Each
 op's fake implementation gives the result's shape, dtype and device without
-reading anything. Their eager implementations are fastnorm's own eager paths.
+reading anything. Their eager implementations are fastnorm's eager stages
+(``fastnorm/_eager.py``) on gradients checked already: they never come back
+through the public functions.
 
 Ops: ``fastnorm::total_norm``, ``fastnorm::clip_`` (mutates its gradients),
 ``fastnorm::scale_`` (clip with a given norm; mutates) and
@@ -21,7 +23,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from fastnorm import distributed
+from fastnorm import _eager, distributed
 from fastnorm._collect import Items, gradient_of
 
 
@@ -34,9 +36,7 @@ def _result(grads: list[Tensor]) -> Tensor:
 
 @torch.library.custom_op("fastnorm::total_norm", mutates_args=())
 def total_norm_op(grads: list[Tensor], norm_type: float) -> Tensor:
-    from fastnorm.norm import total_norm
-
-    return total_norm(Items(grads, gradients=True), norm_type)
+    return _eager.total_norm(Items(grads, gradients=True), norm_type, None, False)[0]
 
 
 @total_norm_op.register_fake
@@ -46,9 +46,7 @@ def _(grads: list[Tensor], norm_type: float) -> Tensor:
 
 @torch.library.custom_op("fastnorm::clip_", mutates_args=("grads",))
 def clip_op(grads: list[Tensor], max_norm: float, norm_type: float) -> Tensor:
-    from fastnorm.norm import clip_
-
-    return clip_(Items(grads, gradients=True), max_norm, norm_type)
+    return _eager.clip(Items(grads, gradients=True), max_norm, norm_type, None, False, None)[0]
 
 
 @clip_op.register_fake
@@ -58,9 +56,7 @@ def _(grads: list[Tensor], max_norm: float, norm_type: float) -> Tensor:
 
 @torch.library.custom_op("fastnorm::scale_", mutates_args=("grads",))
 def scale_op(grads: list[Tensor], norm: Tensor, max_norm: float) -> None:
-    from fastnorm.norm import clip_
-
-    clip_(Items(grads, gradients=True), max_norm, total_norm=norm)
+    _eager.clip(Items(grads, gradients=True), max_norm, 2.0, None, False, norm)
 
 
 @scale_op.register_fake
@@ -70,9 +66,8 @@ def _(grads: list[Tensor], norm: Tensor, max_norm: float) -> None:
 
 @torch.library.custom_op("fastnorm::tensor_norms", mutates_args=())
 def tensor_norms_op(grads: list[Tensor], norm_type: float) -> tuple[Tensor, Tensor]:
-    from fastnorm.norm import tensor_norms
-
-    return tensor_norms(Items(grads, gradients=True), norm_type)
+    total, per_item, _ = _eager.tensor_norms(Items(grads, gradients=True), norm_type, None)
+    return total, per_item
 
 
 @tensor_norms_op.register_fake

@@ -1,0 +1,223 @@
+"""The eager stages of ``total_norm``, ``clip_`` and ``tensor_norms``, on checked arguments.
+
+A call is three stages (see docs/design.md): each device's backend computes a
+local partial in one fused pass (``fastnorm.backends``); partials that belong
+to a distributed domain are all-reduced across ranks
+(``fastnorm.distributed``); the root is taken on the first gradient's device
+(``fastnorm._partial``). Clipping then hands the norm to the backends'
+conditional scale, after every check that can fail and after bumping the
+version counter of every gradient it may write, so that autograd sees the
+write. Nothing here reads a device value on the host, so no call synchronizes
+(except with ``error_if_nonfinite=True``).
+
+The public functions (``fastnorm/norm.py``) check their arguments and call
+these; so do the custom ops that ``torch.compile`` sees
+(``fastnorm/custom_ops.py``), whose gradients are checked already.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable
+from operator import attrgetter
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from fastnorm import _partial, _plan, distributed
+from fastnorm._collect import Items
+from fastnorm._partial import Mode, accumulate_dtype, to_device
+from fastnorm._plan import Plan, Reduced
+
+_get_grad = attrgetter("grad")
+_is_inference = Tensor.is_inference
+
+# torch's own messages, which code written for torch matches on.
+NONFINITE = (
+    "The total norm of order {p} for gradients from `parameters` is non-finite, so it cannot be "
+    "clipped. To disable this error and scale the gradients by the non-finite norm anyway, set "
+    "`error_if_nonfinite=False`"
+)
+INFERENCE = (
+    "Inplace update to inference tensor outside InferenceMode is not allowed.You can make a clone "
+    "to get a normal tensor before doing inplace update.See https://github.com/pytorch/rfcs/pull/17 "
+    "for more details."
+)
+OVERLAP = (
+    "unsupported operation: more than one element of the written-to tensor refers to a single "
+    "memory location. Please clone() the tensor before performing the operation."
+)
+
+
+def _index(plan: Plan, name: Hashable, device: torch.device, build: Callable[[], list[int]]) -> Tensor:
+    """An int64 index tensor of the plan on ``device``, built once."""
+    key = (name, str(device))
+    if key not in plan.indices:
+        plan.indices[key] = to_device(torch.tensor(build(), dtype=torch.int64), device)
+    return plan.indices[key]
+
+
+def _item_gather(plan: Plan) -> list[int]:
+    """Each item's row in the per-tensor partials of all groups, stacked, plus one zero row."""
+    offsets, total = [], 0
+    for g in plan.norm_groups:
+        offsets.append(total)
+        total += g.size
+    return [total if r is None else offsets[r[0]] + r[1] for r in plan.item_rows]
+
+
+def _reduce(
+    plan: Plan,
+    p: float,
+    fn: str,
+    per_item: bool = False,
+    reduced: Reduced | None = None,
+    dtype: torch.dtype | None = None,
+) -> tuple[Tensor, Tensor | None]:
+    """The total norm and, with ``per_item``, each item's norm (from the same pass).
+    ``reduced``: the plan's one group, reduced already (``_plan.lookup``);
+    ``dtype``: the results', instead of the plan's result dtype."""
+    mode = Mode.of(p)
+    first, dtype = plan.result_device, dtype or plan.result_dtype
+    if mode == Mode.ZERO and any(d.key[0] == "mesh" for d in plan.domains):
+        raise NotImplementedError(
+            f"{fn}: norm_type=0 counts the tensors that hold a non-zero, which DTensor shards "
+            "cannot tell on their own; use it on plain (full) tensors"
+        )
+    if reduced is not None:
+        results = [reduced]
+    else:
+        results = [g.backend.reduce(g.prepared, mode, p, dtype, per_item) for g in plan.norm_groups]
+
+    if len(results) == 1 and not plan.distributed:
+        total = to_device(results[0][1], first)  # the backend's own root: no extra launch
+    elif not results and not plan.distributed:
+        total = torch.zeros((), dtype=dtype, device=first)
+    else:
+        local = [(g.domain, partial) for g, (partial, _, _) in zip(plan.norm_groups, results)]
+        total = _partial.root(distributed.total_partial(local, plan.domains, mode, p, first), mode, p, dtype)
+    if not per_item:
+        return total, None
+
+    acc = accumulate_dtype(first)
+    rows = [to_device(t, first).to(acc) for _, _, t in results]
+    rows.append(torch.zeros((1, 2), dtype=acc, device=first))  # items without a gradient
+    items = torch.cat(rows)[_index(plan, "gather", first, lambda: _item_gather(plan))]
+    items = distributed.reduce_item_rows(
+        items,
+        plan.item_domains,
+        plan.domains,
+        mode,
+        p,
+        lambda d, members: _index(plan, ("domain", d), first, lambda: members),
+    )
+    return total, _partial.root(items, mode, p, dtype)
+
+
+def check_finite(norm: Tensor, p: float) -> None:
+    if not bool(torch.isfinite(norm)):
+        raise RuntimeError(NONFINITE.format(p=p) + f" (the norm is {norm.item()})")
+
+
+def gradients(targets: list[Any]) -> list[Any]:
+    """Each target's gradient (None where it has none), as ``clip_`` writes them."""
+    return targets if isinstance(targets, Items) and targets.gradients else list(map(_get_grad, targets))
+
+
+def _written(targets: list[Any], grads: list[Any], plan: Plan) -> list[Tensor]:
+    """The tensors ``clip_`` may write, after checking that torch would write them.
+
+    Refuses, before anything is written, what torch's in-place ops refuse: an
+    inference tensor outside inference mode, and a tensor whose elements share
+    memory (an expanded one), which only the torch backend's tensors can be.
+    """
+    present = [g for g in grads if g is not None]
+
+    def position_of(tensor: Tensor) -> int:
+        i = next(i for i, g in enumerate(grads) if g is tensor)
+        positions = getattr(targets, "positions", None)
+        return positions[i] if positions else i
+
+    if not torch.is_inference_mode_enabled() and any(map(_is_inference, present)):
+        bad = next(g for g in present if g.is_inference())
+        raise RuntimeError(f"{INFERENCE} (clip_: the gradient of item {position_of(bad)})")
+    if not plan.cacheable:
+        for grad in present:
+            local = distributed.local_tensor(grad) if distributed.is_dtensor(grad) else grad
+            if local.layout == torch.strided and torch._debug_has_internal_overlap(local) == 1:
+                raise RuntimeError(
+                    f"{OVERLAP} (clip_: the gradient of item {position_of(grad)}, for example an "
+                    "expanded tensor, has elements that share memory)"
+                )
+    if any(d.key[0] == "mesh" for d in plan.domains):
+        present += [distributed.local_tensor(g) for g in present if distributed.is_dtensor(g)]
+    return present
+
+
+def _scale(plan: Plan, norm: Tensor, max_norm: float) -> None:
+    for g in plan.scale_groups:
+        n = to_device(norm, g.device)
+        if n.dtype not in (torch.float32, torch.float64):
+            n = n.float()
+        g.backend.scale_(g.prepared, n.reshape(()), max_norm)
+
+
+def total_norm(
+    items: list[Any], p: float, group: Any, error_if_nonfinite: bool, dtype: torch.dtype | None = None
+) -> tuple[Tensor, Plan]:
+    """The norm of ``items`` (see ``fastnorm.total_norm``), and the plan it used.
+
+    ``dtype``: the norm's, instead of the one ``total_norm`` gives (the plan's
+    ``result_dtype``). For ``StepClipper``: the float32 norm of gradients a
+    ``GradScaler`` has multiplied may overflow where the gradients do not.
+    """
+    held: list[Tensor] = []  # what the plan reads, alive until it is reduced
+    hit = _plan.lookup(items, group, p, reduce=True, held=held, dtype=dtype)
+    if hit is None:
+        plan, reduced = _plan.build(items, p, "total_norm", group, held), None
+    else:
+        plan, reduced = hit.plan, hit.reduced
+    norm, _ = _reduce(plan, p, "total_norm", reduced=reduced, dtype=dtype)
+    if error_if_nonfinite:
+        check_finite(norm, p)
+    return norm, plan
+
+
+def clip(
+    targets: list[Any],
+    max_norm: float,
+    p: float,
+    group: Any,
+    error_if_nonfinite: bool,
+    given: Tensor | None,
+) -> tuple[Tensor, Plan]:
+    """Clips the gradients of ``targets`` (see ``fastnorm.clip_``, ``_clip_targets``)
+    by their norm, or by ``given``; returns the norm used and the plan."""
+    written: list[Tensor] = []
+    held: list[Tensor] = []  # what the plan reads, alive until it is reduced and scaled
+    # A cached plan's check also gives what to write, checked (see _plan.lookup).
+    hit = _plan.lookup(targets, group, p, reduce=given is None, written=written, held=held)
+    if hit is not None and hit.wrote:
+        plan, reduced = hit.plan, hit.reduced
+    else:
+        grads = gradients(targets)  # read once: the plan's check and the writes share them
+        plan = hit.plan if hit is not None else _plan.build(targets, p, "clip_", group, held)
+        reduced = hit.reduced if hit is not None else None
+        written = _written(targets, grads, plan)
+    norm = _reduce(plan, p, "clip_", reduced=reduced)[0] if given is None else given
+    if error_if_nonfinite:
+        check_finite(norm, p)
+    torch._C._increment_version(written)
+    with torch.no_grad():
+        _scale(plan, norm, max_norm)
+    return norm, plan
+
+
+def tensor_norms(items: list[Any], p: float, group: Any) -> tuple[Tensor, Tensor, Plan]:
+    """The total and each item's norm (see ``fastnorm.tensor_norms``), and the plan."""
+    held: list[Tensor] = []  # what the plan reads, alive until it is reduced
+    hit = _plan.lookup(items, group, p, held=held)
+    plan = _plan.build(items, p, "tensor_norms", group, held) if hit is None else hit.plan
+    total, per_item = _reduce(plan, p, "tensor_norms", per_item=True)
+    assert per_item is not None
+    return total, per_item, plan

@@ -1,0 +1,242 @@
+"""HF Trainer and accelerate train with fastnorm.patch() as with torch (see stack_harness).
+
+A GPT-2 built from a small config (random weights, no download). The Trainer
+clips through ``accelerator.clip_grad_norm_``, which calls
+``torch.nn.utils.clip_grad_norm_`` when the gradients share one device mesh,
+and ``get_total_norm`` and ``clip_grads_with_norm_`` per mesh when they do not.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+accelerate = pytest.importorskip("accelerate")
+
+import fastnorm  # noqa: E402
+from stack_harness import Run, assert_runs_agree, one_rank, params_of, run_three  # noqa: E402
+
+STEPS = 12
+
+
+def gpt2() -> torch.nn.Module:
+    config = transformers.GPT2Config(
+        n_layer=2, n_embd=32, n_head=2, vocab_size=96, n_positions=16, resid_pdrop=0.0, embd_pdrop=0.0
+    )
+    config.attn_pdrop = 0.0
+    torch.manual_seed(0)
+    return transformers.GPT2LMHeadModel(config)
+
+
+class Tokens(torch.utils.data.Dataset):
+    def __init__(self, n: int, seed: int = 0) -> None:
+        g = torch.Generator().manual_seed(seed)
+        self.ids = torch.randint(0, 96, (n, 16), generator=g)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, i: int) -> dict:
+        return {"input_ids": self.ids[i], "labels": self.ids[i]}
+
+
+def arguments(tmp_path, **overrides) -> transformers.TrainingArguments:
+    kwargs = dict(
+        output_dir=str(tmp_path),
+        max_steps=STEPS,
+        per_device_train_batch_size=4,
+        learning_rate=3e-3,
+        warmup_steps=3,
+        max_grad_norm=0.5,
+        logging_steps=1,
+        report_to=[],
+        save_strategy="no",
+        use_cpu=True,
+        seed=0,
+        dataloader_num_workers=0,
+        disable_tqdm=True,
+    )
+    kwargs.update(overrides)
+    return transformers.TrainingArguments(**kwargs)
+
+
+def fit(tmp_path, callbacks=(), **overrides) -> tuple[transformers.Trainer, torch.nn.Module]:
+    model = gpt2()
+    trainer = transformers.Trainer(
+        model=model,
+        args=arguments(tmp_path, **overrides),
+        train_dataset=Tokens(STEPS * 4),
+        callbacks=list(callbacks),
+    )
+    trainer.train()
+    return trainer, model
+
+
+def history(trainer, key: str) -> list[float]:
+    return [row[key] for row in trainer.state.log_history if key in row and "train_runtime" not in row]
+
+
+@pytest.mark.parametrize("max_grad_norm", [0.5, 0.0], ids=["clipping", "norm-only"])
+def test_hf_trainer_clips_with_fastnorm(tmp_path, one_thread, max_grad_norm):
+    def train(run, spy, monitor):
+        trainer, model = fit(tmp_path / run, max_grad_norm=max_grad_norm)
+        logged = history(trainer, "grad_norm")
+        return Run(history(trainer, "loss"), params_of(model), spy, extra={"grad_norm": logged})
+
+    runs = run_three(train)
+    # Adam amplifies rounding here: the attention's key bias has a zero gradient in exact arithmetic
+    # (softmax ignores a constant added to every score), so its float32 gradient is rounding noise
+    # that Adam turns into steps of the learning rate's size (measured drift: 5.4e-7).
+    assert_runs_agree(runs, amplified=1e-5)
+    ours = runs["fastnorm"]
+    # every step: max_grad_norm=0 still measures, through clip_grad_norm_(..., inf)
+    assert ours.spy.count("clip_grad_norm_") == STEPS == len(ours.losses)
+    assert ours.extra["grad_norm"] == pytest.approx(ours.norms, rel=1e-7)  # what the Trainer logged
+    assert ours.monitor.values() == ours.norms
+    if max_grad_norm:
+        assert sum(n > max_grad_norm for n in ours.norms) >= STEPS // 2  # the clip was at work
+
+
+def test_accelerate_loop_clips_with_fastnorm(one_thread):
+    def train(run, spy, monitor):
+        accelerator = accelerate.Accelerator(cpu=True)
+        model = gpt2()
+        optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+        loader = torch.utils.data.DataLoader(Tokens(STEPS * 4), batch_size=4)
+        model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+        losses = []
+        for batch in loader:
+            loss = model(**batch).loss
+            accelerator.backward(loss)
+            accelerator.clip_grad_norm_(model.parameters(), 0.5)
+            optimizer.step()
+            optimizer.zero_grad()
+            losses.append(loss.item())
+        return Run(losses, params_of(model), spy)
+
+    runs = run_three(train)
+    assert_runs_agree(runs, amplified=1e-5)  # as in the Trainer's run (measured drift here: 1.7e-6)
+    assert runs["fastnorm"].spy.count("clip_grad_norm_") == STEPS
+
+
+def full(t: torch.Tensor) -> torch.Tensor:
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+class OnMeshes(torch.nn.Module):
+    """A small MLP whose first two layers are DTensors on two device meshes, the last plain; the
+    forward pass reads them as full tensors (one process, gloo)."""
+
+    def __init__(self) -> None:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+        super().__init__()
+        torch.manual_seed(0)
+        self.a, self.b, self.c = torch.nn.Linear(12, 24), torch.nn.Linear(24, 24), torch.nn.Linear(24, 1)
+        mesh = init_device_mesh("cpu", (1, 1), mesh_dim_names=("dp", "tp"))
+        for layer, sub in ((self.a, mesh["dp"]), (self.b, mesh["tp"])):
+            layer.weight = torch.nn.Parameter(distribute_tensor(layer.weight.detach(), sub, [Shard(0)]))
+            layer.bias = torch.nn.Parameter(distribute_tensor(layer.bias.detach(), sub, [Replicate()]))
+
+    def forward(self, x, labels=None):
+        for i, layer in enumerate((self.a, self.b, self.c)):
+            x = torch.nn.functional.linear(x, full(layer.weight), full(layer.bias))
+            x = torch.tanh(x) if i < 2 else x
+        if labels is None:
+            return x
+        return {"loss": (x.squeeze(1) - labels).square().mean()}
+
+
+class Regression(torch.utils.data.Dataset):
+    def __init__(self, n: int) -> None:
+        self.x = torch.randn(n, 12, generator=torch.Generator().manual_seed(1))
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int) -> dict:
+        return {"x": self.x[i], "labels": self.x[i].sum()}
+
+
+def assert_one_norm_and_clip_per_group(run: Run, groups: int) -> None:
+    """Per step: the norm of each group, then the clip of each group by the total; one norm to the monitor."""
+    assert run.spy.count("get_total_norm") == run.spy.count("clip_grads_with_norm_") == groups * STEPS
+    totals = [c.value for c in run.spy.calls if c.name == "clip_grads_with_norm_"][::groups]
+    assert run.monitor.values() == totals
+
+
+def test_accelerate_several_meshes_clips_with_fastnorm(one_thread):
+    """accelerate's path for gradients on several device meshes: a DTensor total per mesh."""
+
+    def train(run, spy, monitor):
+        model = OnMeshes()
+        accelerator = accelerate.Accelerator(cpu=True)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        losses = []
+        for batch in torch.utils.data.DataLoader(Regression(STEPS * 16), batch_size=16):
+            loss = model(**batch)["loss"]
+            accelerator.backward(loss)
+            accelerator.clip_grad_norm_(list(model.parameters()), 0.5)
+            optimizer.step()
+            optimizer.zero_grad()
+            losses.append(loss.item())
+        return Run(losses, params_of(model), spy)
+
+    with one_rank():
+        runs = run_three(train)
+    assert_runs_agree(runs)
+    assert_one_norm_and_clip_per_group(runs["fastnorm"], groups=3)  # two meshes and the plain ones
+
+
+def test_hf_trainer_several_meshes_clips_with_fastnorm(tmp_path, one_thread):
+    """The Trainer's own path for gradients on several device meshes (_mixed_mesh_grad_norm)."""
+
+    def train(run, spy, monitor):
+        model = OnMeshes()
+        args = arguments(tmp_path / run, learning_rate=1e-2, warmup_steps=0, remove_unused_columns=False)
+        trainer = transformers.Trainer(model=model, args=args, train_dataset=Regression(STEPS * 4))
+        trainer.train()
+        return Run(history(trainer, "loss"), params_of(model), spy)
+
+    with one_rank():
+        runs = run_three(train)
+    assert_runs_agree(runs)
+    assert_one_norm_and_clip_per_group(runs["fastnorm"], groups=3)
+
+
+def test_hf_callback_logs_every_steps_norm_loss_and_lr(tmp_path, one_thread):
+    from fastnorm.integrations.hf import GradNormCallback
+
+    class Recording(fastnorm.Diagnoser):
+        def __init__(self):
+            super().__init__()
+            self.lrs = {}
+
+        def update_lr(self, steps, lrs):
+            self.lrs.update(zip(steps, lrs))
+            super().update_lr(steps, lrs)
+
+    path, diagnoser = tmp_path / "norms.jsonl", Recording()
+    callback = GradNormCallback([fastnorm.JsonlLogger(path)], log_every_n_steps=5, diagnose=diagnoser)
+    trainer, _ = fit(tmp_path, [callback], logging_steps=3)
+    assert torch.nn.utils.clip_grad_norm_.__module__ == "torch.nn.utils.clip_grad"  # undone at the end
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    norms = {r["step"]: r["gradient_norm"] for r in rows if "gradient_norm" in r}
+    losses = {r["step"]: r["gradient_norm_loss"] for r in rows if "gradient_norm_loss" in r}
+    assert sorted(norms) == list(range(1, STEPS + 1))  # every step, at the Trainer's global_step
+    logged = {row["step"]: row for row in trainer.state.log_history if "loss" in row}
+    assert sorted(losses) == sorted(logged) == [3, 6, 9, 12]  # the steps where the Trainer has a loss
+    for step, row in logged.items():
+        assert norms[step] == pytest.approx(row["grad_norm"], rel=1e-6)
+        assert losses[step] == pytest.approx(row["loss"], rel=1e-6)
+    lrs = diagnoser.lrs  # every step's, for the diagnosis
+    assert sorted(lrs) == list(range(1, STEPS + 1))
+    for step, row in logged.items():
+        assert lrs[step] == pytest.approx(row["learning_rate"], rel=1e-9)
+    assert callback.monitor.closed and callback.monitor.diagnosis is not None
+    assert all(math.isfinite(v) for v in norms.values())
