@@ -9,6 +9,7 @@ whose message starts with the function or class it was given to (``owner``).
 
 from __future__ import annotations
 
+import collections
 import math
 import numbers
 from collections.abc import Sequence
@@ -89,3 +90,71 @@ def loggers(value: Any, owner: str) -> list[Any]:
                 f"got {logger!r}"
             )
     return list(value)
+
+
+def names(value: Any, name: str, owner: str) -> list[str]:
+    """A sequence of distinct strings (None: none)."""
+    if value is None:
+        return []
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+        raise TypeError(f"{owner}: {name} must be a sequence of str, got {value!r}")
+    found = list(value)
+    bad = [n for n in found if not isinstance(n, str)]
+    if bad:
+        raise TypeError(f"{owner}: {name} must be strings, got {bad[0]!r}")
+    repeated = sorted(n for n, k in collections.Counter(found).items() if k > 1)
+    if repeated:
+        raise ValueError(f"{owner}: {name} must be distinct, repeated: {', '.join(repeated)}")
+    return found
+
+
+def diagnoser(value: Any, owner: str, kind: type) -> Any:
+    """``diagnose=``: an instance of ``kind`` (the Diagnoser class, passed in so that this module imports
+    nothing of fastnorm) is used as given; True makes a default one, False none (None is returned)."""
+    if isinstance(value, kind):
+        return value
+    if not isinstance(value, bool):
+        raise TypeError(f"{owner}: diagnose must be a bool or a Diagnoser, got {value!r}")
+    return kind() if value else None
+
+
+# The precisions a run can be told to have: the plain-loop names, then Lightning's (``Trainer(precision=)``),
+# each with what it is (the plain name) and whether it is Lightning's, for the advice's wording.
+PRECISIONS = {
+    "fp64": ("fp64", False),
+    "fp32": ("fp32", False),
+    "bf16": ("bf16", False),
+    "fp16": ("fp16", False),
+    "bf16-mixed": ("bf16-mixed", False),
+    "fp16-mixed": ("fp16-mixed", False),
+    "64-true": ("fp64", True),
+    "32-true": ("fp32", True),
+    "bf16-true": ("bf16", True),
+    "16-true": ("fp16", True),
+    "16-mixed": ("fp16-mixed", True),
+}
+
+
+def precision(value: Any, owner: str) -> str | None:
+    """A run's precision: one of :data:`PRECISIONS` (case ignored; Lightning's ``32``, ``16``, ``64``
+    and ``"32"``-style names are read as ``32-true``, ``16-mixed``, ``64-true``), or None (not known)."""
+    if value is None:
+        return None
+    aliases = {"32": "32-true", "16": "16-mixed", "64": "64-true"}
+    text = str(value).lower() if isinstance(value, (str, int)) and not isinstance(value, bool) else None
+    text = aliases.get(text, text)
+    if text not in PRECISIONS:
+        raise ValueError(f"{owner}: precision must be one of {', '.join(PRECISIONS)} or None, got {value!r}")
+    return text
+
+
+def optimizer(value: Any, owner: str) -> Any:
+    """An optimizer (anything with a list of ``param_groups`` dicts, as torch's), or None."""
+    if value is None:
+        return None
+    groups = getattr(value, "param_groups", None)
+    if not isinstance(groups, list) or not all(isinstance(g, dict) for g in groups):
+        raise TypeError(
+            f"{owner}: optimizer must be a torch.optim.Optimizer (with param_groups), got {value!r}"
+        )
+    return value

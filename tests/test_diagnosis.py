@@ -3,6 +3,7 @@
 import json
 import math
 import random
+import re
 import subprocess
 import sys
 
@@ -182,10 +183,15 @@ def test_report_and_dict():
         "end_step": N - 1,
         "detail": d.events[0].detail,
         "actions": list(d.actions),
+        "action_ids": ["checkpoint", "check_data"],
         "count": 0,
     }
     assert d.to_dict()["onset"] == K == d.onset
-    assert diagnose([], []).report() == "verdict: stable (no values read)"
+    assert d.to_dict()["action_ids"] == list(d.action_ids) == ["checkpoint", "check_data"]
+    assert (
+        diagnose([], []).report()
+        == "verdict: too few points (no value read; at least 5 are needed to judge a run)"
+    )
     assert (
         diagnose(range(N), noise(0)).report().splitlines()[1] == "  no event: the norm stayed within its band"
     )
@@ -572,3 +578,175 @@ def test_runs_without_torch():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "nonfinite"
+
+
+# ----------------------------------------------------------------------------
+# Honest short logs, what each report line measured, and the advice's evidence
+# ----------------------------------------------------------------------------
+
+
+def test_too_few_points_is_a_verdict_that_never_passes():
+    d = diagnose(range(4), [1.0, 1.1, 0.9, 1.0])
+    assert d.verdict == "too few points" and d.unstable and not d.judged
+    assert d.report() == "verdict: too few points (4 steps read; at least 5 are needed to judge a run)"
+    assert diagnose(range(5), [1.0, 1.1, 0.9, 1.0, 1.0]).verdict == "stable"
+
+
+def test_a_thinned_log_judges_its_first_points():
+    # Logged every 10th step: the norm explodes at step 30. A warm-up of 10 points would take it into the
+    # baseline (100 steps); counted in steps as well, it ends after 3 points.
+    steps = list(range(0, 1000, 10))
+    values = scaled(3, lambda i: 1e3 if i >= 3 else 1.0, n=len(steps))
+    e = only(diagnose(steps, values), "exploding")
+    assert e.start_step == 30, e
+
+
+def test_the_loss_line_names_where_it_crossed_its_initial_level():
+    # The loss learns from 0.5 to 0.04, holds, then climbs back: it left its best at step 300 and crossed
+    # its initial level much later. The line must say both, each where it was measured.
+    def level(i):
+        return 0.5 - 0.46 * min(i, 200) / 200 + (0.96 * (i - 300) / 299 if i > 300 else 0.0)
+
+    steps, loss = losses(5, level, sigma=0.01)
+    crossed = next(i for i in range(301, N) if all(level(j) > 0.5 for j in range(i, N)))
+    values = scaled(5, lambda i: 10.0 if i > 300 else 1.0)
+    e = only(diagnose(range(N), values, loss=(steps, loss)), "diverged")
+    match = re.search(
+        r"left its best from step (\d+) and rose above its initial level \([\d.]+\) from step (\d+)", e.detail
+    )
+    assert match, e.detail
+    left, above = int(match.group(1)), int(match.group(2))
+    assert abs(left - 300) <= 15 and abs(above - crossed) <= 15, (left, above, crossed)
+
+
+def test_a_slow_rise_that_levels_off_ends_where_it_stopped_rising():
+    # The norm drifts up 2 orders of magnitude over 500 steps, inside its band all along, then holds for
+    # 2000 steps, past the drift's horizon (1000 points): an exploding event that ends long before the last
+    # step, where the rise over the horizon fell back under explode_orders.
+    n = 3000
+    values = scaled(20, lambda i: 10 ** (2.0 * min(max(i - 500, 0), 500) / 500), n=n)
+    e = only(diagnose(range(n), values), "exploding")
+    # The rise passes 1 order at step 750; the horizon's window holds a point 1 order below until 1750.
+    assert 500 <= e.start_step <= 760 and 1700 <= e.end_step <= 1800, e
+    assert "the running baseline grew from" in e.detail
+
+
+def series_with(loss_level, n=N, seed=0, norm=None, sigma=0.02):
+    steps, loss = losses(seed, loss_level, n=n, sigma=sigma)
+    return steps, (norm or noise(seed, n=n)), loss
+
+
+def first_action(d):
+    return d.action_ids[0] if d.action_ids else None
+
+
+def test_a_loss_at_chance_from_the_start_with_normal_gradients_checks_the_labels():
+    steps, values, loss = series_with(lambda i: math.log(10))
+    d = diagnose(steps, values, loss=(steps, loss))
+    assert d.verdict == "stalled" and first_action(d) == "check_labels"
+    assert re.search(r"stayed at 2\.3\d* = ln 10 \(chance for 10 classes\) from step 0", d.actions[0])
+
+
+def test_a_weight_decay_that_holds_the_weights_down_is_named():
+    steps, values, loss = series_with(lambda i: 1.0)
+    settings = {"weight_decay": ({0: 5.0}), "beta2": {0: 0.999}, "eps": {0: 1e-8}}
+    d = diagnose(steps, values, loss=(steps, loss), lr={0: 0.01}, optimizer=settings)
+    assert (
+        first_action(d) == "weight_decay" and "shrinks the weights by e^30 over the 599 steps" in d.actions[0]
+    )
+    assert first_action(diagnose(steps, values, loss=(steps, loss), lr={0: 0.01})) == "raise_lr"
+
+
+def test_gradients_below_adams_eps_are_named():
+    steps, values, loss = series_with(lambda i: 1.0, norm=[v * 1e-10 for v in noise(2)])
+    settings = {"eps": {0: 1e-8}, "beta1": {0: 0.9}, "beta2": {0: 0.999}}
+    d = diagnose(steps, values, loss=(steps, loss), optimizer=settings)
+    assert first_action(d) == "adam_eps" and "within 100x of eps=1e-08" in d.actions[0]
+    sgd = {"momentum": {0: 0.9}}  # no betas: not Adam, eps says nothing
+    assert first_action(diagnose(steps, values, loss=(steps, loss), optimizer=sgd)) == "raise_lr"
+
+
+@pytest.mark.parametrize(
+    "after, expected, words",
+    [(0.3, "lower_lr", "jumped 30x at step 300"), (-0.01, "lr_schedule", "turned negative at step 300")],
+)
+def test_a_learning_rate_change_that_causes_a_blowup_is_named_and_dates_it(after, expected, words):
+    values = scaled(4, lambda i: 1.0 if i < K + 12 else 300.0)  # the norm responds 12 steps late
+    lr = {i: 0.01 if i < K else after for i in range(N)}
+    loss = losses(4, lambda i: learning(i) if i < K + 12 else 8.0)
+    d = diagnose(range(N), values, loss=loss, lr=lr)
+    assert d.verdict == "diverged" and first_action(d) == expected, d.report()
+    assert words in d.actions[0]
+    assert d.onset == K  # read every step, the change dates the blow-up, not the norm's late response
+
+
+def test_a_ramp_of_the_learning_rate_dates_the_blowup_from_its_foot():
+    # The rate grows 5% a step from K + 20, read once per window of 25 (at K, K + 25, ...): the first
+    # reading that shows it comes 5 steps into the ramp, the norm only 60 steps in. The ramp's own rate
+    # puts its foot back at K + 20.
+    values = scaled(5, lambda i: 1.0 if i < K + 80 else 1e3)
+    lr = {i: 0.01 * 1.05 ** max(0, i - K - 20) for i in range(0, N, 25)}
+    loss = losses(5, lambda i: learning(i) if i < K + 80 else 8.0)
+    d = diagnose(range(N), values, loss=loss, lr=lr)
+    assert first_action(d) == "lower_lr" and "kept rising from about step 320" in d.actions[0], d.report()
+    assert abs(d.onset - (K + 20)) <= 3
+
+
+def test_a_blowup_in_the_first_steps_then_a_loss_at_chance_is_diverged_not_stalled():
+    # A learning rate far too high from the start: the loss jumps 8x within the first steps, then sits at
+    # chance (ln 10). Never improving is not the story: the blow-up is.
+    steps, values, loss = series_with(lambda i: 18.0 if 2 <= i < 6 else math.log(10))
+    d = diagnose(steps, values, loss=(steps, loss), lr={0: 3.0})
+    assert d.verdict == "diverged" and d.onset == 0, d.report()
+    assert "the loss jumped to" in d.events[0].detail and "in the run's first steps" in d.events[0].detail
+    assert first_action(d) == "lower_lr" and "it was 3 from the first step, with no warmup" in d.actions[0]
+
+
+@pytest.mark.parametrize(
+    "precision, expected",
+    [("fp16-mixed", "grad_scaler"), ("16-mixed", "grad_scaler"), ("fp32", "raise_lr"), (None, "raise_lr")],
+)
+def test_fp16_gradients_that_underflow_to_zero_get_the_grad_scaler(precision, expected):
+    values = scaled(7, lambda i: 0.0 if i >= K else 1.0)
+    d = diagnose(range(N), values, precision=precision)
+    assert d.verdict == "vanishing" and first_action(d) == expected, d.report()
+    if expected == "grad_scaler":
+        lightning = precision == "16-mixed"
+        assert ("Trainer(precision='16-mixed')" in d.actions[0]) == lightning
+        assert ("torch.amp.GradScaler" in d.actions[0]) != lightning
+    scaled_run = diagnose(range(N), values, precision=precision, scale={0: 65536.0})
+    assert first_action(scaled_run) == "raise_lr"  # a loss scale is logged: a scaler is in use
+
+
+@pytest.mark.parametrize("precision", ["fp32", "32-true", "bf16-mixed", None])
+def test_an_explosion_never_advises_fp32_to_an_fp32_run(precision):
+    d = diagnose(range(N), case("exploding", 0)[0], precision=precision)
+    text = " ".join(d.actions)
+    if precision in ("fp32", "32-true"):
+        assert "precision" not in d.action_ids and "32-true" not in text and "fp32" not in text
+    else:
+        assert "precision" in d.action_ids or "bf16" in d.action_ids
+    collapse = diagnose(range(N), case("nonfinite", 0)[0], precision=precision)
+    assert ("switch to fp32" in " ".join(collapse.actions)) != (precision in ("fp32", "32-true"))
+
+
+def test_every_action_has_a_known_id():
+    from fastnorm.monitoring.diagnosis.advice import IDS
+
+    found = set()
+    for name in NAMES:
+        for seed in SEEDS:
+            found.update(diagnose(range(N), case(name, seed)[0]).action_ids)
+    assert found and found <= set(IDS), found - set(IDS)
+
+
+def test_fail_on_unstable_never_passes_a_log_too_short_to_judge(tmp_path, capsys):
+    from fastnorm.cli import main
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps({"step": s, "gradient_norm": 1.0}) + "\n" for s in range(3)))
+    assert main(["diagnose", str(path), "--fail-on-unstable"]) == 1
+    assert (
+        "verdict: too few points (3 steps read; at least 5 are needed to judge a run)"
+        in capsys.readouterr().out
+    )

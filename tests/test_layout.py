@@ -1,4 +1,4 @@
-"""The package's shape: modules depend one way.
+"""The package's shape: modules depend one way, and none is too big to read.
 
 Every import between fastnorm's modules counts, at module level or inside a
 function (a lazy import is still a dependency): the graph they form has no
@@ -11,6 +11,7 @@ from pathlib import Path
 import fastnorm
 
 PACKAGE = Path(fastnorm.__file__).resolve().parent
+MAX_LINES = 800
 
 
 def _modules() -> dict[str, Path]:
@@ -82,3 +83,9 @@ def test_the_import_graph_has_no_circle():
 def test_the_circle_finder_finds_a_circle():
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert _cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None
+
+
+def test_no_module_is_too_big_to_read():
+    sizes = {name: len(path.read_text().splitlines()) for name, path in _modules().items()}
+    big = {name: lines for name, lines in sizes.items() if lines > MAX_LINES}
+    assert not big, f"modules over {MAX_LINES} lines: {big}"

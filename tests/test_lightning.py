@@ -144,3 +144,11 @@ def test_a_failing_logger_does_not_stop_training(tmp_path):
 def test_refuses_to_clip_twice(tmp_path):
     with pytest.raises(ValueError, match="gradient_clip_val"):
         fit(tmp_path, GradNormCallback(max_norm=1.0), gradient_clip_val=1.0)
+
+
+def test_the_trainers_precision_and_optimizer_reach_the_log(tmp_path):
+    fit(tmp_path, GradNormCallback(loggers=[JsonlLogger(tmp_path / "m.jsonl")]))
+    series = read_series(tmp_path / "m.jsonl")
+    assert series.precision == "32-true"  # Lightning's own name, so the advice uses its wording
+    assert series.lr.key == "gradient_norm_lr" and set(series.lr.values) == {0.5}
+    assert series.optimizer["momentum"].values[0] == 0.0

@@ -292,6 +292,14 @@ def test_diagnosis_can_be_configured_or_off():
         ((), {"layer_names": ["a", "b", "a"]}, ValueError, "layer_names must be distinct, repeated: a"),
         ((), {"diagnose": "yes"}, TypeError, "diagnose must be a bool or a Diagnoser"),
         ((), {"warn": 1}, TypeError, "warn must be True or False"),
+        ((), {"precision": "fp8"}, ValueError, "precision must be one of fp64, fp32, bf16"),
+        ((), {"precision": True}, ValueError, "precision must be one of"),
+        (
+            (),
+            {"optimizer": [1.0]},
+            TypeError,
+            r"optimizer must be a torch.optim.Optimizer \(with param_groups\)",
+        ),
     ],
 )
 def test_bad_arguments(args, kwargs, error, match):
@@ -535,7 +543,7 @@ def model_with_odd_shapes():
 @pytest.mark.parametrize("p", [1.0, 2.0, 3.0, math.inf])
 def test_layer_norms_against_float64(p):
     model = model_with_odd_shapes()
-    layers = fastnorm.LayerNorms(model, norm_type=p)
+    layers = fastnorm.LayerGradNorms(model, norm_type=p)
     assert layers.names == ["0", "2.0", "2.1"]
     total, per_layer = layers()
     modules = [model[0], model[2][0], model[2][1]]
@@ -548,7 +556,7 @@ def test_layer_norms_against_float64(p):
 def test_layer_norms_by_depth_and_missing_grads():
     model = model_with_odd_shapes()
     model[2][1].weight.grad = None
-    layers = fastnorm.LayerNorms(model.named_parameters(), depth=1)
+    layers = fastnorm.LayerGradNorms(model.named_parameters(), depth=1)
     assert layers.names == ["0", "2"]
     _, per_layer = layers()
     expected = [reference_layer_norm(list(model[i].parameters()), 2.0) for i in (0, 2)]
@@ -556,7 +564,7 @@ def test_layer_norms_by_depth_and_missing_grads():
 
 
 def test_combine_does_not_overflow_and_keeps_nan():
-    from fastnorm.monitoring.monitor import combine
+    from fastnorm.layers import combine
 
     norms = torch.tensor([1e30, 1e30, math.nan, 1.0, 3.0], dtype=torch.float32)
     index = torch.tensor([0, 0, 1, 1, 2])
@@ -569,7 +577,7 @@ def test_combine_does_not_overflow_and_keeps_nan():
 
 def test_layers_reach_the_loggers_in_the_same_transfer(tmp_path):
     model = model_with_odd_shapes()
-    layers = fastnorm.LayerNorms(model)
+    layers = fastnorm.LayerGradNorms(model)
     rec = Recorder()
     path = tmp_path / "metrics.jsonl"
     with GradNormMonitor(4, [rec, JsonlLogger(path)], layer_names=layers.names, diagnose=False) as monitor:
@@ -677,9 +685,103 @@ def test_cuda_layer_norms_against_float64():
     model = model_with_odd_shapes().cuda()
     for p in model.parameters():
         p.grad = p.grad.cuda()
-    total, per_layer = fastnorm.LayerNorms(model)()
+    total, per_layer = fastnorm.LayerGradNorms(model)()
     assert per_layer.device.type == "cuda"
     modules = [model[0], model[2][0], model[2][1]]
     expected = [reference_layer_norm(list(m.parameters()), 2.0) for m in modules]
     assert per_layer.tolist() == pytest.approx(expected, rel=1e-6)
     assert total.item() == pytest.approx(reference_layer_norm(list(model.parameters()), 2.0), rel=1e-6)
+
+
+def test_the_optimizer_settings_and_precision_are_logged_once_per_window_without_a_sync(
+    monkeypatch, tmp_path
+):
+    model = torch.nn.Linear(4, 2)
+    decay = [model.weight]
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": 0.1}, {"params": [model.bias], "weight_decay": 0.0}],
+        lr=torch.tensor(3e-3),  # a CPU tensor, as fused and capturable optimizers hold it: read, no sync
+        betas=(0.8, 0.95),
+        eps=1e-6,
+    )
+    reads = count_reads(monkeypatch, ["item", "__bool__"])
+    rec = Recorder()
+    logger = JsonlLogger(tmp_path / "m.jsonl")
+    with GradNormMonitor(5, [rec, logger], optimizer=optimizer, precision="bf16-mixed") as monitor:
+        for i in range(12):
+            if i == 7:
+                optimizer.param_groups[0]["lr"] = 3e-2  # a jump: the learning rate is read at every update
+            monitor.update(torch.tensor(1.0), loss=torch.tensor(2.0))
+    assert reads == {"item": 0, "__bool__": 0}
+    first, second, last = (w.settings for w in rec.windows)
+    assert first == pytest.approx(
+        {"lr": 3e-3, "weight_decay": 0.1, "eps": 1e-6, "beta1": 0.8, "beta2": 0.95, "precision/bf16-mixed": 1}
+    )
+    assert second["lr"] == pytest.approx(3e-2) and last["lr"] == pytest.approx(3e-2)
+    series = fastnorm.read_series(tmp_path / "m.jsonl")  # read back as fastnorm diagnose reads it
+    assert series.lr.key == "gradient_norm_lr" and series.lr.steps == (0, 4, 7, 9, 11)  # changes, window ends
+    assert series.lr.values == pytest.approx((3e-3, 3e-3, 3e-2, 3e-2, 3e-2))
+    assert series.optimizer["weight_decay"].values == pytest.approx((0.1, 0.1, 0.1))
+    assert sorted(series.optimizer) == ["beta1", "beta2", "eps", "weight_decay"]
+    assert series.precision == "bf16-mixed"
+    assert monitor.diagnosis.signals == ("loss", "lr")
+
+
+@pytest.mark.parametrize(
+    "dtype, inferred", [(torch.bfloat16, "bf16"), (torch.float16, "fp16"), (torch.float32, None)]
+)
+def test_the_precision_is_inferred_from_the_parameters(dtype, inferred):
+    model = torch.nn.Linear(4, 2).to(dtype)
+    rec = Recorder()
+    with GradNormMonitor(2, [rec], optimizer=torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)) as m:
+        m.update(torch.tensor(1.0))
+        m.update(torch.tensor(1.0))
+    assert m.precision == inferred
+    assert {k for k in rec.windows[0].settings if k.startswith("precision/")} == (
+        {f"precision/{inferred}"} if inferred else set()
+    )
+    assert rec.windows[0].settings["momentum"] == 0.9
+    assert GradNormMonitor(precision="16-mixed", diagnose=False).precision == "16-mixed"  # Lightning's names
+
+
+def test_the_offline_diagnosis_sees_what_the_online_one_saw(tmp_path):
+    model = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.5, eps=1e-3)
+    with GradNormMonitor(10, [JsonlLogger(tmp_path / "m.jsonl")], optimizer=optimizer, precision="fp32") as m:
+        for i in range(300):
+            optimizer.param_groups[0]["lr"] = 1e-3 * min(1.0, (i + 1) / 100)  # a warmup, then steady
+            norm = 1.0 + 0.1 * math.sin(i) if i < 90 else 100.0  # a blow-up late in the warmup
+            m.update(torch.tensor(norm), loss=torch.tensor(2.0 - i / 300 if i < 90 else 5.0))
+    from fastnorm.monitoring.command import diagnose_series
+
+    offline = diagnose_series(fastnorm.read_series(tmp_path / "m.jsonl"))
+    assert offline == m.diagnosis and offline.verdict == "diverged" and offline.onset == 90
+
+
+def test_a_warning_is_withdrawn_once_when_the_run_recovers():
+    # The loss stays flat for 300 steps (stalled), then learns: the warning is taken back, once, and the
+    # current diagnosis is stable again.
+    loss = [2.0 + 0.01 * math.sin(i) for i in range(300)] + [2.0 * 0.99 ** (i - 300) for i in range(300, 800)]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with GradNormMonitor(25) as monitor:
+            for i, v in enumerate(loss):
+                monitor.update(torch.tensor(1.0 + 0.1 * math.sin(i)), loss=torch.tensor(v))
+    kinds = [w.category for w in caught if w.category in (UnstableGradientWarning, fastnorm.RecoveredWarning)]
+    assert kinds == [UnstableGradientWarning, fastnorm.RecoveredWarning], [str(w.message) for w in caught]
+    assert "stalled" in str(caught[0].message)
+    recovered = next(w for w in caught if w.category is fastnorm.RecoveredWarning)
+    assert "the run recovered" in str(recovered.message) and "'stalled' warning is withdrawn" in str(
+        recovered.message
+    )
+    assert monitor.diagnosis.verdict == "stable"
+
+
+def test_no_warning_while_too_few_points_were_read():
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with GradNormMonitor(2) as monitor:
+            for v in (1.0, math.nan, math.nan):
+                monitor.update(torch.tensor(v))
+    assert monitor.diagnosis.verdict == "too few points"
+    assert not [w for w in caught if w.category is UnstableGradientWarning]

@@ -780,11 +780,11 @@ MUTANTS = [
         "what": "a window's statistics are logged at its first step",
     },
     # ------------------------------------------------------------------
-    # The diagnosis (fastnorm/monitoring/diagnosis.py)
+    # The diagnosis (fastnorm/monitoring/diagnosis/)
     # ------------------------------------------------------------------
     {
         "name": "diagnosis-thresholds-swapped",
-        "path": "fastnorm/monitoring/diagnosis.py",
+        "path": "fastnorm/monitoring/diagnosis/norm.py",
         "old": "        return self.explode_orders if side > 0 else self.vanish_orders",
         "new": "        return self.vanish_orders if side > 0 else self.explode_orders",
         "tests": ["tests/test_diagnosis.py"],
@@ -792,15 +792,15 @@ MUTANTS = [
     },
     {
         "name": "diagnosis-zero-is-invalid",
-        "path": "fastnorm/monitoring/diagnosis.py",
-        "old": "        if value is None or value < 0:\n            _extend(self._invalid, step, raw)",
-        "new": "        if value is None or value <= 0:\n            _extend(self._invalid, step, raw)",
+        "path": "fastnorm/monitoring/diagnosis/diagnoser.py",
+        "old": "        if value is None or value < 0:\n            skips.invalid_value(step, raw)",
+        "new": "        if value is None or value <= 0:\n            skips.invalid_value(step, raw)",
         "tests": ["tests/test_diagnosis.py::test_zero_norm_reads_as_vanishing"],
         "what": "an exact zero norm is reported as an invalid value, not as vanishing",
     },
     {
         "name": "diagnosis-new-normal-test-inverted",
-        "path": "fastnorm/monitoring/diagnosis.py",
+        "path": "fastnorm/monitoring/diagnosis/norm.py",
         "old": "        if dep.count >= self.window and not self._alarming(dep):",
         "new": "        if dep.count >= self.window and self._alarming(dep):",
         "tests": ["tests/test_diagnosis.py"],
@@ -808,7 +808,7 @@ MUTANTS = [
     },
     {
         "name": "diagnosis-side-inverted",
-        "path": "fastnorm/monitoring/diagnosis.py",
+        "path": "fastnorm/monitoring/diagnosis/norm.py",
         "old": "        side = 0 if abs(dev) <= base.band else (1 if dev > 0 else -1)",
         "new": "        side = 0 if abs(dev) <= base.band else (1 if dev < 0 else -1)",
         "tests": ["tests/test_diagnosis.py"],
@@ -816,11 +816,140 @@ MUTANTS = [
     },
     {
         "name": "diagnosis-nonfinite-to-the-end-read-as-skipped",
-        "path": "fastnorm/monitoring/diagnosis.py",
+        "path": "fastnorm/monitoring/diagnosis/skips.py",
         "old": "            persists = r.open and (not loss_logged or r.count > self.max_skip_run)",
         "new": "            persists = r.open and r.count > self.max_skip_run",
         "tests": ["tests/test_diagnosis.py"],
         "what": "non-finite norms to the last step, with no loss to tell, read as skipped steps",
+    },
+    {
+        "name": "diagnosis-warmup-counts-points-only",
+        "path": "fastnorm/monitoring/diagnosis/norm.py",
+        "old": "        return n < self.warmup and (n < _MIN_BASE or step - self._first < self.warmup)",
+        "new": "        return n < self.warmup",
+        "tests": ["tests/test_diagnosis.py::test_a_thinned_log_judges_its_first_points"],
+        "what": "the baseline's warm-up counts points only: a thinned log's first 100 steps go unjudged",
+    },
+    {
+        "name": "diagnosis-drift-end-not-followed",
+        "path": "fastnorm/monitoring/diagnosis/norm.py",
+        "old": "        drift.end = step\n        drift.high = base.median",
+        "new": "        drift.high = base.median",
+        "tests": ["tests/test_diagnosis.py::test_a_slow_rise_that_levels_off_ends_where_it_stopped_rising"],
+        "what": "a slow rise that levels off ends where it was first seen, not where it stopped rising",
+    },
+    {
+        "name": "diagnosis-too-few-points-judged",
+        "path": "fastnorm/monitoring/diagnosis/events.py",
+        "old": "MIN_POINTS = 5  #",
+        "new": "MIN_POINTS = 1  #",
+        "tests": ["tests/test_diagnosis.py::test_too_few_points_is_a_verdict_that_never_passes"],
+        "what": "a log of a few points is judged stable",
+    },
+    {
+        "name": "diagnosis-crossing-named-where-it-left-its-best",
+        "path": "fastnorm/monitoring/diagnosis/loss.py",
+        "old": '                f"({num(self.first)}) from step {self.steps[k]} and stayed there: {s}"',
+        "new": '                f"({num(self.first)}) from step {start} and stayed there: {s}"',
+        "tests": ["tests/test_diagnosis.py::test_the_loss_line_names_where_it_crossed_its_initial_level"],
+        "what": "the report says the loss rose above its initial level where it only left its best",
+    },
+    {
+        "name": "diagnosis-early-blowup-missed",
+        "path": "fastnorm/monitoring/diagnosis/loss.py",
+        "old": "            if before > 0 and ys[i] > 5 * before:",
+        "new": "            if before > 0 and ys[i] > 50 * before:",
+        "tests": [
+            "tests/test_diagnosis.py::test_a_blowup_in_the_first_steps_then_a_loss_at_chance_is_diverged_not_stalled"
+        ],
+        "what": "a blow-up in the first steps followed by a loss at chance is called stalled",
+    },
+    {
+        "name": "diagnosis-labels-never-suspected",
+        "path": "fastnorm/monitoring/diagnosis/advice.py",
+        "old": "    if stall.chance is not None and norm_steady:",
+        "new": "    if False:",
+        "tests": [
+            "tests/test_diagnosis.py::test_a_loss_at_chance_from_the_start_with_normal_gradients_checks_the_labels",
+            "tests/test_families.py",
+        ],
+        "what": "a loss at ln(classes) from the start with normal gradients gets no label advice",
+    },
+    {
+        "name": "diagnosis-lr-jump-not-named",
+        "path": "fastnorm/monitoring/diagnosis/advice.py",
+        "old": "        if abs(after) > 2 * abs(before):",
+        "new": "        if abs(after) > 200 * abs(before):",
+        "tests": [
+            "tests/test_diagnosis.py::test_a_learning_rate_change_that_causes_a_blowup_is_named_and_dates_it"
+        ],
+        "what": "a 30x learning-rate jump before a blow-up is not named as its cause",
+    },
+    {
+        "name": "diagnosis-negative-lr-read-as-a-jump",
+        "path": "fastnorm/monitoring/diagnosis/advice.py",
+        "old": "        if after < 0:\n",
+        "new": "        if after < -1e30:\n",
+        "tests": [
+            "tests/test_diagnosis.py::test_a_learning_rate_change_that_causes_a_blowup_is_named_and_dates_it"
+        ],
+        "what": "a learning rate turned negative is not named (the schedule)",
+    },
+    {
+        "name": "diagnosis-ramp-dated-at-its-first-reading",
+        "path": "fastnorm/monitoring/diagnosis/advice.py",
+        "old": "        return max(first[4] + 1, round(first[0] - steps_in))",
+        "new": "        return first[3] + 1",
+        "tests": ["tests/test_diagnosis.py::test_a_ramp_of_the_learning_rate_dates_the_blowup_from_its_foot"],
+        "what": "a learning-rate ramp is dated from the reading that first shows it, not from its foot",
+    },
+    {
+        "name": "diagnosis-fp32-advised-to-fp32",
+        "path": "fastnorm/monitoring/diagnosis/advice.py",
+        "old": '    if kind in ("fp32", "fp64"):\n        return None',
+        "new": '    if kind in ("fp64",):\n        return None',
+        "tests": ["tests/test_diagnosis.py::test_an_explosion_never_advises_fp32_to_an_fp32_run"],
+        "what": "an fp32 run is told to switch to fp32",
+    },
+    {
+        "name": "diagnosis-grad-scaler-despite-a-scale",
+        "path": "fastnorm/monitoring/diagnosis/advice.py",
+        "old": '    if ev.kind in ("fp16", "fp16-mixed") and not ev.scaled:',
+        "new": '    if ev.kind in ("fp16", "fp16-mixed"):',
+        "tests": ["tests/test_diagnosis.py::test_fp16_gradients_that_underflow_to_zero_get_the_grad_scaler"],
+        "what": "a run whose loss scale is logged is told to add a GradScaler",
+    },
+    {
+        "name": "diagnosis-lr-read-twice-ends-its-warmup",
+        "path": "fastnorm/monitoring/diagnosis/schedule.py",
+        "old": "        if self.last_step is not None and step <= self.last_step:\n            return",
+        "new": "        if False:\n            return",
+        "tests": ["tests/test_monitor.py::test_the_offline_diagnosis_sees_what_the_online_one_saw"],
+        "what": "the window's last learning rate, read again beside its changes, ends a warmup online only",
+    },
+    {
+        "name": "monitoring-imports-the-compute-core",
+        "path": "fastnorm/monitoring/monitor.py",
+        "old": "from fastnorm import checks\n",
+        "new": "from fastnorm import checks\nfrom fastnorm.norm import tensor_norms  # noqa: F401\n",
+        "tests": ["tests/test_monitoring_layout.py::test_monitoring_never_imports_the_compute_core"],
+        "what": "the monitor imports the compute core again (per-layer norms computed inside monitoring)",
+    },
+    {
+        "name": "monitor-never-withdraws",
+        "path": "fastnorm/monitoring/monitor.py",
+        "old": "        elif not d.unstable and self.alarm is not None:",
+        "new": "        elif False:",
+        "tests": ["tests/test_monitor.py::test_a_warning_is_withdrawn_once_when_the_run_recovers"],
+        "what": "a run that recovers keeps its warning: no recovered notice",
+    },
+    {
+        "name": "monitor-warns-on-too-few-points",
+        "path": "fastnorm/monitoring/monitor.py",
+        "old": "        if d.unstable and d.judged and d.verdict != self.alarm:",
+        "new": "        if d.unstable and d.verdict != self.alarm:",
+        "tests": ["tests/test_monitor.py::test_no_warning_while_too_few_points_were_read"],
+        "what": "the monitor warns that a run is unstable when too few points were read to judge it",
     },
     # ------------------------------------------------------------------
     # StepClipper (fastnorm/optim.py)

@@ -20,7 +20,7 @@ from fastnorm import checks
 from fastnorm.integrations.patch import Patch, patch
 from fastnorm.monitoring.diagnosis import Diagnoser
 from fastnorm.monitoring.loggers import Logger
-from fastnorm.monitoring.monitor import GradNormMonitor, check_diagnose
+from fastnorm.monitoring.monitor import GradNormMonitor
 
 
 class _StepNorm:
@@ -85,7 +85,7 @@ class GradNormCallback(TrainerCallback):
             if log_every_n_steps is None
             else checks.positive_int(log_every_n_steps, "log_every_n_steps", owner)
         )
-        check_diagnose(diagnose, owner)
+        checks.diagnoser(diagnose, owner, Diagnoser)
         self.diagnose = diagnose
         self.monitor: GradNormMonitor | None = None
         self._diagnoser: Diagnoser | None = None

@@ -19,9 +19,10 @@ except ImportError as exc:
     ) from exc
 
 from fastnorm import checks
+from fastnorm.layers import LayerGradNorms
 from fastnorm.monitoring.diagnosis import Diagnoser
 from fastnorm.monitoring.loggers import Logger
-from fastnorm.monitoring.monitor import GradNormMonitor, LayerNorms, check_diagnose
+from fastnorm.monitoring.monitor import GradNormMonitor
 from fastnorm.norm import clip_, total_norm
 
 
@@ -40,6 +41,15 @@ class _TrainerLoggers(Logger):
             logger.save()
 
 
+def _precision(trainer: Any) -> str | None:
+    """The trainer's precision in Lightning's names ("32-true", "16-mixed", ...); None for a plugin
+    whose name the diagnosis does not know (its advice then does not assume one)."""
+    try:
+        return checks.precision(getattr(trainer, "precision", None), "GradNormCallback")
+    except ValueError:
+        return None
+
+
 class GradNormCallback(Callback):
     r"""Clips with :func:`fastnorm.clip_` and logs every step's gradient norm.
 
@@ -52,7 +62,9 @@ class GradNormCallback(Callback):
     go to the trainer's loggers (every step, at its ``global_step``) plus any
     others given. The diagnosis runs at each window and warns when the run
     turns unstable; nothing recorded is lost when training ends or raises, and
-    a logger that fails never stops training (see the monitor).
+    a logger that fails never stops training (see the monitor). The monitor is
+    told what Lightning knows: the trainer's precision and the optimizer (its
+    learning rate, weight decay, eps and betas read once per window).
 
     Args:
         max_norm (float, optional): clip the gradients' total norm to this;
@@ -100,11 +112,11 @@ class GradNormCallback(Callback):
         self.layer_depth = (
             None if layer_depth is None else checks.positive_int(layer_depth, "layer_depth", owner)
         )
-        check_diagnose(diagnose, owner)
+        checks.diagnoser(diagnose, owner, Diagnoser)
         self.diagnose = diagnose
         self.loggers = checks.loggers(loggers, owner)
         self.monitor: GradNormMonitor | None = None
-        self._layers: LayerNorms | None = None
+        self._layers: LayerGradNorms | None = None
         self._pending: tuple | None = None  # (norm, step, layers) waiting for the batch's loss
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
@@ -114,18 +126,21 @@ class GradNormCallback(Callback):
             raise ValueError(
                 "GradNormCallback: max_norm and the Trainer's gradient_clip_val both clip; set only one"
             )
-        self._layers = LayerNorms(pl_module, self.layer_depth, self.norm_type) if self.per_layer else None
+        self._layers = LayerGradNorms(pl_module, self.layer_depth, self.norm_type) if self.per_layer else None
         self.monitor = GradNormMonitor(
             self.log_every_n_steps or trainer.log_every_n_steps,
             [_TrainerLoggers(trainer), *self.loggers],
             max_norm=self.max_norm,
             layer_names=self._layers.names if self._layers is not None else None,
             diagnose=self.diagnose,
+            precision=_precision(trainer),
         )
 
     def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
         self._record()  # a step whose batch end never came (several optimizers, manual optimization)
         monitor = self.monitor
+        if monitor.optimizer is None:
+            monitor.optimizer = optimizer  # built after setup: its settings are read from the first step
         if self._layers is not None:
             params = self._layers.parameters
         else:

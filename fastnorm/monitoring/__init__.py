@@ -3,21 +3,24 @@
 The modules depend one way, each only on those before it:
 
 * ``series``: the metric names and reading them back from the files trainers write;
-* ``diagnosis``: what a series means and what to do about it (pure Python);
+* ``diagnosis``: what a series means and what to do about it (pure Python; a subpackage,
+  one module per signal, its own order stated there);
 * ``plot`` and ``loggers``: drawing a diagnosis; sending windows to their destinations;
 * ``monitor``: the device-side recorder that feeds the loggers and the diagnosis;
 * ``command``: ``fastnorm diagnose PATH``.
 
 Every public name is also importable from ``fastnorm``. Names are imported on
-first use, so that the diagnosis and the readers run without torch.
+first use, so that the diagnosis and the readers run without torch. Nothing here
+imports the compute core: the per-layer norms the monitor logs are computed by
+:class:`fastnorm.LayerGradNorms` (``fastnorm.layers``) and handed over.
 """
 
 from fastnorm import _lazy
 
 _NAMES = {
     "GradNormMonitor": "fastnorm.monitoring.monitor",
-    "LayerNorms": "fastnorm.monitoring.monitor",
     "UnstableGradientWarning": "fastnorm.monitoring.monitor",
+    "RecoveredWarning": "fastnorm.monitoring.monitor",
     "MonitorWarning": "fastnorm.monitoring.monitor",
     "Logger": "fastnorm.monitoring.loggers",
     "Window": "fastnorm.monitoring.loggers",

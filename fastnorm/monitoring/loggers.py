@@ -7,7 +7,9 @@ the host, every step's norm under the key ``gradient_norm`` at its own step
 (``gradient_norm_min``, ``_max``, ``_mean``, ``_nonfinite_steps``, with skip
 flags given also ``_skipped_steps``, with ``max_norm`` known also
 ``_clipped_fraction`` and ``_max_norm``), plus per-layer norms
-(``gradient_norm_layer/<name>``) when they were recorded. No key is a prefix
+(``gradient_norm_layer/<name>``) when they were recorded, and what the monitor
+was told of the run (``gradient_norm_lr``, ``_weight_decay``, ``_eps``, ``_beta1``,
+``_beta2``, ``_momentum`` from the optimizer; ``gradient_norm_precision/<name>``). No key is a prefix
 of another followed by ``/``: MLflow's file store keeps each metric in a file
 named after its key, so ``gradient_norm`` and ``gradient_norm/min`` would clash.
 
@@ -30,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from fastnorm.monitoring.diagnosis import Diagnosis
-from fastnorm.monitoring.series import KEY, LAYER_PREFIX, LOSS_KEY, SKIPPED_KEY
+from fastnorm.monitoring.series import KEY, LAYER_PREFIX, LOSS_KEY, LR_KEY, SKIPPED_KEY
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,12 @@ class Window:
         skipped (tuple of bool or None): whether the optimizer skipped each
             step, None where no flag was given; empty when no step of the
             window had one.
+        settings (dict): what the monitor knows of the run at the window's
+            last step: the optimizer's ``lr``, ``weight_decay``, ``eps``,
+            ``beta1``, ``beta2``, ``momentum`` (those it has) and
+            ``precision/<name>`` (1.0); logged as ``gradient_norm_<name>``.
+        lrs (dict): step -> the learning rate, at the steps where it changed
+            (the first update's included); logged there as ``gradient_norm_lr``.
     """
 
     steps: tuple[int, ...]
@@ -64,6 +72,8 @@ class Window:
     diagnosis: Diagnosis | None = None
     losses: tuple[float | None, ...] = ()
     skipped: tuple[bool | None, ...] = ()
+    settings: dict[str, float] = field(default_factory=dict)
+    lrs: dict[int, float] = field(default_factory=dict)
 
     def metrics(self) -> Iterator[tuple[int, dict[str, float]]]:
         """``(step, metrics)`` in step order: each step's norm, the statistics
@@ -75,10 +85,13 @@ class Window:
                 metrics[LOSS_KEY] = self.losses[i]
             if self.skipped and self.skipped[i] is not None:
                 metrics[SKIPPED_KEY] = float(self.skipped[i])
+            if step in self.lrs:
+                metrics[LR_KEY] = self.lrs[step]
             if step == self.layers_step:
                 metrics.update({f"{LAYER_PREFIX}{name}": v for name, v in self.layers.items()})
             if i == last:
                 metrics.update({f"{KEY}_{name}": v for name, v in self.stats.items()})
+                metrics.update({f"{KEY}_{name}": v for name, v in self.settings.items()})
             yield step, metrics
 
 

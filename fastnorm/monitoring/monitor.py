@@ -24,8 +24,6 @@ collected or at interpreter exit.
 
 from __future__ import annotations
 
-import collections
-import math
 import numbers
 import sys
 import warnings
@@ -40,7 +38,6 @@ from torch import Tensor
 from fastnorm import checks
 from fastnorm.monitoring.diagnosis import Diagnoser, Diagnosis
 from fastnorm.monitoring.loggers import Logger, Window, window_stats
-from fastnorm.norm import tensor_norms
 
 # The per-step quantities, one row of the device buffer each, all crossing in the
 # window's one transfer. Another per-step quantity is one more row here, a field
@@ -51,6 +48,10 @@ _ROWS = 3
 
 class UnstableGradientWarning(UserWarning):
     """The gradient-norm diagnosis turned unstable (diverged, exploding, vanishing, nonfinite or stalled)."""
+
+
+class RecoveredWarning(UserWarning):
+    """A run the monitor warned about recovered: its verdict is stable again, the warning is withdrawn."""
 
 
 class MonitorWarning(UserWarning):
@@ -70,30 +71,7 @@ def _name(logger: Any) -> str:
     return text if len(text) <= 200 else type(logger).__name__
 
 
-# -- argument checks, shared with the integrations ------------------------------
-
-
-def check_diagnose(value: Any, owner: str) -> Diagnoser | None:
-    if isinstance(value, Diagnoser):
-        return value
-    if not isinstance(value, bool):
-        raise TypeError(f"{owner}: diagnose must be a bool or a Diagnoser, got {value!r}")
-    return Diagnoser() if value else None
-
-
-def _check_layer_names(value: Any) -> list[str]:
-    if value is None:
-        return []
-    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
-        raise TypeError(f"GradNormMonitor: layer_names must be a sequence of str, got {value!r}")
-    names = list(value)
-    bad = [n for n in names if not isinstance(n, str)]
-    if bad:
-        raise TypeError(f"GradNormMonitor: layer_names must be strings, got {bad[0]!r}")
-    repeated = sorted(n for n, k in collections.Counter(names).items() if k > 1)
-    if repeated:
-        raise ValueError(f"GradNormMonitor: layer_names must be distinct, repeated: {', '.join(repeated)}")
-    return names
+# -- the values given to update --------------------------------------------------
 
 
 def _scalar(value: Any, name: str) -> Tensor | float:
@@ -134,6 +112,57 @@ def _flag(value: Any) -> Tensor | float:
     return float(value)
 
 
+def _host_number(value: Any) -> float | None:
+    """A setting as a float, read without a sync: a CPU tensor is read, an accelerator's is not."""
+    if isinstance(value, Tensor):
+        return float(value) if value.device.type == "cpu" and value.numel() == 1 else None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return None
+    return float(value)
+
+
+def optimizer_lr(optimizer: Any) -> float | None:
+    """The largest learning rate over the parameter groups, read on the host (None when none is)."""
+    values = [v for g in optimizer.param_groups if (v := _host_number(g.get("lr"))) is not None]
+    return max(values) if values else None
+
+
+def optimizer_settings(optimizer: Any) -> dict[str, float]:
+    """The optimizer's settings, as the monitor logs them (see ``fastnorm.monitoring.series``).
+
+    The largest learning rate and weight decay over the parameter groups (a group without decay
+    beside one with it is common), the smallest ``eps``, the first group's betas or momentum.
+    Read on the host from ``param_groups``: a setting held in an accelerator's tensor is left out.
+    """
+    groups = optimizer.param_groups
+    found: dict[str, float] = {}
+    for name, pick in (("lr", max), ("weight_decay", max), ("eps", min)):
+        values = [v for g in groups if (v := _host_number(g.get(name))) is not None]
+        if values:
+            found[name] = pick(values)
+    first = groups[0] if groups else {}
+    betas = first.get("betas")
+    if isinstance(betas, (tuple, list)) and len(betas) == 2:
+        for name, value in zip(("beta1", "beta2"), betas):
+            if (v := _host_number(value)) is not None:
+                found[name] = v
+    if (v := _host_number(first.get("momentum"))) is not None:
+        found["momentum"] = v
+    return found
+
+
+def _precision_of(optimizer: Any) -> str | None:
+    """The precision the parameters' dtype shows: pure bf16 or fp16; None for fp32 (autocast or not)."""
+    dtypes = {p.dtype for g in optimizer.param_groups for p in g.get("params", ()) if isinstance(p, Tensor)}
+    if dtypes == {torch.bfloat16}:
+        return "bf16"
+    if dtypes == {torch.float16}:
+        return "fp16"
+    if dtypes == {torch.float64}:
+        return "fp64"
+    return None
+
+
 # -- the recorder: everything a monitor holds, so that a finalizer can deliver it --------
 
 
@@ -147,6 +176,8 @@ class _InFlight:
     has_loss: list[bool]
     has_skipped: list[bool]
     layers_step: int | None
+    settings: dict[str, float]
+    lrs: dict[int, float]
 
 
 class _Recorder:
@@ -165,8 +196,14 @@ class _Recorder:
         layer_names: list[str],
         diagnoser: Diagnoser | None,
         warn: bool,
+        precision: str | None = None,
+        optimizer: Any = None,
     ) -> None:
         self.n = n
+        self.precision = precision
+        self.optimizer = optimizer
+        self.lr: float | None = None  # the learning rate at the last update
+        self.lr_steps: dict[int, float] = {}  # the window's steps where it changed, and its value there
         self.loggers = loggers
         self.max_norm = max_norm
         self.layer_names = layer_names
@@ -184,7 +221,8 @@ class _Recorder:
         self.next_step = 0
         self.layers_step: int | None = None
         self.in_flight: _InFlight | None = None
-        self.warned: set[str] = set()
+        self.warned: set[str] = set()  # the monitor's own warnings given once (a negative norm)
+        self.alarm: str | None = None  # the unstable verdict warned about, until the run recovers
         self.closed = False
 
     # -- recording -------------------------------------------------------------
@@ -209,6 +247,11 @@ class _Recorder:
         if layers is not None:
             buffer[_ROWS * self.n :].copy_(layers.detach())
             self.layers_step = step
+        if self.optimizer is not None:
+            lr = optimizer_lr(self.optimizer)
+            if lr is not None and lr != self.lr:
+                self.lr = lr
+                self.lr_steps[step] = lr
         self.steps[slot] = step
         self.has_loss[slot] = loss is not None
         self.has_skipped[slot] = skipped is not None
@@ -240,25 +283,35 @@ class _Recorder:
         steps, has_loss = self.steps[: self.count], self.has_loss[: self.count]
         has_skipped = self.has_skipped[: self.count]
         layers_step = self.layers_step
+        settings = self.settings()
+        lrs, self.lr_steps = self.lr_steps, {}
         self.count = 0
         self.layers_step = None
         self.transfers += 1
         if self.host is None:
-            self.emit(steps, has_loss, has_skipped, self.buffer.tolist(), layers_step)
+            self.emit(steps, has_loss, has_skipped, self.buffer.tolist(), layers_step, settings, lrs)
             return
         if self.in_flight is not None:
             self.land()  # its pinned memory is about to be overwritten
         self.host.copy_(self.buffer, non_blocking=True)
         event = torch.cuda.Event()
         event.record(torch.cuda.current_stream(self.buffer.device))  # the stream the copy went on
-        self.in_flight = _InFlight(event, self.host, steps, has_loss, has_skipped, layers_step)
+        self.in_flight = _InFlight(event, self.host, steps, has_loss, has_skipped, layers_step, settings, lrs)
 
     def land(self) -> None:
         """Logs the window in flight, waiting for its copy if it has not landed."""
         flight, self.in_flight = self.in_flight, None
         if not flight.event.query():
             flight.event.synchronize()
-        self.emit(flight.steps, flight.has_loss, flight.has_skipped, flight.host.tolist(), flight.layers_step)
+        self.emit(
+            flight.steps,
+            flight.has_loss,
+            flight.has_skipped,
+            flight.host.tolist(),
+            flight.layers_step,
+            flight.settings,
+            flight.lrs,
+        )
 
     def emit(
         self,
@@ -267,6 +320,8 @@ class _Recorder:
         has_skipped: list[bool],
         host: list[float],
         layers_step: int | None,
+        settings: dict[str, float],
+        lrs: dict[int, float],
     ) -> None:
         k, n = len(steps), self.n
         values = host[:k]
@@ -279,7 +334,7 @@ class _Recorder:
         layers = dict(zip(self.layer_names, host[_ROWS * n :])) if layers_step is not None else {}
         self.check_values(steps, values)
         if self.diagnoser is not None:
-            self.diagnose(steps, values, losses, skipped, layers, layers_step)
+            self.diagnose(steps, values, losses, skipped, layers, layers_step, settings, lrs)
         window = Window(
             tuple(steps),
             tuple(values),
@@ -289,6 +344,8 @@ class _Recorder:
             self.diagnosis,
             losses,
             skipped,
+            settings,
+            lrs,
         )
         for i, logger in enumerate(self.loggers):
             try:
@@ -307,7 +364,16 @@ class _Recorder:
                 MonitorWarning,
             )
 
-    def diagnose(self, steps, values, losses, skipped, layers, layers_step) -> None:
+    def settings(self) -> dict[str, float]:
+        """What is known of the run now: the optimizer's settings, read on the host, and the precision."""
+        found = optimizer_settings(self.optimizer) if self.optimizer is not None else {}
+        if self.precision is None and self.optimizer is not None:
+            self.precision = _precision_of(self.optimizer)
+        if self.precision is not None:
+            found[f"precision/{self.precision}"] = 1.0
+        return found
+
+    def diagnose(self, steps, values, losses, skipped, layers, layers_step, settings, lrs) -> None:
         try:
             if skipped:
                 flagged = [(s, f) for s, f in zip(steps, skipped) if f is not None]
@@ -319,6 +385,10 @@ class _Recorder:
                 )
             if layers:
                 self.diagnoser.update_layers(layers_step, layers)
+            if lrs:
+                self.diagnoser.update_lr(list(lrs), list(lrs.values()))
+            if settings:
+                self.diagnoser.update_settings(steps[-1], settings)
             self.diagnosis = self.diagnoser.result()
         except Exception as exc:  # a broken (custom) diagnoser must not cost the window
             self.diagnoser = None
@@ -328,9 +398,18 @@ class _Recorder:
             )
             return
         d = self.diagnosis
-        if self.warn and d.unstable and d.verdict not in self.warned:
-            self.warned.add(d.verdict)
+        if not self.warn:
+            return
+        if d.unstable and d.judged and d.verdict != self.alarm:
+            self.alarm = d.verdict
             _warn(f"fastnorm: {d.headline()}.\n{d.report()}", UnstableGradientWarning)
+        elif not d.unstable and self.alarm is not None:
+            _warn(
+                f"fastnorm: the run recovered: {d.headline()} at step {steps[-1]}; the '{self.alarm}' "
+                "warning is withdrawn.",
+                RecoveredWarning,
+            )
+            self.alarm = None
 
     def failed(self, i: int, exc: Exception, doing: str) -> None:
         self.logger_failures[i] += 1
@@ -390,12 +469,30 @@ class GradNormMonitor:
             reports the fraction of its applied steps that were clipped, and
             the diagnosis knows the run is clipped.
         layer_names (sequence of str, optional): the names of the per-layer
-            norms passed to :meth:`update` (e.g. :attr:`LayerNorms.names`).
+            norms passed to :meth:`update` (e.g. :attr:`LayerGradNorms.names <fastnorm.LayerGradNorms>`).
         diagnose (bool or Diagnoser): diagnose the series at each window
             (default), with a :class:`~fastnorm.Diagnoser` of your thresholds,
             or not at all (False). A Diagnoser without ``max_norm`` is given the monitor's.
         warn (bool): emit an :class:`UnstableGradientWarning` when the verdict
-            turns unstable (once per verdict). Default: True.
+            turns unstable (again when it turns to another unstable verdict;
+            never while too few points were read to judge), and a
+            :class:`RecoveredWarning` once when a run warned about is stable
+            again; :attr:`diagnosis` is always the current one. Default: True.
+        precision (str, optional): the run's precision, for the advice:
+            ``"fp32"``, ``"bf16"``, ``"fp16"`` (pure), ``"bf16-mixed"``,
+            ``"fp16-mixed"`` (autocast), or Lightning's names (``"32-true"``,
+            ``"16-mixed"``, ...). Logged as ``gradient_norm_precision/<name>``.
+            Default: inferred from the parameters' dtype when ``optimizer`` is
+            given and they are bf16 or fp16, unknown otherwise.
+        optimizer (torch.optim.Optimizer, optional): read on the host, never
+            a device value (no sync), from its ``param_groups``: the weight
+            decay, ``eps``, betas or momentum once per window, logged at the
+            window's last step as ``gradient_norm_weight_decay``, ...; the
+            learning rate (a float per group) at every update, logged as
+            ``gradient_norm_lr`` at the steps where it changed and at the
+            window's last step, so that a schedule's jump is dated to its step.
+            The diagnosis reads them (a learning-rate jump, a decay too strong,
+            an ``eps`` that dominates Adam's denominator).
 
     Raises:
         TypeError: an argument of the wrong type (``max_norm='1'``, ``GradNormMonitor(True)``).
@@ -423,17 +520,21 @@ class GradNormMonitor:
         layer_names: Sequence[str] | None = None,
         diagnose: bool | Diagnoser = True,
         warn: bool = True,
+        precision: str | None = None,
+        optimizer: Any = None,
     ) -> None:
         owner = "GradNormMonitor"
         n = checks.positive_int(log_every_n_steps, "log_every_n_steps", owner)
         loggers = checks.loggers(loggers, owner)
         max_norm = checks.max_norm(max_norm, owner, optional=True)
-        names = _check_layer_names(layer_names)
-        diagnoser = check_diagnose(diagnose, owner)
+        names = checks.names(layer_names, "layer_names", owner)
+        diagnoser = checks.diagnoser(diagnose, owner, Diagnoser)
         warn = checks.boolean(warn, "warn", owner)
+        precision = checks.precision(precision, owner)
+        optimizer = checks.optimizer(optimizer, owner)
         if diagnoser is not None and diagnoser.max_norm is None:
             diagnoser.max_norm = max_norm
-        self._rec = _Recorder(n, loggers, max_norm, names, diagnoser, warn)
+        self._rec = _Recorder(n, loggers, max_norm, names, diagnoser, warn, precision, optimizer)
         # Delivers what is pending when the monitor is collected, or at exit (one
         # hook, weakref's, for every live monitor); close() runs it once and detaches it.
         self._finalizer = weakref.finalize(self, self._rec.close)
@@ -452,6 +553,24 @@ class GradNormMonitor:
     def max_norm(self) -> float | None:
         """The clipping threshold, when known."""
         return self._rec.max_norm
+
+    @property
+    def precision(self) -> str | None:
+        """The run's precision, as given or inferred (None: not known)."""
+        return self._rec.precision
+
+    @property
+    def optimizer(self) -> Any:
+        """The optimizer whose settings are read once per window (None: none).
+
+        May be set once it exists (a trainer builds it after the monitor); a value
+        that is not an optimizer raises ``TypeError``.
+        """
+        return self._rec.optimizer
+
+    @optimizer.setter
+    def optimizer(self, value: Any) -> None:
+        self._rec.optimizer = checks.optimizer(value, "GradNormMonitor")
 
     @property
     def layer_names(self) -> list[str]:
@@ -507,7 +626,7 @@ class GradNormMonitor:
             step (int, optional): the step to log it at. Default: one past the
                 previous step (0 first).
             layers (Tensor, optional): per-layer norms, one per ``layer_names``,
-                e.g. from :class:`LayerNorms`. The latest given in a window is
+                e.g. from :class:`~fastnorm.LayerGradNorms`. The latest given in a window is
                 logged with it, at the step it was given.
             loss (Tensor or float, optional): the step's training loss, e.g. the
                 tensor ``backward`` was called on: logged as ``gradient_norm_loss``
@@ -584,86 +703,3 @@ class GradNormMonitor:
                 f"loop raised {exc_type.__name__}; that exception follows unchanged",
                 MonitorWarning,
             )
-
-
-class LayerNorms:
-    r"""Per-layer gradient norms and the total norm, from one fused pass.
-
-    Groups the parameters of a module by the module that owns them (or by the
-    first ``depth`` parts of their names), computes every parameter's norm and
-    the total with :func:`fastnorm.tensor_norms`, and combines each group's
-    norms on the device (p=2: root of the sum of squares; inf: max; p:
-    ``(sum n^p)^(1/p)``), so nothing is read on the host.
-
-    Args:
-        named_parameters (nn.Module or iterable of (str, Tensor)): the
-            parameters, e.g. ``model`` or ``model.named_parameters()``.
-        depth (int, optional): group by the first ``depth`` dot-separated parts
-            of each name (``depth=1``: ``encoder``, ``decoder``). Default: by
-            owning module (the name without its last part).
-        norm_type (float or str): the p of the p-norm. Default: 2.0.
-
-    Example::
-
-        >>> layers = fastnorm.LayerNorms(model)
-        >>> monitor = fastnorm.GradNormMonitor(50, loggers, layer_names=layers.names)
-        >>> total, per_layer = layers()  # after backward
-        >>> fastnorm.clip_(layers.parameters, 1.0, total_norm=total)
-        >>> monitor.update(total, layers=per_layer)
-    """
-
-    def __init__(self, named_parameters: Any, depth: int | None = None, norm_type: float | str = 2.0) -> None:
-        if isinstance(named_parameters, torch.nn.Module):
-            named_parameters = named_parameters.named_parameters()
-        if depth is not None:
-            depth = checks.positive_int(depth, "depth", "LayerNorms")
-        self.norm_type = float(norm_type)
-        self.parameters: list[Tensor] = []
-        self.names: list[str] = []
-        group_of: dict[str, int] = {}
-        index: list[int] = []
-        for name, param in named_parameters:
-            parts = name.split(".")
-            group = ".".join(parts[:depth] if depth is not None else parts[:-1]) or name
-            index.append(group_of.setdefault(group, len(group_of)))
-            self.parameters.append(param)
-        self.names = list(group_of)
-        if not self.parameters:
-            raise ValueError("LayerNorms: no parameters given")
-        self._index = torch.tensor(index)
-
-    def __call__(self) -> tuple[Tensor, Tensor]:
-        """The total norm and the per-layer norms, both on the device, without a sync.
-
-        Returns:
-            (Tensor, Tensor): the total norm (as :func:`fastnorm.total_norm`)
-            and a 1-D tensor with one norm per name in :attr:`names`.
-        """
-        total, per_item = tensor_norms(self.parameters, self.norm_type)
-        if self._index.device != per_item.device:
-            self._index = self._index.to(per_item.device)  # once: it stays there
-        return total, combine(per_item, self._index, len(self.names), self.norm_type)
-
-
-def combine(norms: Tensor, index: Tensor, groups: int, norm_type: float) -> Tensor:
-    """Combines p-norms of parts into the p-norm of each group of parts, on the device.
-
-    Args:
-        norms (Tensor): 1-D, the norm of each part.
-        index (Tensor): 1-D, the group of each part, on the device of ``norms``.
-        groups (int): the number of groups.
-        norm_type (float): the p of the norms.
-
-    Returns:
-        Tensor: 1-D, one norm per group, in the dtype of ``norms``.
-    """
-    # float64, so that squares (or p-th powers) of large norms do not overflow.
-    n = norms.to(torch.float64)
-    out = torch.zeros(groups, dtype=torch.float64, device=norms.device)
-    if math.isinf(norm_type):
-        out.scatter_reduce_(0, index, n, "amax")
-    elif norm_type == 1.0:
-        out.index_add_(0, index, n)
-    else:
-        out = out.index_add_(0, index, n.pow(norm_type)).pow(1.0 / norm_type)
-    return out.to(norms.dtype)

@@ -24,8 +24,8 @@ from fastnorm.monitoring.diagnosis import (
     STALLED,
     VANISHING,
     Diagnosis,
-    _number,
 )
+from fastnorm.monitoring.diagnosis.robust import number
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -90,7 +90,7 @@ def plot(
     fig = Figure(figsize=(8, 3.6), dpi=100, layout="constrained")
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
-    numbers = [(s, _number(v)) for s, v in zip(steps, values)]
+    numbers = [(s, number(v)) for s, v in zip(steps, values)]
     # A gap in the line wherever the log axis cannot go (zero, non-finite, invalid).
     ys = [v if v is not None and math.isfinite(v) and v > 0 else math.nan for _, v in numbers]
     if any(not math.isnan(y) for y in ys):
@@ -136,7 +136,7 @@ def plot(
     ax.grid(True, which="major", alpha=0.3)
     handles, labels = ax.get_legend_handles_labels()
     if loss is not None:
-        points = [(s, _number(v)) for s, v in zip(*loss)]
+        points = [(s, number(v)) for s, v in zip(*loss)]
         points = [(s, v) for s, v in points if v is not None and math.isfinite(v)]
         if points:
             twin = ax.twinx()

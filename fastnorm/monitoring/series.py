@@ -15,7 +15,8 @@ Beside the norm, the loss (:data:`LOSS_KEYS`), the learning rate
 (:data:`LR_KEYS`, or Lightning's ``lr-<Optimizer>``), a loss scaler's scale
 (:data:`SCALE_KEYS`), per-layer norms (``gradient_norm_layer/<name>``, or
 Lightning's ``grad_2.0_norm/<name>``) and the optimizer's skip flags
-(:data:`SKIPPED_KEY`) are read when present.
+(:data:`SKIPPED_KEY`), the optimizer's settings (:data:`OPTIMIZER_KEYS`) and the
+run's precision (:data:`PRECISION_PREFIX`) are read when present.
 
 A folder stands for its newest file that holds a gradient norm (searched
 recursively; newer files without one are passed over); for TensorBoard, for
@@ -40,6 +41,13 @@ LOSS_KEY = f"{KEY}_loss"  # the loss given to GradNormMonitor.update
 SKIPPED_KEY = f"{KEY}_skipped"  # 1 where the optimizer skipped the step, 0 where it applied it
 LAYER_PREFIX = f"{KEY}_layer/"  # per-layer norms: gradient_norm_layer/<name>
 MAX_NORM_KEY = f"{KEY}_max_norm"
+# What the monitor reads from the optimizer once per window (``GradNormMonitor(optimizer=)``), logged at
+# the window's last step: the largest learning rate and weight decay over the parameter groups, the
+# smallest eps, and the first group's betas (Adam) or momentum (SGD).
+LR_KEY = f"{KEY}_lr"
+OPTIMIZER_KEYS = {name: f"{KEY}_{name}" for name in ("weight_decay", "eps", "beta1", "beta2", "momentum")}
+# The run's precision (``GradNormMonitor(precision=)``, or inferred): 1 under gradient_norm_precision/<name>.
+PRECISION_PREFIX = f"{KEY}_precision/"
 
 KEYS = (KEY, "grad_norm", "train/grad_norm", "train/gradient_norm", "grad_2.0_norm_total")
 LOSS_KEYS = (
@@ -52,7 +60,7 @@ LOSS_KEYS = (
     "training_loss",
     "train/train_loss",
 )
-LR_KEYS = ("lr", "learning_rate", "train/learning_rate", "train/lr")
+LR_KEYS = (LR_KEY, "lr", "learning_rate", "train/learning_rate", "train/lr")
 SCALE_KEYS = ("loss_scale", "train/loss_scale", "grad_scale", "scaler/scale", "amp_scale", "scale")
 STEP_KEYS = ("step", "global_step", "_step", "trainer/global_step")
 
@@ -101,6 +109,9 @@ class Series:
         layers (dict): step -> {layer name: norm}, where per-layer norms were logged.
         runs (int): how many runs the file holds (a step sequence that starts
             over begins a new one); only the last is read.
+        optimizer (dict): name -> Track of the optimizer's settings logged
+            (``weight_decay``, ``eps``, ``beta1``, ``beta2``, ``momentum``).
+        precision (str, optional): the run's precision, when logged.
     """
 
     steps: tuple[int, ...]
@@ -114,6 +125,8 @@ class Series:
     skipped: Track | None = None
     layers: dict[int, dict[str, Any]] = field(default_factory=dict)
     runs: int = 1
+    optimizer: dict[str, Track] = field(default_factory=dict)
+    precision: str | None = None
 
 
 def read_series(path: str | os.PathLike, key: str | None = None) -> Series:
@@ -249,11 +262,13 @@ def _from_records(records: list[dict], key: str | None, source: Path) -> Series:
         "scale": _first(SCALE_KEYS, present),
         "skipped": SKIPPED_KEY if SKIPPED_KEY in present else None,
     }
+    settings = {name: k for name, k in OPTIMIZER_KEYS.items() if k in present}
+    precisions = [k[len(PRECISION_PREFIX) :] for k in present if k.startswith(PRECISION_PREFIX)]
     layer_keys = {k: k[len(LAYER_PREFIX) :] for k in present if k.startswith(LAYER_PREFIX)}
     if not layer_keys:
         layer_keys = {k: m.group(1) for k in present if (m := _LIGHTNING_LAYER.match(k))}
     norm: list[tuple[int, Any]] = []
-    other: dict[str, list[tuple[int, Any]]] = {name: [] for name in tracks}
+    other: dict[str, list[tuple[int, Any]]] = {name: [] for name in [*tracks, *settings]}
     layers: dict[int, dict[str, Any]] = {}
     max_norm = None
     for position, record in enumerate(records):
@@ -263,15 +278,30 @@ def _from_records(records: list[dict], key: str | None, source: Path) -> Series:
             max_norm = float(record[MAX_NORM_KEY])
         if record.get(key) is not None:
             norm.append((step, _value(record[key])))
-        for name, track_key in tracks.items():
+        for name, track_key in [*tracks.items(), *settings.items()]:
             if track_key is not None and record.get(track_key) is not None:
                 other[name].append((step, _value(record[track_key])))
         for layer_key, name in layer_keys.items():
             if record.get(layer_key) is not None:
                 layers.setdefault(step, {})[name] = _value(record[layer_key])
     steps, values = _by_step(norm)
-    found = {name: Track(tracks[name], *_by_step(pairs)) if pairs else None for name, pairs in other.items()}
-    return Series(steps, values, key, str(source), max_norm, layers=layers, runs=runs, **found)
+    keys = {**tracks, **settings}
+    found = {name: Track(keys[name], *_by_step(pairs)) if pairs else None for name, pairs in other.items()}
+    optimizer = {name: found.pop(name) for name in settings if found[name] is not None}
+    for name in settings:
+        found.pop(name, None)
+    return Series(
+        steps,
+        values,
+        key,
+        str(source),
+        max_norm,
+        layers=layers,
+        runs=runs,
+        optimizer=optimizer,
+        precision=precisions[-1] if precisions else None,
+        **found,
+    )
 
 
 def _read_jsonl(path: Path, key: str | None) -> Series:
@@ -319,9 +349,10 @@ def _read_tensorboard(folder: Path, key: str | None) -> Series:
     tags = acc.Tags()[event_accumulator.SCALARS]
     key = _choose(key, tags, folder)
     records: dict[int, dict] = {}
-    wanted = {key, MAX_NORM_KEY, SKIPPED_KEY, *LOSS_KEYS, *LR_KEYS, *SCALE_KEYS}
+    wanted = {key, MAX_NORM_KEY, SKIPPED_KEY, *LOSS_KEYS, *LR_KEYS, *SCALE_KEYS, *OPTIMIZER_KEYS.values()}
     for tag in tags:
-        if tag in wanted or tag.startswith(("lr-", LAYER_PREFIX)) or _LIGHTNING_LAYER.match(tag):
+        prefixes = ("lr-", LAYER_PREFIX, PRECISION_PREFIX)
+        if tag in wanted or tag.startswith(prefixes) or _LIGHTNING_LAYER.match(tag):
             for e in acc.Scalars(tag):
                 records.setdefault(e.step, {"step": e.step})[tag] = float(e.value)
     return _from_records([records[s] for s in sorted(records)], key, folder)

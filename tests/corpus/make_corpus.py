@@ -8,7 +8,7 @@
 Each run trains a small model on the CPU (seconds, one thread), logging every
 step's gradient norm through fastnorm's own path: plain loops through a
 GradNormMonitor into a JsonlLogger (with the loss given to ``update``, and
-per-layer norms from LayerNorms where the case needs them), Lightning runs
+per-layer norms from LayerGradNorms where the case needs them), Lightning runs
 through GradNormCallback into Lightning's CSVLogger. Quantities a trainer logs
 by itself beside the norm (the learning rate, a loss scaler's scale) are added
 by step, as a trainer writing one metrics file would.
@@ -129,7 +129,7 @@ def write(folder: Path, records: dict[int, dict], truth: dict) -> None:
 class Plain:
     """A plain loop's logging: a GradNormMonitor into a JsonlLogger, read back as step -> metrics."""
 
-    def __init__(self, window: int = 25, layers: fastnorm.LayerNorms | None = None, max_norm=None):
+    def __init__(self, window: int = 25, layers: fastnorm.LayerGradNorms | None = None, max_norm=None):
         self.tmp = tempfile.TemporaryDirectory()
         self.path = Path(self.tmp.name) / "metrics.jsonl"
         self.layers = layers
@@ -143,7 +143,7 @@ class Plain:
         self.extra: dict[int, dict] = {}
 
     def update(self, step: int, norm=None, loss=None, **extra: float):
-        """Records the step: ``norm`` as given, or from the LayerNorms (logged with the layers once
+        """Records the step: ``norm`` as given, or from the LayerGradNorms (logged with the layers once
         per window); returns the per-layer norms when computed."""
         per_layer = None
         if norm is None:
@@ -248,7 +248,7 @@ def lm_run(seed, steps, jump_at, factor, width, depth, layers, log_lr):
     model = CharLM(vocab, width, depth=depth)
     base = 3e-3
     optimizer = torch.optim.AdamW(model.parameters(), lr=base, weight_decay=0.01)
-    log = Plain(layers=fastnorm.LayerNorms(model) if layers else None)
+    log = Plain(layers=fastnorm.LayerGradNorms(model) if layers else None)
     for step in range(steps):
         if step == jump_at:
             optimizer.param_groups[0]["lr"] = base * factor
@@ -304,7 +304,7 @@ def classify_run(
 ):
     """A classification loop on Gaussian blobs; ``before_step(step, x)`` may change the batch or optimizer."""
     x_all, y_all = data if data is not None else blobs()
-    log = Plain(window, fastnorm.LayerNorms(model) if layers else None, max_norm)
+    log = Plain(window, fastnorm.LayerGradNorms(model) if layers else None, max_norm)
     for step in range(steps):
         idx = torch.randint(0, len(x_all), (batch_size,))
         x, y = x_all[idx], y_all[idx]
@@ -438,7 +438,7 @@ def vanishing_weight_decay(seed=6, steps=300, onset=50, decay=1.0, width=64, win
     model = mlp([16, width, width, width, 4])
     x_all, y_all = blobs()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-    all_layers = fastnorm.LayerNorms(model)
+    all_layers = fastnorm.LayerGradNorms(model)
     log = Plain(window, all_layers if layers else None)
     vanished = None
     for step in range(steps):
@@ -486,7 +486,7 @@ def deep_relu_small_init(seed=7, steps=300, depth=5, width=64, init=0.5, layers=
             param.mul_(init)  # below the default initialisation: the signal shrinks layer by layer
     x_all, y_all = regression_data(2048)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
-    log = Plain(layers=fastnorm.LayerNorms(model) if layers else None)
+    log = Plain(layers=fastnorm.LayerGradNorms(model) if layers else None)
     for step in range(steps):
         idx = torch.randint(0, len(x_all), (256,))
         loss = F.mse_loss(model(x_all[idx]), y_all[idx])

@@ -1,0 +1,584 @@
+"""The composing :class:`Diagnoser`: each signal read by its own module, the events joined into a verdict.
+
+The verdict is the most severe kind among the events: nonfinite > diverged >
+exploding > vanishing > stalled > stable ("too few points" below 5 norms). Every
+event carries its own actions, the first chosen from :class:`~fastnorm.monitoring.
+diagnosis.advice.Evidence`: what the log showed of the learning rate, the
+optimizer's settings, the precision and the loss (see ``advice``). A blow-up in
+the loss's first steps is a divergence from the run's start, not a stall; a
+blow-up that follows a learning-rate change is dated from the change (a jump's
+step, a ramp's foot); a burst of the norm that came back while the loss held is
+a spike the run rode out.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import replace
+from typing import Any, Union
+
+from fastnorm import checks
+from fastnorm.monitoring.diagnosis import advice
+from fastnorm.monitoring.diagnosis.events import (
+    DECAY,
+    DIVERGED,
+    EXPLODING,
+    GROWTH,
+    KINDS,
+    LOG_ZERO,
+    MIN_POINTS,
+    SPIKE,
+    STABLE,
+    STALLED,
+    TOO_FEW,
+    UNSTABLE,
+    VANISHING,
+    Diagnosis,
+    Event,
+    at_steps,
+    from_log,
+    level,
+    log_norm,
+    num,
+)
+from fastnorm.monitoring.diagnosis.layers import LayerSignal
+from fastnorm.monitoring.diagnosis.loss import LossSignal, LossView, loss_event
+from fastnorm.monitoring.diagnosis.norm import Found, NormSignal
+from fastnorm.monitoring.diagnosis.robust import median, number
+from fastnorm.monitoring.diagnosis.schedule import LrSignal, OptimizerSettings
+from fastnorm.monitoring.diagnosis.skips import SkipSignal
+
+# Another metric given to :func:`diagnose`: a ``(steps, values)`` pair or a mapping step -> value.
+ByStep = Union[Mapping[int, float], tuple[Iterable[int], Iterable[Any]]]
+
+
+class Diagnoser:
+    r"""Diagnoses a gradient-norm series as it arrives, in constant memory.
+
+    :func:`diagnose` reads a whole series at once; ``Diagnoser`` takes it in
+    pieces (``GradNormMonitor`` feeds it each window), keeping only running
+    summaries: the baseline, the open departure, the runs of non-finite values,
+    the loss thinned to at most 2048 points, the latest per-layer reading. A
+    long run costs no more per point than a short one.
+
+    Args:
+        window (int): points in the running baseline. Default: 50.
+        warmup (int): points that form the first baseline before the norm
+            is judged, or as many steps, whichever ends first (3 points at
+            least): a log of every 10th step judges its 4th point, not its
+            11th. Default: 10. Fewer than 5 norms in all are too few to judge:
+            the verdict is ``"too few points"``.
+        band_mads (float): half-width of the band, in robust standard
+            deviations of the baseline's log10 values (from the median
+            absolute difference of consecutive values). Default: 5.
+        min_band (float): the narrowest half-width, in orders of magnitude
+            (0.3 is a factor of 2). Default: 0.3.
+        spike_orders (float): how far a short departure must reach to be a
+            spike, in orders of magnitude. Default: 1 (10x).
+        explode_orders (float): the sustained rise that is an explosion.
+            Default: 1 (10x): held for ``sustain`` points over a robust
+            baseline, that is far outside the noise and no single batch; the
+            healthy rises this large (a model leaving a small initialisation)
+            are told apart by the loss. A learning-rate jump of 10x commonly
+            lifts the norm 30x for tens of steps, then lets it settle 2x
+            higher: at a higher threshold it passed for a new normal.
+        vanish_orders (float): the sustained fall that is vanishing.
+            Default: 3 (1000x); healthy runs often fall 10-100x early on.
+        sustain (int): points over which a level counts as sustained: a
+            departure's level is the median of its last ``sustain`` points,
+            so shorter excursions never make it. Default: 10.
+        recover (int): consecutive points back in the band that end a
+            departure; a shorter dip belongs to it. Default: 3.
+        horizon (int): points over which a slow drift of the baseline itself
+            is measured. Default: 1000.
+        layer_orders (float): the spread between per-layer norms, in orders
+            of magnitude, that is vanishing. Default: 6.
+        max_skip_run (int): the longest run of non-finite norms with a finite
+            loss, still running at the last step, read as skipped steps rather
+            than a collapse (a dynamic loss scaler starting at 2**32 halves its
+            way down for a dozen steps or more). Default: 40.
+        stall_fraction (float): a loss that never improves by this fraction of
+            its initial value (and by more than its noise) has stalled. Default: 0.05.
+        max_norm (float, optional): the clipping threshold of the run, for the
+            advice (enable or tighten clipping). Default: None (not clipped).
+        precision (str, optional): the run's precision (see
+            :class:`~fastnorm.GradNormMonitor`), for the advice; also read from
+            :meth:`update_settings`. Default: None (not known).
+
+    Example::
+
+        >>> d = Diagnoser()
+        >>> d.update(range(100), [1.0 + 0.01 * (i % 7) for i in range(100)])
+        >>> d.result().verdict
+        'stable'
+    """
+
+    def __init__(
+        self,
+        *,
+        window: int = 50,
+        warmup: int = 10,
+        band_mads: float = 5.0,
+        min_band: float = 0.3,
+        spike_orders: float = 1.0,
+        explode_orders: float = 1.0,
+        vanish_orders: float = 3.0,
+        sustain: int = 10,
+        recover: int = 3,
+        horizon: int = 1000,
+        layer_orders: float = 6.0,
+        max_skip_run: int = 40,
+        stall_fraction: float = 0.05,
+        max_norm: float | None = None,
+        precision: str | None = None,
+    ) -> None:
+        for name, value in (
+            ("window", window),
+            ("warmup", warmup),
+            ("sustain", sustain),
+            ("recover", recover),
+            ("horizon", horizon),
+            ("max_skip_run", max_skip_run),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"Diagnoser: {name} must be a positive int, got {value!r}")
+        for name, value in (
+            ("band_mads", band_mads),
+            ("min_band", min_band),
+            ("spike_orders", spike_orders),
+            ("explode_orders", explode_orders),
+            ("vanish_orders", vanish_orders),
+            ("layer_orders", layer_orders),
+            ("stall_fraction", stall_fraction),
+        ):
+            checks.positive_number(value, name, "Diagnoser")
+        if warmup > window:
+            raise ValueError(f"Diagnoser: warmup ({warmup}) cannot exceed window ({window})")
+        max_norm = checks.max_norm(max_norm, "Diagnoser", optional=True)
+        self.spike_orders = spike_orders
+        self.sustain = sustain
+        self.recover = recover
+        self.stall_fraction = stall_fraction
+        self.max_norm = max_norm
+        self.precision = checks.precision(precision, "Diagnoser")
+        self._norm = NormSignal(
+            window=window,
+            warmup=warmup,
+            band_mads=band_mads,
+            min_band=min_band,
+            spike_orders=spike_orders,
+            explode_orders=explode_orders,
+            vanish_orders=vanish_orders,
+            sustain=sustain,
+            recover=recover,
+            horizon=horizon,
+        )
+        self._skips = SkipSignal(max_skip_run)
+        self._loss = LossSignal()
+        self._lr = LrSignal()
+        self._settings = OptimizerSettings()
+        self._layers = LayerSignal(layer_orders)
+        self._count = 0
+        self._first_step: int | None = None
+        self._last_step: int | None = None
+
+    # -- input ---------------------------------------------------------------
+
+    def update(self, steps: Iterable[int], values: Iterable[Any]) -> None:
+        """Reads more norm values, in step order.
+
+        Args:
+            steps (iterable of int): the step of each value.
+            values (iterable): gradient norms (>= 0; NaN and inf allowed). A
+                negative or non-numeric value is counted and reported as
+                invalid, never raised on and never dropped silently.
+        """
+        for step, value in _pairs(steps, values):
+            self._point(step, value)
+
+    def _point(self, step: int, raw: Any) -> None:
+        self._count += 1
+        if self._first_step is None:
+            self._first_step = step
+        self._last_step = step
+        value = number(raw)
+        skips = self._skips
+        if value is None or value < 0:
+            skips.invalid_value(step, raw)
+            return
+        skips.valid_value()
+        if not math.isfinite(value):
+            skips.nonfinite_value(step, value)
+            self._norm.nonfinite()
+            return
+        skips.finite_value()
+        self._norm.point(step, log_norm(value))
+
+    def update_skipped(self, steps: Iterable[int], flags: Iterable[Any]) -> None:
+        """Reads whether the optimizer skipped each step (e.g. ``StepClipper.skipped``), in step order.
+
+        Given before or after the norms of the same steps. A flag says what became of a step
+        with a non-finite norm: skipped (the weights untouched) or applied.
+
+        Args:
+            steps (iterable of int): the step of each flag.
+            flags (iterable): true or nonzero where the step was skipped; false or 0 where it
+                was applied. Anything else (None, text) is passed over.
+        """
+        for step, raw in _pairs(steps, flags, "skipped"):
+            value = raw if isinstance(raw, bool) else number(raw)
+            if value is not None:
+                self._skips.flag(step, value != 0, self._last_step)
+
+    def update_loss(self, steps: Iterable[int], losses: Iterable[Any]) -> None:
+        """Reads the training loss at some steps, in step order (non-numeric values are skipped).
+
+        Args:
+            steps (iterable of int): the step of each loss.
+            losses (iterable of float): the losses (NaN and inf allowed).
+        """
+        for step, raw in _pairs(steps, losses, "loss"):
+            value = number(raw)
+            if value is not None:
+                self._loss.update(step, value)
+
+    def update_lr(self, steps: Iterable[int], lrs: Iterable[Any]) -> None:
+        """Reads the learning rate at some steps, in step order: it dates warmups and schedule changes."""
+        for step, raw in _pairs(steps, lrs, "lr"):
+            value = number(raw)
+            if value is not None and math.isfinite(value):
+                self._lr.update(step, value)
+
+    def update_scale(self, steps: Iterable[int], scales: Iterable[Any]) -> None:
+        """Reads a loss scaler's scale at some steps (e.g. ``GradScaler.get_scale()``), in step order."""
+        for step, raw in _pairs(steps, scales, "scale"):
+            value = number(raw)
+            if value is not None:
+                self._skips.scale_value(step, value)
+
+    def update_settings(self, step: int, settings: Mapping[str, Any]) -> None:
+        """Reads what the monitor knows of the run at ``step`` (its window's ``settings``): ``lr``,
+        ``weight_decay``, ``eps``, ``beta1``, ``beta2``, ``momentum`` and ``precision/<name>``.
+
+        Args:
+            step (int): the step they were read at.
+            settings (mapping): name -> value; names not listed above, and values that are not
+                numbers, are passed over.
+        """
+        for name, raw in settings.items():
+            value = number(raw)
+            if value is None:
+                continue
+            if name == "lr":
+                self.update_lr([step], [value])
+            elif name in OptimizerSettings.NAMES and math.isfinite(value):
+                self._settings.update(name, step, value)
+            elif name.startswith("precision/") and value and self.precision is None:
+                self.precision = checks.precision(name.split("/", 1)[1], "Diagnoser.update_settings")
+
+    def update_layers(self, step: int, norms: Mapping[str, Any]) -> None:
+        """Reads one step's per-layer norms (name -> norm), e.g. the ``gradient_norm_layer/<name>``
+        the monitor logs once per window. Layers whose norm is always 0 (frozen or unused) are ignored."""
+        self._layers.update(step, norms)
+
+    # -- output --------------------------------------------------------------
+
+    def result(self) -> Diagnosis:
+        """The diagnosis of everything read so far; events still open end at the last step read."""
+        signals = tuple(
+            name
+            for name, read_ in (
+                ("loss", self._loss.read),
+                ("lr", self._lr.last is not None),
+                ("scale", bool(self._skips.scale)),
+                ("layers", self._layers.snapshots > 0),
+                ("skipped", self._skips.flags_read),
+            )
+            if read_
+        )
+        if self._count < MIN_POINTS:
+            return Diagnosis(TOO_FEW, steps=self._count, signals=signals)
+        last = self._last_step
+        found, ups = self._norm.found(last)
+        self._ev = self._evidence()
+        loss = self._loss.view(self.stall_fraction, judge_start=not self._lr.still_warming)
+        events = self._skips.events(last, self._loss.read, self._loss.nonfinite)
+        events += self._skips.invalid_events()
+        read = (
+            loss_event(loss, found, ups, self._norm.levels.all(), self.spike_orders)
+            if loss is not None
+            else None
+        )
+        consumed = read.consumed if read is not None else frozenset()
+        blowup = loss.early_blowup() if loss is not None and (read is None or read.kind != DIVERGED) else None
+        if blowup is not None:
+            # Blown up in the first steps: a divergence (whatever the run learned after), which takes in the
+            # norm's own events of those steps (the wild swings, the dead units after).
+            consumed = frozenset(range(len(found)))
+            events.append(self._early_blowup(blowup, loss, found, last))
+        elif read is not None:
+            events.append(self._loss_event(read, loss, found, last))
+        elif loss is not None and loss.plateau() is not None and self._lr.rising_until is None:
+            events.append(self._plateau(loss, found, last))
+        events += [self._norm_event(f, loss, found) for i, f in enumerate(found) if i not in consumed]
+        vanish = advice.vanish_actions(self._ev, None)
+        events += [replace(e, actions=vanish) for e in self._layers.events(self._first_step, last)]
+        checkpoint = advice.checkpoint_action(self._ev)
+        if checkpoint is not advice.CHECKPOINT:  # the run's precision is known: said in its terms
+            events = [
+                replace(e, actions=tuple(checkpoint if a == advice.CHECKPOINT else a for a in e.actions))
+                for e in events
+            ]
+        events.sort(key=lambda e: (e.start_step, KINDS.index(e.kind), e.end_step))
+        kinds = {e.kind for e in events}
+        verdict = next((k for k in UNSTABLE if k in kinds), STABLE)
+        actions: list[str] = []
+        for e in sorted(events, key=lambda e: e.kind != verdict):
+            actions += [a for a in e.actions if a not in actions]
+        return Diagnosis(verdict, tuple(events), tuple(actions), self._count, signals)
+
+    def _evidence(self) -> advice.Evidence:
+        """What the advice rests on, from every signal read."""
+        lr, settings = self._lr, self._settings
+        levels = sorted(x for _, x in self._norm.levels.all())
+        span = (self._last_step or 0) - (self._first_step or 0)
+        return advice.Evidence(
+            max_norm=self.max_norm,
+            precision=self.precision,
+            scaled=bool(self._skips.scale) or bool(self._skips.nonfinite),
+            lr_first=lr.first,
+            lr_first_step=lr.first_step,
+            warmup_until=lr.rising_until,
+            lr_changes=list(lr.changes),
+            weight_decay=settings.at("weight_decay"),
+            eps=settings.at("eps"),
+            adam=settings.at("beta2") is not None,
+            norm_level=10.0 ** median(levels) if levels else None,
+            span=span,
+            interval=max(1, round(span / (self._count - 1))) if self._count > 1 else 1,
+        )
+
+    def _lr_onset(self, start: int) -> int:
+        """A blow-up's start, or the start of the learning-rate change that caused it when that came first:
+        the norm responds steps after a jump, and tens of steps into a ramp."""
+        change = self._ev.change_near(start, self._reach())
+        if change is None:
+            return start
+        before = self._ev.chain_first(change)[1]  # a ramp's factor is the whole chain's
+        if not abs(change[2]) > 2 * abs(before) and change[2] >= 0:
+            return start
+        begun = self._ev.change_start(change)
+        if self._ev.ramp(change):
+            return min(start, begun)  # the norm rises tens of steps into a ramp: its foot dates the blow-up
+        # A jump: it happened after the reading before it (read each step: at its step), and the blow-up
+        # cannot come before its cause.
+        return begun if start <= change[3] else min(start, begun) if change[0] - change[3] <= 1 else start
+
+    def _reach(self) -> int:
+        """How far (in steps) a cause may lie from what it caused: ``sustain`` points, or two windows of
+        the learning rate's readings."""
+        return 3 * self.sustain * self._ev.interval + self._lr_gap()
+
+    def _lr_gap(self) -> int:
+        return max((c[0] - c[3] for c in self._lr.changes), default=0)
+
+    def _loss_event(self, read, loss: LossView, found: list[Found], last: int | None) -> Event:
+        if read.kind != DIVERGED:
+            return self._stall(read.never, read.start, read.detail, loss, found, last)
+        onset = self._lr_onset(read.start)
+        return Event(
+            DIVERGED,
+            onset,
+            last if read.end is None else read.end,
+            f"the norm rose from step {onset} (from {level(read.base)} to {level(read.peak)}); {read.detail}",
+            (*self._explode_actions(read.peak, read.base, onset, found), advice.resume_action(onset)),
+        )
+
+    def _stall(self, never: bool, start: int, detail: str, loss: LossView, found: list[Found], last) -> Event:
+        norm_steady = not any(f.event.kind in (EXPLODING, VANISHING) for f in found)
+        stall = advice.Stall(never, loss.first, start, loss.chance(), loss.noise, loss.plateau())
+        actions = advice.stall_actions(
+            self._ev, stall, self._layers.snapshots, self._layers.vanished, norm_steady
+        )
+        if actions[0].id == "weight_decay" and self._first_step is not None:
+            # A decay too strong from the first step: the stall is its doing from there, whatever the loss
+            # did while the weights were still large.
+            start = self._first_step
+            detail += "; the weight decay was this strong from the first step"
+        return Event(STALLED, start, last, detail, actions)
+
+    def _plateau(self, loss: LossView, found: list[Found], last: int | None) -> Event:
+        step, at = loss.plateau()
+        detail = (
+            f"the loss fell from {num(loss.first)} to {num(at)} by step {step}, then stopped: "
+            f"{num(loss.final)} at the end, {last - step} steps later"
+        )
+        return self._stall(False, self._first_step, detail, loss, found, last)
+
+    def _early_blowup(self, blowup, loss: LossView, found: list[Found], last: int | None) -> Event:
+        """A loss that blew up in the run's first steps and never learned after: diverged, not stalled.
+        Dated from the first step: a run that blows up that soon was unstable from its start."""
+        step, value, before = blowup
+        onset = self._first_step if self._first_step is not None else step
+        detail = (
+            f"the loss jumped to {num(value)} at step {step} ({value / before:.0f}x its level before, "
+            f"{num(before)}) in the run's first steps: {num(loss.first)} at the start, {num(loss.final)} "
+            "at the end"
+        )
+        levels = self._norm.levels.all()
+        base = levels[0][1] if levels else None
+        peak = max((x for _, x in levels), default=None)
+        return Event(DIVERGED, onset, last, detail, self._explode_actions(peak, base, onset, found))
+
+    def _norm_event(self, f: Found, loss: LossView | None, found: list[Found]) -> Event:
+        """A norm event with its context and actions: a rise or fall the falling loss calls healthy."""
+        e = f.event
+        if loss is not None and e.kind in (EXPLODING, VANISHING) and not f.nonfinite:
+            fell = loss.fell(e.start_step, e.end_step)
+            if fell is not None:
+                kind, how, why = (
+                    (GROWTH, "rose", "a model leaving a small initialisation")
+                    if f.side > 0
+                    else (DECAY, "fell", "the gradient shrinks as the loss approaches its minimum")
+                )
+                detail = (
+                    f"the norm {how} from {from_log(f.base)} to {from_log(f.extreme)} "
+                    f"while the loss fell from {fell}: healthy: {why}"
+                )
+                return Event(kind, e.start_step, e.end_step, detail)
+        if e.kind == EXPLODING and f.returned and loss is not None and not f.nonfinite:
+            held = loss.held(e.start_step, e.end_step)
+            if held is not None:
+                # A burst of large gradients that came back while the loss never rose (an RNN's): the run
+                # rode it out, as a spike; online it was exploding until it came back, and is withdrawn.
+                return self._spike(
+                    replace(f, event=replace(e, kind=SPIKE, detail=f"{e.detail}; the loss held ({held})"))
+                )
+        if e.kind == EXPLODING:
+            start = self._lr_onset(e.start_step)
+            actions = self._explode_actions(f.extreme, f.base, start, found)
+            actions += () if self._loss.read else (advice.LOG_LOSS,)
+            return replace(e, start_step=start, actions=actions)
+        if e.kind == VANISHING:
+            zeros = e.start_step if f.extreme <= LOG_ZERO else None
+            return replace(e, actions=advice.vanish_actions(self._ev, zeros))
+        return self._spike(f)
+
+    def _explode_actions(self, peak: float | None, base: float | None, start: int, found: list[Found]):
+        isolated = [
+            f.event.start_step
+            for f in found
+            if f.event.kind == SPIKE
+            and f.side > 0
+            and f.event.start_step < start
+            and self._lr_context(f.event.start_step) is None
+        ]
+        return advice.explode_actions(self._ev, level(peak), level(base), start, self._reach(), isolated)
+
+    def _lr_context(self, step: int) -> str | None:
+        return self._lr.context(step, self.recover, self.sustain)
+
+    def _spike(self, f: Found) -> Event:
+        e = f.event
+        context = self._lr_context(e.start_step)
+        if context is not None:
+            return replace(e, detail=f"{e.detail}; {context}: normal if it settles")
+        return replace(e, actions=(advice.spike_action(f.side, at_steps(e)),))
+
+
+def _pairs(steps: Iterable[int], values: Iterable[Any], what: str = "") -> list[tuple[int, Any]]:
+    steps, values = list(steps), list(values)
+    if len(steps) != len(values):
+        raise ValueError(f"diagnose: {len(steps)} steps but {len(values)} {what + ' ' if what else ''}values")
+    return [(int(s), v) for s, v in zip(steps, values)]
+
+
+def _by_step(value: ByStep | None, what: str) -> list[tuple[int, Any]]:
+    if value is None:
+        return []
+    if isinstance(value, Mapping):
+        return sorted((int(s), v) for s, v in value.items())
+    try:
+        steps, values = value
+    except (TypeError, ValueError):
+        raise TypeError(
+            f"diagnose: {what} must be a (steps, values) pair or a mapping step -> value"
+        ) from None
+    return _pairs(steps, values, what)
+
+
+def diagnose(
+    steps: Iterable[int],
+    values: Iterable[Any],
+    *,
+    loss: ByStep | None = None,
+    lr: ByStep | None = None,
+    scale: ByStep | None = None,
+    layers: Mapping[int, Mapping[str, Any]] | None = None,
+    skipped: ByStep | None = None,
+    optimizer: Mapping[str, ByStep] | None = None,
+    precision: str | None = None,
+    max_norm: float | None = None,
+    **thresholds: Any,
+) -> Diagnosis:
+    r"""Diagnoses a gradient-norm series: stable, or nonfinite, diverged, exploding, vanishing, stalled.
+
+    Reads the series against a robust running baseline (see the module's
+    description, and :class:`Diagnoser` for the thresholds and their defaults),
+    with the loss, the learning rate, a loss scaler's scale, per-layer norms
+    and the optimizer's skip flags when given, and reports every event with its kind, step range and actions,
+    and the verdict (the most severe kind present).
+
+    Args:
+        steps (iterable of int): the step of each value, in order.
+        values (iterable): the gradient norms (>= 0; NaN and inf allowed;
+            anything else is reported as invalid).
+        loss, lr, scale (optional): the training loss, the learning rate and a
+            loss scaler's scale, each a ``(steps, values)`` pair or a mapping
+            step -> value.
+        layers (mapping, optional): step -> {layer name: norm}, the per-layer
+            norms at the steps they were logged.
+        skipped (optional): whether the optimizer skipped each step (1 or
+            True: skipped, 0 or False: applied), a ``(steps, values)`` pair or a
+            mapping step -> value, as ``GradNormMonitor`` logs it under
+            ``gradient_norm_skipped``.
+        optimizer (mapping, optional): the optimizer's settings by name
+            (``weight_decay``, ``eps``, ``beta1``, ``beta2``, ``momentum``),
+            each a ``(steps, values)`` pair or a mapping step -> value, as
+            ``GradNormMonitor(optimizer=)`` logs them.
+        precision (str, optional): the run's precision (``"fp32"``,
+            ``"bf16-mixed"``, ``"16-mixed"``, ...; see :class:`~fastnorm.GradNormMonitor`).
+        max_norm (float, optional): the run's clipping threshold, for the advice.
+        **thresholds: the other keyword arguments of :class:`Diagnoser`.
+
+    Returns:
+        Diagnosis: the verdict, the events and the actions.
+
+    Example::
+
+        >>> import math
+        >>> steps = range(200)
+        >>> values = [1.0 + 0.1 * math.sin(i) for i in steps[:150]] + [1e4] * 50
+        >>> fastnorm.diagnose(steps, values).verdict
+        'exploding'
+    """
+    d = Diagnoser(max_norm=max_norm, precision=precision, **thresholds)
+    flags = _by_step(skipped, "skipped")
+    if flags:
+        d.update_skipped([s for s, _ in flags], [v for _, v in flags])
+    d.update(steps, values)
+    for given, what, method in (
+        (loss, "loss", d.update_loss),
+        (lr, "lr", d.update_lr),
+        (scale, "scale", d.update_scale),
+    ):
+        pairs = _by_step(given, what)
+        if pairs:
+            method([s for s, _ in pairs], [v for _, v in pairs])
+    for name, given in (optimizer or {}).items():
+        for step, value in _by_step(given, name):
+            d.update_settings(step, {name: value})
+    for step in sorted(layers or {}):
+        d.update_layers(step, layers[step])
+    return d.result()

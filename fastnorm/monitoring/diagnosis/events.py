@@ -1,0 +1,201 @@
+"""The results of a diagnosis: the kinds of event, :class:`Event`, :class:`Diagnosis` and its report.
+
+Also how numbers are written for a person (3 significant digits, an exact zero as 0), so
+that every line of a report reads the same way.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+STABLE = "stable"
+NONFINITE = "nonfinite"
+DIVERGED = "diverged"
+EXPLODING = "exploding"
+VANISHING = "vanishing"
+STALLED = "stalled"
+SPIKE = "spike"
+SKIPPED = "skipped"
+GROWTH = "growth"
+DECAY = "decay"
+INVALID = "invalid"
+TOO_FEW = "too few points"
+
+UNSTABLE = (NONFINITE, DIVERGED, EXPLODING, VANISHING, STALLED)  # most severe first
+HEADLINES = {
+    NONFINITE: "non-finite values appeared",
+    DIVERGED: "the run diverged",
+    EXPLODING: "the gradient norm is exploding",
+    VANISHING: "the gradients are vanishing",
+    STALLED: "the loss has stalled",
+    STABLE: "the run is stable",
+    TOO_FEW: "too few points to judge the run",
+}
+MIN_POINTS = 5  # fewer norms than this are too few to judge: the verdict says so, never "stable"
+KINDS = (*UNSTABLE, SPIKE, SKIPPED, GROWTH, DECAY, INVALID)
+
+_ZERO = 1e-45  # a zero norm is read as this (below float32's least subnormal), so that log10 stays finite
+LOG_ZERO = math.log10(_ZERO)
+
+
+def log_norm(value: float) -> float:
+    """A finite norm >= 0 in log10, a zero as :data:`LOG_ZERO`."""
+    return math.log10(max(value, _ZERO))
+
+
+@dataclass(frozen=True)
+class Event:
+    """One stretch of the series that is not ordinary noise, and what to do about it.
+
+    Attributes:
+        kind (str): one of :data:`KINDS`: ``"nonfinite"``, ``"diverged"``,
+            ``"exploding"``, ``"vanishing"``, ``"stalled"`` (unstable), or
+            ``"spike"``, ``"skipped"``, ``"growth"``, ``"decay"``, ``"invalid"``.
+        start_step (int): the first step of the event.
+        end_step (int): its last step (the last step read, for an event that had not ended).
+        detail (str): what happened, in numbers.
+        actions (tuple of str): what to try next for this event; empty when nothing is needed.
+        count (int): for ``"skipped"`` and ``"invalid"``, how many values it holds; 0 otherwise.
+    """
+
+    kind: str
+    start_step: int
+    end_step: int
+    detail: str
+    actions: tuple[str, ...] = ()
+    count: int = 0
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """The verdict on a series, the events behind it and the next actions.
+
+    Attributes:
+        verdict (str): ``"stable"``, or the most severe unstable kind among the events.
+        events (tuple of Event): every event, by start step.
+        actions (tuple of str): the actions of every event, each once, the
+            verdict's event first.
+        steps (int): how many norm values were read.
+        signals (tuple of str): what else was read: ``"loss"``, ``"lr"``,
+            ``"scale"``, ``"layers"``, ``"skipped"``.
+    """
+
+    verdict: str
+    events: tuple[Event, ...] = ()
+    actions: tuple[str, ...] = ()
+    steps: int = 0
+    signals: tuple[str, ...] = ()
+
+    @property
+    def unstable(self) -> bool:
+        """True for every verdict but ``stable``: also for ``"too few points"``, so that a log that
+        cannot be judged never passes ``--fail-on-unstable``."""
+        return self.verdict != STABLE
+
+    @property
+    def judged(self) -> bool:
+        """False while too few points were read to judge anything."""
+        return self.verdict != TOO_FEW
+
+    @property
+    def action_ids(self) -> tuple[str, ...]:
+        """The stable id of each of :attr:`actions` (``"lower_lr"``, ``"check_labels"``, ...)."""
+        return tuple(_id(a) for a in self.actions)
+
+    @property
+    def skipped_steps(self) -> int:
+        """How many steps had a non-finite norm that was skipped rather than a collapse."""
+        return sum(e.count for e in self.events if e.kind == SKIPPED)
+
+    @property
+    def onset(self) -> int | None:
+        """The first step of the first unstable event; None when stable."""
+        return next((e.start_step for e in self.events if e.kind in UNSTABLE), None)
+
+    def headline(self) -> str:
+        """The verdict in words, with its onset: ``"the run diverged (since step 450)"``."""
+        onset = self.onset
+        return HEADLINES[self.verdict] + (f" (since step {onset})" if onset is not None else "")
+
+    def to_dict(self) -> dict:
+        """The diagnosis as plain JSON-ready data."""
+        return {
+            "verdict": self.verdict,
+            "onset": self.onset,
+            "events": [
+                {**asdict(e), "actions": list(e.actions), "action_ids": [_id(a) for a in e.actions]}
+                for e in self.events
+            ],
+            "actions": list(self.actions),
+            "action_ids": list(self.action_ids),
+            "steps": self.steps,
+            "signals": list(self.signals),
+            "skipped_steps": self.skipped_steps,
+        }
+
+    def report(self) -> str:
+        """A few lines for a person: the verdict, then each event with its actions."""
+        if self.verdict == TOO_FEW:
+            read = (
+                "no value read"
+                if self.steps == 0
+                else f"{self.steps} step{'s' if self.steps > 1 else ''} read"
+            )
+            return f"verdict: {TOO_FEW} ({read}; at least {MIN_POINTS} are needed to judge a run)"
+        read = f"{self.steps} steps read"
+        if self.signals:
+            names = {
+                "loss": "the loss",
+                "lr": "the learning rate",
+                "scale": "the loss scale",
+                "layers": "per-layer norms",
+                "skipped": "the optimizer's skip flags",
+            }
+            read += " with " + ", ".join(names[s] for s in self.signals)
+        lines = [f"verdict: {self.verdict} ({read})"]
+        for e in self.events:
+            if e.kind in (SKIPPED, INVALID):  # sparse runs: every one of a kind on one line, at the first
+                same = [s for s in self.events if s.kind == e.kind]
+                if e is not same[0]:
+                    continue
+                spans = ", ".join(span(s) for s in same[:12]) + (", ..." if len(same) > 12 else "")
+                count = sum(s.count for s in same)
+                where = f"{count} step{'s' if count != 1 else ''} ({spans})"
+                detail = e.detail.split(": ", 1)[-1]
+            else:
+                where = at_steps(e)
+                detail = e.detail
+            lines.append(f"  {e.kind:9s} {where}: {detail}")
+            lines.extend(f"    - {a}" for a in e.actions)
+        if not self.events:
+            lines.append("  no event: the norm stayed within its band")
+        return "\n".join(lines)
+
+
+def _id(action: str) -> str:
+    """An action's id (plain strings, from a custom diagnoser, have none)."""
+    return getattr(action, "id", "other")
+
+
+def span(e: Event) -> str:
+    return str(e.start_step) if e.start_step == e.end_step else f"{e.start_step}-{e.end_step}"
+
+
+def at_steps(e: Event) -> str:
+    return f"step {e.start_step}" if e.start_step == e.end_step else f"steps {span(e)}"
+
+
+def num(value: float) -> str:
+    """A norm or loss for a person, with 3 significant digits; an exact zero as 0."""
+    return "0" if value == 0 else f"{value:.3g}"
+
+
+def level(x: float | None) -> str:
+    """A norm read in log10, or "?" where none was read."""
+    return "?" if x is None else from_log(x)
+
+
+def from_log(x: float) -> str:
+    """A norm read in log10: the zeros (read as LOG_ZERO) printed as 0, never as the stand-in."""
+    return "0" if x <= LOG_ZERO else num(10.0**x)

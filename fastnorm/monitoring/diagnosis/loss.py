@@ -1,0 +1,309 @@
+"""The loss's shape: its initial level, its best, where it went back up, and what the norm did then.
+
+The loss, when logged, is a second signal: a norm departure followed by a loss
+that jumps and stays up, or that climbs above its initial level and has to learn
+again, is a divergence; a loss that never improves (over at least 200 steps), or
+returns to its initial level, is a stall; a norm that rises (or falls) by orders
+of magnitude while the loss falls is healthy (a model leaving a small
+initialisation; a loss approaching its minimum).
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from typing import NamedTuple
+
+from fastnorm.monitoring.diagnosis.events import DIVERGED, EXPLODING, MIN_POINTS, STALLED, num
+from fastnorm.monitoring.diagnosis.norm import Found
+from fastnorm.monitoring.diagnosis.robust import MAD_TO_SIGMA, Thinned, median, rolling_median
+from fastnorm.monitoring.diagnosis.skips import Run, close_run, extend
+
+_LOSS_POINTS = 1024  # the loss is kept at most this finely (pairs averaged beyond)
+MIN_LOSS_POINTS = 20  # fewer losses say nothing about the run's course, unless they span this many steps:
+_SHORT_SPAN = 40  # a log of every 10th step reads its first 5 losses 40 steps into the run
+# A loss flat for fewer steps may just not have started (a warmup). Counted in steps, not logged points,
+# so that logging every 10th step (a trainer's logging_steps) reads the same run the same way.
+_NEVER_STEPS = 200
+
+
+class LossSignal:
+    """The training loss: its finite values thinned to bounded memory, and its runs of non-finite ones."""
+
+    def __init__(self) -> None:
+        self.thinned = Thinned(_LOSS_POINTS)
+        self.nonfinite: list[Run] = []
+        self.read = False
+
+    def update(self, step: int, value: float) -> None:
+        self.read = True
+        if math.isfinite(value):
+            close_run(self.nonfinite)
+            self.thinned.add(step, value)
+        else:
+            extend(self.nonfinite, step, value)
+
+    def all(self) -> list[tuple[int, float]]:
+        """The finite losses kept, ``(step, loss)``."""
+        return self.thinned.all()
+
+    def view(self, stall_fraction: float, judge_start: bool) -> LossView | None:
+        """The loss's shape, or None while too few losses were read to say anything."""
+        points = self.thinned.all()
+        short = len(points) < MIN_POINTS or points[-1][0] - points[0][0] < _SHORT_SPAN
+        if len(points) < MIN_LOSS_POINTS and short:
+            return None
+        return LossView(self.thinned.all(), stall_fraction, judge_start)
+
+
+class Shape(NamedTuple):
+    """How a loss failed, as :meth:`LossView.shape` reads it."""
+
+    never: bool  # it never improved
+    start: int  # the step it started
+    detail: str
+    end: int | None = None  # where a relapse ended; None for a loss that stayed there
+
+
+class LossView:
+    """The shape of a (thinned) loss series: its initial level, best, final level and noise."""
+
+    def __init__(self, points: list[tuple[int, float]], stall_fraction: float, judge_start: bool) -> None:
+        self.judge_start = judge_start and points[-1][0] - points[0][0] + 1 >= _NEVER_STEPS
+        self.steps = [s for s, _ in points]
+        ys = [v for _, v in points]
+        n = len(ys)
+        w = max(5, n // 25) | 1
+        self.w = w
+        self.smooth = rolling_median(ys, w)
+        # The initial level: the points of the first 5 steps (one, for a log of every 10th step, whose 5th
+        # point may be 40 steps into a loss that falls fast).
+        head = [y for s, y in points[:5] if s - points[0][0] < 5]
+        self.first = median(sorted(head))
+        best = min(range(n), key=self.smooth.__getitem__)
+        self.best, self.best_step, self._best_index = self.smooth[best], self.steps[best], best
+        if self.first < self.best:  # never below where it began
+            self.best, self.best_step, self._best_index = self.first, self.steps[0], 0
+        self.final = median(sorted(ys[-w:]))
+        diffs = sorted(abs(b - a) for a, b in zip(ys, ys[1:]))
+        sigma = MAD_TO_SIGMA * median(diffs) / math.sqrt(2.0) if diffs else 0.0
+        self.tol = max(3.0 * sigma / math.sqrt(w), stall_fraction * abs(self.first))
+        # The initial level is itself a median of a few noisy points: progress below its own noise
+        # (two standard errors of a median of len(head) points) is no progress.
+        self.progress_tol = self.tol + 2.0 * 1.25 * sigma / math.sqrt(len(head))
+        # Above this, the loss is above its initial level: a margin beyond the noise of a smoothed point.
+        self.ceiling = self.first + max(self.tol, 0.1 * abs(self.first))
+        self.ys = ys
+        level = median(sorted(abs(y) for y in ys))
+        # The step-to-step noise as a fraction of the loss's level: a batch's own noise.
+        self.noise = median(diffs) / level if diffs and level > 0 else 0.0
+
+    def chance(self) -> int | None:
+        """k where the loss began at ln k (chance for a classifier of k classes) and ended there too."""
+        if self.first <= 0.5:
+            return None
+        k = round(math.exp(self.first))
+        near = 0.03 * self.first
+        if (
+            2 <= k <= 100_000
+            and abs(self.first - math.log(k)) < near
+            and abs(self.final - math.log(k)) < near
+        ):
+            return k
+        return None
+
+    def early_blowup(self) -> tuple[int, float, float] | None:
+        """``(step, loss, level before)`` of the first loss 5x its level before (the median of up to 20
+        points) within the run's first fifth (its first 50 steps while it is shorter), where a healthy loss
+        is at its highest; None if none."""
+        early = max((self.steps[-1] - self.steps[0]) / 5, 50)
+        ys = self.ys
+        for i in range(1, len(ys)):
+            if self.steps[i] - self.steps[0] > early:
+                break
+            before = median(sorted(ys[max(0, i - 20) : i]))
+            if before > 0 and ys[i] > 5 * before:
+                # Beyond the loss's own step-to-step moves (a batch of 2 moves it 5x), measured without it.
+                rest = ys[:i] + ys[i + 1 :]
+                moves = sorted(abs(b - a) for a, b in zip(rest, rest[1:]))
+                if not moves or ys[i] - before > 10 * median(moves):
+                    return self.steps[i], ys[i], before
+        return None
+
+    def plateau(self) -> tuple[int, float] | None:
+        """``(step, level)`` where the loss, after falling early (within the first tenth of the run), stopped
+        for good far above its start's half: a plateau of two thirds of the run and 200 steps or more."""
+        span = self.steps[-1] - self.steps[0]
+        if self.first - self.final <= self.tol or self.final < 0.5 * self.first:
+            return None
+        # Where it came within 5% of where it ended: a converging run gets there late, still learning.
+        i = next(i for i, y in enumerate(self.smooth) if y <= 1.05 * self.final)
+        flat = self.steps[-1] - self.steps[i]
+        if self.steps[i] - self.steps[0] <= span / 10 and flat >= max(200, 2 * span / 3):
+            return self.steps[i], self.smooth[i]
+        return None
+
+    def shape(self) -> Shape | None:
+        """How the loss failed: it never improved, went back up and stayed there, or climbed above its
+        initial level and had to learn again (a relapse); None for a loss that learned and held."""
+        progress = self.first - self.best
+        s = (
+            f"{num(self.first)} at the start, {num(self.best)} at best (step {self.best_step}), "
+            f"{num(self.final)} at the end"
+        )
+        regained = self.final - self.best
+        above = self.final > self.ceiling
+        if not above and (progress < self.tol or regained < max(0.5 * progress, self.tol)):
+            if progress < self.progress_tol and self.judge_start:
+                return Shape(True, self.steps[0], f"the loss never improved: {s}")
+            return self._relapse(s)
+        # Dated where the smoothed loss left the neighbourhood of its best for good.
+        i = len(self.smooth) - 1
+        while i > self._best_index and self.smooth[i] > self.best + self.tol:
+            i -= 1
+        start = self.steps[min(i + 1, len(self.steps) - 1)]
+        if above:
+            # Where the smoothed loss crossed its initial level for good, which is not where it left its best.
+            k = len(self.smooth) - 1
+            while k > self._best_index and self.smooth[k - 1] > self.first:
+                k -= 1
+            detail = (
+                f"the loss left its best from step {start} and rose above its initial level "
+                f"({num(self.first)}) from step {self.steps[k]} and stayed there: {s}"
+            )
+            return Shape(False, start, detail)
+        if self.final >= self.first - 0.1 * progress:
+            what = "returned to its initial level"
+        else:
+            what = f"went back up by {regained / progress:.0%} of what it had gained"
+        return Shape(False, start, f"the loss left its best from step {start} and {what}: {s}")
+
+    def _relapse(self, s: str) -> Shape | None:
+        """A loss that, after real progress, rose above its initial level and came down again slowly.
+
+        A model whose loss climbed above where it started has lost all it had learned: a divergence
+        the run recovered from, whatever the loss did later. Such a model has to learn again, so its
+        loss comes down gradually; a loss that drops straight back to its low was high because of the
+        batches, not the model (a spike). The smoothed loss is read, so one bad batch never counts,
+        and it must clear the initial level by the margin that tells "above" from noise.
+        """
+        low, low_index = self.smooth[0], 0
+        n = len(self.smooth)
+        k = 0
+        while k < n:
+            y = self.smooth[k]
+            if y < low:
+                low, low_index = y, k
+            elif self.first - low >= self.tol and y > self.ceiling:
+                end = k
+                while end + 1 < n and self.smooth[end + 1] > self.ceiling:
+                    end += 1
+                if end + 1 < n and self.smooth[end + 1] > low + 0.5 * (self.first - low):  # learning again
+                    i = k  # dated where it left the neighbourhood of its low
+                    while i > low_index and self.smooth[i - 1] > low + self.tol:
+                        i -= 1
+                    top = max(range(k, end + 1), key=self.smooth.__getitem__)
+                    crossed = next(j for j in range(i, k + 1) if self.smooth[j] > self.first)
+                    detail = (
+                        f"the loss left its low ({num(low)}) from step {self.steps[i]}, rose above its "
+                        f"initial level ({num(self.first)}) at step {self.steps[crossed]} (to "
+                        f"{num(self.smooth[top])} at step {self.steps[top]}), then came down again: {s}"
+                    )
+                    return Shape(False, self.steps[i], detail, self.steps[end])
+                k = end
+            k += 1
+        return None
+
+    def at(self, step: int) -> float:
+        i = max(0, bisect.bisect_right(self.steps, step) - 1)
+        return self.smooth[i]
+
+    def held(self, start: int, end: int) -> str | None:
+        """``"a to b"`` when the smoothed loss never rose beyond its noise over ``[start, end]``."""
+        a = self.at(start)
+        i, j = bisect.bisect_left(self.steps, start), bisect.bisect_right(self.steps, end)
+        top = max(self.smooth[i:j], default=a)
+        if top <= a + self.tol:
+            return f"{a:.3g} to {self.at(end):.3g}"
+        return None
+
+    def fell(self, start: int, end: int, stayed: bool = True) -> str | None:
+        """``"a to b"`` when the loss fell over ``[start, end]`` (and, with ``stayed``, stayed below
+        where it began to the end)."""
+        a, b = self.at(start), self.at(end)
+        if b < a - self.tol and (not stayed or self.final < a - self.tol):
+            return f"{a:.3g} to {b:.3g}"
+        return None
+
+
+class LossEvent(NamedTuple):
+    """What the loss shows: a stall, or a divergence with the norm's rise that went with it."""
+
+    kind: str  # STALLED or DIVERGED
+    start: int
+    end: int | None  # where a relapse ended; None for a loss that stayed there
+    detail: str
+    never: bool  # a stall: the loss never improved
+    peak: float | None = None  # a divergence: the norm's peak and the level before it (log10)
+    base: float | None = None
+    consumed: frozenset[int] = frozenset()  # the norm's events (indices in `found`) it takes in
+
+
+def loss_event(
+    loss: LossView,
+    found: list[Found],
+    ups: list[tuple[int, int, float]],
+    levels: list[tuple[int, float]],
+    spike_orders: float,
+) -> LossEvent | None:
+    """The event the loss shows (diverged or stalled), and which of the norm's events it takes in."""
+    shape = loss.shape()
+    if shape is None:
+        return None
+    never, start, detail, end = shape
+    near = max(10, loss.w)
+    # The norm's rises that go with the loss's: around its jump, or sustained while it stayed up.
+    ours = {
+        i
+        for i, f in enumerate(found)
+        if f.side > 0
+        and (
+            (f.event.start_step <= start + near and f.event.end_step >= start - near)
+            or (f.event.kind == EXPLODING and f.event.end_step >= start - near)
+        )
+    }
+    # A rise long under way while the loss still fell (a model leaving a small initialisation, then
+    # blowing up for another reason) goes into the divergence but does not date it.
+    dating = [
+        i
+        for i in ours
+        if not (
+            found[i].event.start_step < start - near
+            and loss.fell(found[i].event.start_step, start - near, stayed=False)
+        )
+    ]
+    linked = [(found[i].event.start_step, found[i].extreme - found[i].base) for i in dating]
+    linked += [
+        (a, peak)
+        for a, b, peak in ups
+        if a <= start + near
+        and b >= start - near
+        and not (a < start - near and loss.fell(a, start - near, stayed=False))
+    ]
+    before = sorted(x for s, x in levels if start - 4 * near <= s < start) or sorted(
+        x for _, x in levels[: 4 * near]
+    )
+    after = [x for s, x in levels if s >= start]
+    rise = median(sorted(after[: 4 * near])) - median(before) if after and before else 0.0
+    strong = max((peak for _, peak in linked), default=0.0) >= spike_orders or rise >= 0.5
+    if never or not strong:
+        if end is not None:  # a relapse without the norm is no stall: the loss came down again
+            return None
+        return LossEvent(STALLED, start, None, detail, never)
+    # The norm went up with a loss that jumped and stayed up (or relapsed): a divergence, from the rise.
+    # Dated by the norm, read every step, not by the loss, whose start blurs with its noise and smoothing
+    # (a noisy loss wandering up from its best dated a blow-up 35 steps early).
+    onset = min(a for a, _ in linked) if linked else start
+    peak = max([found[i].extreme for i in ours] + after, default=None)
+    base = median(before) if before else None
+    return LossEvent(DIVERGED, onset, end, detail, never, peak, base, frozenset(ours))

@@ -1,0 +1,287 @@
+"""The norm's own signal: departures from its running baseline, and slow drifts of the baseline itself.
+
+The norm is read in log10 ("orders of magnitude") against a running baseline:
+the median of the last ``window`` points that lay inside the band, where the
+band is ``max(band_mads * sigma, min_band)`` around that median and sigma is the
+robust noise scale of consecutive differences. Points outside the band do not
+enter the baseline, so the baseline holds still while the norm departs from it,
+and a departure is measured against what was normal before it. A departure ends
+after ``recover`` consecutive points back in the band. A departure whose
+sustained level (the median of its last ``sustain`` points) reaches
+``explode_orders`` above (``vanish_orders`` below) is exploding (vanishing), as
+is a baseline that drifts that far within ``horizon`` points; a shorter one of
+at least ``spike_orders`` is a spike; one that stays out for ``window`` points
+short of those levels is a new normal.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import deque
+from dataclasses import dataclass, field, replace
+
+from fastnorm.monitoring.diagnosis.events import EXPLODING, LOG_ZERO, SPIKE, VANISHING, Event, from_log
+from fastnorm.monitoring.diagnosis.robust import Baseline, Extremes, Thinned, median
+
+_LEVEL_POINTS = 1024  # the norm's levels are kept at most this finely (pairs averaged beyond)
+_MIN_BASE = 3  # the fewest points a baseline is formed from
+
+
+@dataclass
+class Departure:
+    """Consecutive finite points on one side of the band, against a frozen baseline."""
+
+    side: int  # +1 above the band, -1 below
+    start: int
+    origin: float  # the baseline (log10) when it began
+    recent: deque  # the last `sustain` deviations from origin
+    xs: deque  # the last `window` log10 values, to restart the baseline from
+    end: int = 0
+    count: int = 0
+    peak: float = 0.0  # the largest deviation on its side, in orders of magnitude
+    level: float = 0.0  # the largest sustained deviation (median of `recent`)
+    nonfinite: bool = False  # non-finite values came while it was out of the band
+    pending: list = field(default_factory=list)  # (step, log10) back in the band, not yet `recover` of them
+
+    def add(self, step: int, x: float, sustain: int) -> None:
+        dev = self.side * (x - self.origin)
+        self.end = step
+        self.count += 1
+        self.peak = max(self.peak, dev)
+        self.recent.append(dev)
+        self.xs.append(x)
+        if self.count >= sustain:
+            self.level = max(self.level, median(sorted(self.recent)))
+
+
+@dataclass(frozen=True)
+class Found:
+    """A norm event as detected: the event, and what its actions depend on."""
+
+    event: Event
+    side: int
+    base: float  # log10 of the baseline it departed from
+    extreme: float  # log10 of its peak (or trough)
+    nonfinite: bool = False
+    returned: bool = False  # it came back to the band
+
+
+@dataclass
+class _Drift:
+    kind: str
+    start: int
+    end: int
+    low: float
+    high: float
+
+
+class NormSignal:
+    """The finite norms, read one at a time (in log10), and the departures and drifts they show."""
+
+    def __init__(
+        self,
+        *,
+        window: int,
+        warmup: int,
+        band_mads: float,
+        min_band: float,
+        spike_orders: float,
+        explode_orders: float,
+        vanish_orders: float,
+        sustain: int,
+        recover: int,
+        horizon: int,
+    ) -> None:
+        self.window = window
+        self.warmup = warmup
+        self.spike_orders = spike_orders
+        self.explode_orders = explode_orders
+        self.vanish_orders = vanish_orders
+        self.sustain = sustain
+        self.recover = recover
+        self._base = Baseline(window, band_mads, min_band)
+        self._drift_ref = Extremes(horizon)
+        self._recent: deque[tuple[int, float]] = deque(maxlen=window)  # (step, log10) before now
+        self._found: list[Found] = []
+        self._ups: deque[tuple[int, int, float]] = deque(maxlen=256)  # (start, end, peak) upwards
+        self._dep: Departure | None = None
+        self._drift: _Drift | None = None
+        self.finite = 0
+        self.levels = Thinned(_LEVEL_POINTS)  # log10 of the finite norms, for levels around a loss jump
+        self._first: int | None = None  # the step of the first finite norm
+
+    def nonfinite(self) -> None:
+        """A non-finite norm came: it marks the open departure."""
+        if self._dep is not None:
+            self._dep.nonfinite = True
+
+    def point(self, step: int, x: float) -> None:
+        """Reads one finite norm, ``x`` its log10."""
+        self.finite += 1
+        self.levels.add(step, x)
+        base = self._base
+        self._recent.append((step, x))
+        if self._first is None:
+            self._first = step
+        if self._warming(step):
+            base.add(x)
+            return
+        dev = x - base.median
+        side = 0 if abs(dev) <= base.band else (1 if dev > 0 else -1)
+        dep = self._dep
+        if dep is not None:
+            if side == dep.side:
+                for s, px in dep.pending:  # a dip into the band too short to count as a return
+                    dep.add(s, px, self.sustain)
+                dep.pending.clear()
+            elif side == 0 and len(dep.pending) + 1 < self.recover:
+                dep.pending.append((step, x))
+                return
+            else:
+                self._close(dep, True, self._found, self._ups)
+                self._dep = None
+                for s, px in dep.pending:
+                    base.add(px)
+                    self._track_drift(s)
+        if side == 0:
+            base.add(x)
+            self._track_drift(step)
+            return
+        dep = self._dep
+        if dep is None:
+            dep = self._dep = Departure(
+                side,
+                self._walk_back(step, side),
+                base.median,
+                deque(maxlen=self.sustain),
+                deque(maxlen=self.window),
+            )
+        dep.add(step, x, self.sustain)
+        if dep.count >= self.window and not self._alarming(dep):
+            # Out of the band for a whole window and still short of an explosion: a new normal.
+            if dep.side > 0:
+                self._ups.append((dep.start, dep.end, dep.peak))
+            base.restart(dep.xs)
+            self._dep = None
+            self._track_drift(step)
+
+    def _warming(self, step: int) -> bool:
+        """The baseline is still being formed: ``warmup`` points, or ``warmup`` steps, whichever ends first
+        (a log of every 10th step judges its 3rd point, not its 11th, 100 steps in), and 3 points at least."""
+        n = len(self._base)
+        return n < self.warmup and (n < _MIN_BASE or step - self._first < self.warmup)
+
+    def _walk_back(self, step: int, side: int) -> int:
+        """Where a departure began: back over the points already two sigmas out on its side,
+        so that a gradual rise is dated from near its foot, not from where it crossed the band."""
+        start = step
+        bound = self._base.median + 2.0 * side * self._base.sigma
+        for s, x in itertools.islice(reversed(self._recent), 1, None):  # before this point
+            if side * (x - bound) <= 0:
+                break
+            start = s
+        return start
+
+    def _track_drift(self, step: int) -> None:
+        base, ref = self._base, self._drift_ref
+        ref.push(self.finite, step, base.median)
+        rise = base.median - ref.low[0][2]
+        fall = ref.high[0][2] - base.median
+        kind = EXPLODING if rise >= self.explode_orders else VANISHING if fall >= self.vanish_orders else None
+        drift = self._drift
+        if drift is not None and drift.kind != kind:
+            self._found.append(self._drift_found(drift))
+            drift = self._drift = None
+        if kind is None:
+            return
+        if drift is None:
+            side = 1 if kind == EXPLODING else -1
+            anchor = ref.low[0][2] if side > 0 else ref.high[0][2]
+            start = ref.left(anchor + side * base.sigma, side)
+            drift = self._drift = _Drift(kind, start, step, anchor, base.median)
+        drift.end = step
+        drift.high = base.median
+
+    # -- classification ------------------------------------------------------
+
+    def _threshold(self, side: int) -> float:
+        return self.explode_orders if side > 0 else self.vanish_orders
+
+    def _alarming(self, dep: Departure) -> bool:
+        return dep.level >= self._threshold(dep.side)
+
+    def _classify(self, dep: Departure, returned: bool) -> Found | None:
+        extreme = dep.origin + dep.side * dep.peak
+        how = "rose" if dep.side > 0 else "fell"
+        if extreme <= LOG_ZERO:
+            moved = f"fell to exactly 0 from the running baseline {from_log(dep.origin)}"
+        else:
+            moved = (
+                f"{how} {dep.peak:.1f} orders of magnitude (to {from_log(extreme)}) from the running "
+                f"baseline {from_log(dep.origin)}"
+            )
+        if self._alarming(dep) or (dep.nonfinite and dep.peak >= self._threshold(dep.side)):
+            kind = EXPLODING if dep.side > 0 else VANISHING
+            ending = "returned to the band" if returned else "had not returned by the last step"
+            if dep.nonfinite:
+                ending += ", running into non-finite values"
+            event = Event(kind, dep.start, dep.end, f"{moved}; {ending}")
+            return Found(event, dep.side, dep.origin, extreme, dep.nonfinite, returned)
+        if dep.peak >= self.spike_orders and (returned or dep.count < self.sustain):
+            ending = "back in the band" if returned else "not back in the band by the last step"
+            event = Event(SPIKE, dep.start, dep.end, f"{moved}, {ending}")
+            return Found(event, dep.side, dep.origin, extreme)
+        return None
+
+    def _close(self, dep: Departure, returned: bool, found: list, ups: deque | list) -> None:
+        """Adds a departure to the norm's events (``found``) and, when upwards, to its rises (``ups``)."""
+        if dep.side > 0:
+            ups.append((dep.start, dep.end, dep.peak))
+        event = self._classify(dep, returned)
+        if event is not None:
+            found.append(event)
+
+    def _drift_found(self, drift: _Drift) -> Found:
+        how = "grew" if drift.kind == EXPLODING else "shrank"
+        detail = (
+            f"the running baseline {how} from {from_log(drift.low)} to {from_log(drift.high)} "
+            f"({abs(drift.high - drift.low):.1f} orders of magnitude)"
+        )
+        side = 1 if drift.kind == EXPLODING else -1
+        return Found(Event(drift.kind, drift.start, drift.end, detail), side, drift.low, drift.high)
+
+    # -- output --------------------------------------------------------------
+
+    def found(self, last: int | None) -> tuple[list[Found], list[tuple[int, int, float]]]:
+        """The norm's events so far, merged and by start step (those still open end at ``last``),
+        and its rises ``(start, end, peak)``."""
+        found = list(self._found)
+        ups = list(self._ups)
+        if self._dep is not None:
+            self._close(self._dep, bool(self._dep.pending), found, ups)
+        if self._drift is not None:
+            drift = self._drift_found(self._drift)
+            found.append(replace(drift, event=replace(drift.event, end_step=last)))
+        return _merge(sorted(found, key=lambda f: (f.event.start_step, f.event.end_step))), ups
+
+
+def _merge(found: list[Found]) -> list[Found]:
+    """One event for overlapping events of one kind (a departure and the drift it caused)."""
+    merged: list[Found] = []
+    for f in found:
+        e = f.event
+        for i, m in enumerate(merged):
+            me = m.event
+            if me.kind == e.kind and e.start_step <= me.end_step and me.start_step <= e.end_step:
+                span = replace(
+                    me, start_step=min(me.start_step, e.start_step), end_step=max(me.end_step, e.end_step)
+                )
+                merged[i] = replace(
+                    m,
+                    event=span,
+                    extreme=max(m.extreme, f.extreme) if m.side > 0 else min(m.extreme, f.extreme),
+                )
+                break
+        else:
+            merged.append(f)
+    return merged

@@ -1,0 +1,157 @@
+"""Robust streaming statistics: running medians, a noise band, sliding extremes, a thinned series.
+
+Pure Python; each structure keeps bounded memory however long the run.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections import deque
+from collections.abc import Iterable
+from typing import Any
+
+MAD_TO_SIGMA = 1.4826  # MAD of a normal distribution times this is its standard deviation
+
+
+def median(ordered: list[float]) -> float:
+    n = len(ordered)
+    mid = n // 2
+    return ordered[mid] if n % 2 else 0.5 * (ordered[mid - 1] + ordered[mid])
+
+
+def number(value: Any) -> float | None:
+    """The value as a float, or None when it is not a number (a string, None, a bool)."""
+    if isinstance(value, bool):
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+class Baseline:
+    """The median of the last ``window`` in-band values, and the band around it.
+
+    The noise scale comes from the differences between consecutive values, not
+    from their spread around the median: a gradual trend inflates the spread,
+    and a band that widened with it would follow an explosion instead of
+    letting it leave.
+    """
+
+    def __init__(self, window: int, band_mads: float, min_band: float) -> None:
+        self.values: deque[float] = deque()
+        self.ordered: list[float] = []
+        self.diffs: deque[float] = deque()
+        self.ordered_diffs: list[float] = []
+        self.window = window
+        self.band_mads = band_mads
+        self.min_band = min_band
+        self.median = 0.0
+        self.sigma = 0.0
+        self.band = min_band
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    def add(self, x: float) -> None:
+        if len(self.values) == self.window:
+            self.ordered.pop(bisect.bisect_left(self.ordered, self.values.popleft()))
+            self.ordered_diffs.pop(bisect.bisect_left(self.ordered_diffs, self.diffs.popleft()))
+        if self.values:
+            d = abs(x - self.values[-1])
+            self.diffs.append(d)
+            bisect.insort(self.ordered_diffs, d)
+        self.values.append(x)
+        bisect.insort(self.ordered, x)
+        self.median = median(self.ordered)
+        if self.ordered_diffs:
+            # For normal noise the median |difference| is 0.6745 * sqrt(2) * sigma.
+            self.sigma = MAD_TO_SIGMA * median(self.ordered_diffs) / math.sqrt(2.0)
+        self.band = max(self.band_mads * self.sigma, self.min_band)
+
+    def restart(self, xs: Iterable[float]) -> None:
+        for q in (self.values, self.ordered, self.diffs, self.ordered_diffs):
+            q.clear()
+        for x in xs:
+            self.add(x)
+
+
+class Extremes:
+    """Sliding minimum and maximum of (index, step, value) over the last ``horizon`` indices."""
+
+    def __init__(self, horizon: int) -> None:
+        self.horizon = horizon
+        self.low: deque[tuple[int, int, float]] = deque()
+        self.high: deque[tuple[int, int, float]] = deque()
+        self.history: deque[tuple[int, int, float]] = deque()
+
+    def push(self, index: int, step: int, value: float) -> None:
+        entry = (index, step, value)
+        for dq, worse in ((self.low, lambda v: v >= value), (self.high, lambda v: v <= value)):
+            while dq and worse(dq[-1][2]):
+                dq.pop()
+            dq.append(entry)
+            while dq[0][0] <= index - self.horizon:
+                dq.popleft()
+        self.history.append(entry)
+        while self.history[0][0] <= index - self.horizon:
+            self.history.popleft()
+
+    def left(self, bound: float, side: int) -> int:
+        """The step after the last entry still within ``bound`` (from ``side``'s view)."""
+        after = self.history[-1][1]
+        for _, step, value in reversed(self.history):
+            if side * (value - bound) <= 0:
+                return after
+            after = step
+        return after
+
+
+class Thinned:
+    """A series kept at most ``2 * limit`` points long: beyond, neighbours are averaged in pairs.
+
+    Constant memory however long the run; exact for runs of up to ``2 * limit`` points.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.points: list[tuple[int, float]] = []
+        self.stride = 1  # how many original points each kept point averages
+        self._pending: list[tuple[int, float]] = []
+
+    def add(self, step: int, value: float) -> None:
+        self._pending.append((step, value))
+        if len(self._pending) < self.stride:
+            return
+        pending, self._pending = self._pending, []
+        self.points.append((pending[0][0], math.fsum(v for _, v in pending) / len(pending)))
+        if len(self.points) >= 2 * self.limit:
+            self.points = [(a[0], 0.5 * (a[1] + b[1])) for a, b in zip(self.points[::2], self.points[1::2])]
+            self.stride *= 2
+
+    def all(self) -> list[tuple[int, float]]:
+        if not self._pending:
+            return list(self.points)
+        tail = (self._pending[0][0], math.fsum(v for _, v in self._pending) / len(self._pending))
+        return [*self.points, tail]
+
+    def __len__(self) -> int:
+        return len(self.points) + bool(self._pending)
+
+
+def rolling_median(ys: list[float], w: int) -> list[float]:
+    """The centered running median of width ``w`` (narrower at the ends)."""
+    half = w // 2
+    out = []
+    window: list[float] = []
+    lo = hi = 0  # window holds ys[lo:hi], sorted
+    for i in range(len(ys)):
+        while hi < min(len(ys), i + half + 1):
+            bisect.insort(window, ys[hi])
+            hi += 1
+        while lo < i - half:
+            window.pop(bisect.bisect_left(window, ys[lo]))
+            lo += 1
+        out.append(median(window))
+    return out
