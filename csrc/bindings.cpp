@@ -17,7 +17,7 @@
 
 namespace py = pybind11;
 using fastnorm::Attr;
-using fastnorm::Plan;
+using fastnorm::TaskSplit;
 using fastnorm::Snapshot;
 using fastnorm::TensorAccess;
 
@@ -48,16 +48,16 @@ TensorAccess access_from(const py::tuple& attrs) {
 PYBIND11_MODULE(_C, m) {
   m.doc() = "fastnorm CPU kernels (raw addresses in, no libtorch)";
 
-  py::class_<Plan>(m, "Plan")
+  py::class_<TaskSplit>(m, "TaskSplit")
       .def(py::init<const std::vector<uintptr_t>&, const std::vector<int64_t>&,
                     const std::vector<int>&, int64_t>(),
            py::arg("addrs"), py::arg("numels"), py::arg("dtypes"), py::arg("task_bytes"))
-      .def_property_readonly("num_tasks", &Plan::num_tasks)
-      .def_property_readonly("num_pieces", &Plan::num_pieces)
-      .def_property_readonly("num_tensors", &Plan::num_tensors)
-      .def_property_readonly("numel", &Plan::numel)
-      .def_property_readonly("nbytes", &Plan::nbytes)
-      .def("set_gates", &Plan::set_gates, py::arg("first_item"),
+      .def_property_readonly("num_tasks", &TaskSplit::num_tasks)
+      .def_property_readonly("num_pieces", &TaskSplit::num_pieces)
+      .def_property_readonly("num_tensors", &TaskSplit::num_tensors)
+      .def_property_readonly("numel", &TaskSplit::numel)
+      .def_property_readonly("nbytes", &TaskSplit::nbytes)
+      .def("set_gates", &TaskSplit::set_gates, py::arg("first_item"),
            "For reduce_checked: the index of the first item that gives each tensor.");
 
   py::class_<Snapshot>(m, "Snapshot")
@@ -68,16 +68,16 @@ PYBIND11_MODULE(_C, m) {
       .def("matches", &Snapshot::matches, py::arg("items"), py::arg("grads") = py::none(),
            py::arg("written") = py::none(), py::arg("held") = py::none(),
            "Whether the items are the same objects whose gradients have the same facts; "
-           "`written` (a list) then receives what clip_ writes, `held` every tensor the plan reads.")
+           "`written` (a list) then receives what clip_ writes, `held` every tensor the split reads.")
       .def("__len__", &Snapshot::size);
 
-  m.def("reduce", &fastnorm::reduce, py::arg("plan"), py::arg("mode"), py::arg("p"),
+  m.def("reduce", &fastnorm::reduce, py::arg("split"), py::arg("mode"), py::arg("p"),
         py::arg("partial_addr"), py::arg("root_addr"), py::arg("root_is_double"),
         py::arg("per_tensor_addr"), py::arg("num_threads"),
         py::call_guard<py::gil_scoped_release>());
   m.def(
       "reduce_checked",
-      [](const Snapshot& snapshot, const py::list& items, const py::handle& written, const Plan& plan,
+      [](const Snapshot& snapshot, const py::list& items, const py::handle& written, const TaskSplit& split,
          int mode, double p, uintptr_t partial_addr, uintptr_t root_addr, bool root_is_double,
          int num_threads) {
         // The check needs the GIL; the kernel, once the check is done, does not.
@@ -94,7 +94,7 @@ PYBIND11_MODULE(_C, m) {
         };
         bool ok = false;
         try {
-          ok = fastnorm::reduce_checked(plan, check, mode, p, partial_addr, root_addr, root_is_double,
+          ok = fastnorm::reduce_checked(split, check, mode, p, partial_addr, root_addr, root_is_double,
                                         num_threads);
         } catch (...) {
           if (released != nullptr) PyEval_RestoreThread(released);
@@ -110,12 +110,12 @@ PYBIND11_MODULE(_C, m) {
         }
         return ok;
       },
-      py::arg("snapshot"), py::arg("items"), py::arg("written"), py::arg("plan"), py::arg("mode"),
+      py::arg("snapshot"), py::arg("items"), py::arg("written"), py::arg("split"), py::arg("mode"),
       py::arg("p"), py::arg("partial_addr"), py::arg("root_addr"), py::arg("root_is_double"),
       py::arg("num_threads"),
       "reduce() while snapshot.matches(items, None, written) runs: False, with nothing written, "
       "where it does not match; an exception the check propagates is raised, with nothing written.");
-  m.def("scale_by_norm", &fastnorm::scale_by_norm, py::arg("plan"), py::arg("norm_addr"),
+  m.def("scale_by_norm", &fastnorm::scale_by_norm, py::arg("split"), py::arg("norm_addr"),
         py::arg("norm_is_double"), py::arg("max_norm"), py::arg("num_threads"),
         py::call_guard<py::gil_scoped_release>());
   // An unknown or unsupported FASTNORM_ISA fails the import, with its reason.

@@ -80,9 +80,9 @@ FASTNORM_INLINE void merge_l2(Partial& a, const Partial& b) {
 // A fixed split of the tensors into tasks of similar byte size. The split
 // depends only on the sizes, so the reduction order (and the result, bit for
 // bit) does not depend on how many threads run it.
-class Plan {
+class TaskSplit {
  public:
-  Plan(const std::vector<uintptr_t>& addrs, const std::vector<int64_t>& numels,
+  TaskSplit(const std::vector<uintptr_t>& addrs, const std::vector<int64_t>& numels,
        const std::vector<int>& dtypes, int64_t task_bytes);
 
   struct Piece {
@@ -139,27 +139,27 @@ class Plan {
   int64_t num_tensors_ = 0;
 };
 
-// Reduces every tensor of the plan. Writes the partial {m, s} (two doubles) to
+// Reduces every tensor of the split. Writes the partial {m, s} (two doubles) to
 // partial_addr, the norm to root_addr as float64 (root_is_double) or float32
 // when root_addr is not 0, and each tensor's own partial {m, s} to
-// per_tensor_addr (2 doubles per tensor, in plan order) when it is not 0.
-void reduce(const Plan& plan, int mode, double p, uintptr_t partial_addr, uintptr_t root_addr,
+// per_tensor_addr (2 doubles per tensor, in split order) when it is not 0.
+void reduce(const TaskSplit& split, int mode, double p, uintptr_t partial_addr, uintptr_t root_addr,
             bool root_is_double, uintptr_t per_tensor_addr, int num_threads);
 
 // reduce() without per-tensor norms, run while `check` confirms on the calling
-// thread that the plan still describes the gradients: check(progress) raises
+// thread that the split still describes the gradients: check(progress) raises
 // progress to the number of items confirmed so far, and task t waits until it
-// reaches plan.gates()[t] (Plan::set_gates). Returns false, with nothing
+// reaches split.gates()[t] (TaskSplit::set_gates). Returns false, with nothing
 // written, when check returns false; the tasks then read only confirmed tensors.
 // On fastnorm's own thread pool the check runs to its end first.
-bool reduce_checked(const Plan& plan, const std::function<bool(std::atomic<int64_t>&)>& check, int mode, double p,
+bool reduce_checked(const TaskSplit& split, const std::function<bool(std::atomic<int64_t>&)>& check, int mode, double p,
                     uintptr_t partial_addr, uintptr_t root_addr, bool root_is_double, int num_threads);
 
 // Reads the norm at norm_addr (float64 or float32), computes the coefficient as
 // torch.nn.utils.clip_grad_norm_ does, and scales every tensor in place by it,
 // unless it is >= 1, in which case no tensor is read or written. Returns
 // whether the tensors were scaled.
-bool scale_by_norm(const Plan& plan, uintptr_t norm_addr, bool norm_is_double, double max_norm,
+bool scale_by_norm(const TaskSplit& split, uintptr_t norm_addr, bool norm_is_double, double max_norm,
                    int num_threads);
 
 // Instruction sets: "generic" (portable C++), "avx2" (AVX2, FMA, F16C) and

@@ -163,23 +163,23 @@ int64_t element_size(int dtype) {
 // costs more than it saves.
 constexpr int64_t kParallelBytes = int64_t(1) << 20;
 
-int threads_for(const Plan& plan, int num_threads) {
-  return plan.nbytes() < kParallelBytes ? 1 : std::max(1, num_threads);
+int threads_for(const TaskSplit& split, int num_threads) {
+  return split.nbytes() < kParallelBytes ? 1 : std::max(1, num_threads);
 }
 
 }  // namespace
 
-Plan::Plan(const std::vector<uintptr_t>& addrs, const std::vector<int64_t>& numels,
+TaskSplit::TaskSplit(const std::vector<uintptr_t>& addrs, const std::vector<int64_t>& numels,
            const std::vector<int>& dtypes, int64_t task_bytes) {
   if (addrs.size() != numels.size() || addrs.size() != dtypes.size()) {
-    throw std::invalid_argument("fastnorm._C.Plan: addrs, numels and dtypes differ in length");
+    throw std::invalid_argument("fastnorm._C.TaskSplit: addrs, numels and dtypes differ in length");
   }
-  if (task_bytes <= 0) throw std::invalid_argument("fastnorm._C.Plan: task_bytes must be > 0");
+  if (task_bytes <= 0) throw std::invalid_argument("fastnorm._C.TaskSplit: task_bytes must be > 0");
   task_start_.push_back(0);
   int64_t filled = 0;  // bytes in the task being built
   for (size_t i = 0; i < addrs.size(); ++i) {
     const int64_t size = element_size(dtypes[i]);
-    if (numels[i] < 0) throw std::invalid_argument("fastnorm._C.Plan: negative numel");
+    if (numels[i] < 0) throw std::invalid_argument("fastnorm._C.TaskSplit: negative numel");
     numel_ += numels[i];
     nbytes_ += numels[i] * size;
     int64_t done = 0;
@@ -281,17 +281,17 @@ void wait_until(Ready&& ready) {
 // each piece's, with per_tensor_addr), then the total and its root.
 // `task_ready(task)` is false when a task must be skipped.
 template <class Ready>
-void reduce_tasks(const Plan& plan, int mode, double p, uintptr_t partial_addr, uintptr_t root_addr,
+void reduce_tasks(const TaskSplit& split, int mode, double p, uintptr_t partial_addr, uintptr_t root_addr,
                   bool root_is_double, uintptr_t per_tensor_addr, int num_threads, Ready&& task_ready,
                   const std::function<void()>* leader, const std::atomic<bool>* failed) {
   if (mode < kL2 || mode > kLp) throw std::invalid_argument("fastnorm._C.reduce: unknown mode");
   const ReduceFn reduce_piece = kernels().reduce;
-  std::vector<Partial> partial(size_t(plan.num_tasks()));
-  std::vector<Partial> pieces(per_tensor_addr != 0 ? size_t(plan.num_pieces()) : 0);
+  std::vector<Partial> partial(size_t(split.num_tasks()));
+  std::vector<Partial> pieces(per_tensor_addr != 0 ? size_t(split.num_pieces()) : 0);
   const std::function<void(int64_t)> body = [&](int64_t task) {
     if (!task_ready(task)) return;
     Partial acc;
-    plan.for_each_piece(task, [&](int64_t index, const Plan::Piece& piece) {
+    split.for_each_piece(task, [&](int64_t index, const TaskSplit::Piece& piece) {
       Partial own;
       reduce_piece(piece.dtype, mode, p, reinterpret_cast<const void*>(piece.addr), piece.numel,
                    own);
@@ -300,7 +300,7 @@ void reduce_tasks(const Plan& plan, int mode, double p, uintptr_t partial_addr, 
     });
     partial[size_t(task)] = acc;
   };
-  ThreadPool::instance().run(plan.num_tasks(), threads_for(plan, num_threads), body, leader);
+  ThreadPool::instance().run(split.num_tasks(), threads_for(split, num_threads), body, leader);
   if (failed != nullptr && failed->load(std::memory_order_acquire)) return;
 
   Partial total;
@@ -319,9 +319,9 @@ void reduce_tasks(const Plan& plan, int mode, double p, uintptr_t partial_addr, 
   }
 
   if (per_tensor_addr != 0) {
-    std::vector<Partial> tensors(size_t(plan.num_tensors()));
-    for (int64_t i = 0; i < plan.num_pieces(); ++i) {
-      merge(tensors[size_t(plan.piece(i).tensor)], pieces[size_t(i)], mode, p);
+    std::vector<Partial> tensors(size_t(split.num_tensors()));
+    for (int64_t i = 0; i < split.num_pieces(); ++i) {
+      merge(tensors[size_t(split.piece(i).tensor)], pieces[size_t(i)], mode, p);
     }
     auto* per_tensor = reinterpret_cast<double*>(per_tensor_addr);
     for (size_t t = 0; t < tensors.size(); ++t) {
@@ -333,19 +333,19 @@ void reduce_tasks(const Plan& plan, int mode, double p, uintptr_t partial_addr, 
 
 }  // namespace
 
-void reduce(const Plan& plan, int mode, double p, uintptr_t partial_addr, uintptr_t root_addr,
+void reduce(const TaskSplit& split, int mode, double p, uintptr_t partial_addr, uintptr_t root_addr,
             bool root_is_double, uintptr_t per_tensor_addr, int num_threads) {
-  reduce_tasks(plan, mode, p, partial_addr, root_addr, root_is_double, per_tensor_addr, num_threads,
+  reduce_tasks(split, mode, p, partial_addr, root_addr, root_is_double, per_tensor_addr, num_threads,
                [](int64_t) { return true; }, nullptr, nullptr);
 }
 
-void Plan::set_gates(const std::vector<int64_t>& first_item) {
+void TaskSplit::set_gates(const std::vector<int64_t>& first_item) {
   if (int64_t(first_item.size()) != num_tensors_) {
-    throw std::invalid_argument("fastnorm._C.Plan.set_gates: one item index per tensor is needed");
+    throw std::invalid_argument("fastnorm._C.TaskSplit.set_gates: one item index per tensor is needed");
   }
   for (size_t i = 1; i < first_item.size(); ++i) {
     if (first_item[i] < first_item[i - 1]) {
-      throw std::invalid_argument("fastnorm._C.Plan.set_gates: item indices must not decrease");
+      throw std::invalid_argument("fastnorm._C.TaskSplit.set_gates: item indices must not decrease");
     }
   }
   std::vector<int64_t> gates(static_cast<size_t>(num_tasks()));
@@ -357,11 +357,11 @@ void Plan::set_gates(const std::vector<int64_t>& first_item) {
   gates_ = std::move(gates);
 }
 
-bool reduce_checked(const Plan& plan, const std::function<bool(std::atomic<int64_t>&)>& check, int mode,
+bool reduce_checked(const TaskSplit& split, const std::function<bool(std::atomic<int64_t>&)>& check, int mode,
                     double p, uintptr_t partial_addr, uintptr_t root_addr, bool root_is_double, int num_threads) {
-  const std::vector<int64_t>& gates = plan.gates();
-  if (int64_t(gates.size()) != plan.num_tasks()) {
-    throw std::invalid_argument("fastnorm._C.reduce_checked: the plan has no gates (Plan.set_gates)");
+  const std::vector<int64_t>& gates = split.gates();
+  if (int64_t(gates.size()) != split.num_tasks()) {
+    throw std::invalid_argument("fastnorm._C.reduce_checked: the split has no gates (TaskSplit.set_gates)");
   }
   std::atomic<int64_t> progress{0};
   if (!ThreadPool::uses_openmp()) {
@@ -371,14 +371,14 @@ bool reduce_checked(const Plan& plan, const std::function<bool(std::atomic<int64
     // GIL: check first, then reduce. torch's OpenMP runtime gives each calling
     // thread its own team and shares no lock between two calls.
     if (!check(progress)) return false;
-    reduce(plan, mode, p, partial_addr, root_addr, root_is_double, 0, num_threads);
+    reduce(split, mode, p, partial_addr, root_addr, root_is_double, 0, num_threads);
     return true;
   }
   std::atomic<bool> failed{false};
   const std::function<void()> leader = [&] {
     if (!check(progress)) failed.store(true, std::memory_order_release);
   };
-  // A task reads its tensors only once they are known to be the plan's: a
+  // A task reads its tensors only once they are known to be the split's: a
   // stale address is never read, even where the check fails further on.
   auto ready = [&](int64_t task) {
     const int64_t gate = gates[size_t(task)];
@@ -387,12 +387,12 @@ bool reduce_checked(const Plan& plan, const std::function<bool(std::atomic<int64
     });
     return progress.load(std::memory_order_acquire) >= gate;
   };
-  reduce_tasks(plan, mode, p, partial_addr, root_addr, root_is_double, 0, num_threads, ready, &leader,
+  reduce_tasks(split, mode, p, partial_addr, root_addr, root_is_double, 0, num_threads, ready, &leader,
                &failed);
   return !failed.load(std::memory_order_acquire);
 }
 
-bool scale_by_norm(const Plan& plan, uintptr_t norm_addr, bool norm_is_double, double max_norm,
+bool scale_by_norm(const TaskSplit& split, uintptr_t norm_addr, bool norm_is_double, double max_norm,
                    int num_threads) {
   // The coefficient exactly as torch computes it (reciprocal(norm + 1e-6) *
   // max_norm, in the norm's dtype), so that the clipped gradients match bit for bit.
@@ -410,8 +410,8 @@ bool scale_by_norm(const Plan& plan, uintptr_t norm_addr, bool norm_is_double, d
   // clamp(coef, max=1) leaves a NaN coefficient NaN, and torch scales by it.
   if (coef64 >= 1.0) return false;
   const ScaleFn scale_piece = kernels().scale;
-  ThreadPool::instance().run(plan.num_tasks(), threads_for(plan, num_threads), [&](int64_t task) {
-    plan.for_each_piece(task, [&](int64_t, const Plan::Piece& piece) {
+  ThreadPool::instance().run(split.num_tasks(), threads_for(split, num_threads), [&](int64_t task) {
+    split.for_each_piece(task, [&](int64_t, const TaskSplit::Piece& piece) {
       scale_piece(piece.dtype, reinterpret_cast<void*>(piece.addr), piece.numel, coef, coef64);
     });
   });

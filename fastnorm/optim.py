@@ -89,7 +89,7 @@ class StepClipper:
 
     Replaces ``fastnorm.clip_(params, max_norm)`` (or
     :func:`torch.nn.utils.clip_grad_norm_`) followed by ``optimizer.step()``.
-    :meth:`clip_` computes the total norm of the optimizers' gradients in one
+    :meth:`arm` computes the total norm of the optimizers' gradients in one
     fused pass, as :func:`fastnorm.total_norm` does, and writes nothing; the
     next ``optimizer.step()`` divides each gradient by
     ``1 / min(1, max_norm / (norm + 1e-6))`` while it reads it, and when the
@@ -103,10 +103,10 @@ class StepClipper:
     ``strict=True`` such an optimizer raises instead.
 
     With :class:`torch.amp.GradScaler`, follow torch's recipe: ``scaler.unscale_(optimizer)``
-    before :meth:`clip_`, then ``scaler.step(optimizer)``. The step then skips
+    before :meth:`arm`, then ``scaler.step(optimizer)``. The step then skips
     when either the scaler or the norm says so. Without ``unscale_`` the
     clip is still right (the coefficient is computed, in float64, from the norm
-    divided by the scale the step unscales by), but :meth:`clip_` returns the
+    divided by the scale the step unscales by), but :meth:`arm` returns the
     norm of the scaled gradients, which may be inf in float32 while they are
     finite; the step skips only when they are not. Where the scale times the
     coefficient passes float32's range (scales near 2^127), the step's
@@ -130,12 +130,12 @@ class StepClipper:
 
     Attributes:
         skipped (Tensor or None): a float32 device scalar, 1 when the steps
-            armed by the last :meth:`clip_` skipped (non-finite norm, or a
+            armed by the last :meth:`arm` skipped (non-finite norm, or a
             ``GradScaler`` that found an inf), else 0; read it after the steps
             (a ``GradScaler``'s flag joins it in ``step()``), e.g. for
             ``GradNormMonitor.update(norm, skipped=clipper.skipped)``. An
             optimizer that cannot fold applies its step: once its ``step()``
-            has run, ``skipped`` is 0. None before the first :meth:`clip_`.
+            has run, ``skipped`` is 0. None before the first :meth:`arm`.
 
     Example::
 
@@ -143,7 +143,7 @@ class StepClipper:
         >>> clipper = fastnorm.StepClipper(optimizer, max_norm=1.0)
         >>> for batch in loader:
         ...     model(batch).mean().backward()
-        ...     norm = clipper.clip_()     # the norm before clipping; nothing written
+        ...     norm = clipper.arm()     # the norm before clipping; nothing written
         ...     optimizer.step()           # clips and steps in one pass
         ...     optimizer.zero_grad(set_to_none=True)
     """
@@ -185,17 +185,17 @@ class StepClipper:
         self.strict = bool(strict)
         self.group = group
         self.skipped: Tensor | None = None
-        # The last clip_'s own skip flags: its norm's, and the float64 norm's (for
+        # The last arm()'s own skip flags: its norm's, and the float64 norm's (for
         # gradients a GradScaler multiplied, whose float32 norm may overflow).
         self._nonfinite: Tensor | None = None
         self._wide_nonfinite: Tensor | None = None
-        self._skip_counted = False  # a step armed by the last clip_ set `skipped` already
+        self._skip_counted = False  # a step armed by the last arm() set `skipped` already
         self._folding = [o for o in opts if not reasons[id(o)]]
         self._separate = [o for o in opts if reasons[id(o)]]
         # id(optimizer) -> the norm its next step clips by, as returned and in float64
         self._pending: dict[int, tuple[Tensor, Tensor]] = {}
-        self._armed_separate: set[int] = set()  # the optimizers that cannot fold, armed by clip_
-        self._separate_applied = False  # one of them stepped since clip_: not every step was skipped
+        self._armed_separate: set[int] = set()  # the optimizers that cannot fold, armed by arm()
+        self._separate_applied = False  # one of them stepped since arm(): not every step was skipped
         self._installed: dict[int, _Installed] = {}
         self._handles: list[Any] = []
         self._removed = False
@@ -230,12 +230,12 @@ class StepClipper:
                         params.append(p)
         return params
 
-    def clip_(self, *, total_norm: Tensor | None = None) -> Tensor:
+    def arm(self, *, total_norm: Tensor | None = None) -> Tensor:
         r"""Computes the norm and arms each optimizer's next ``step()`` to clip by it.
 
         Writes no gradient of a folding optimizer and reads nothing on the
         host. The next ``step()`` of each optimizer applies the clip (and the
-        skip); a ``clip_`` not followed by a step is replaced by the next one.
+        skip); an ``arm()`` not followed by a step is replaced by the next one.
 
         Args:
             total_norm (Tensor, optional): a norm already computed over the
@@ -246,18 +246,16 @@ class StepClipper:
             Tensor: the total norm before clipping (see :func:`fastnorm.total_norm`).
         """
         if self._removed:
-            raise RuntimeError("StepClipper.clip_: this clipper was removed")
+            raise RuntimeError("StepClipper.arm: this clipper was removed")
         for opt in self._folding:
             reasons = not_supported_reasons(opt)
             if reasons:
-                raise RuntimeError(f"StepClipper.clip_: {'; '.join(reasons)} (changed since construction)")
+                raise RuntimeError(f"StepClipper.arm: {'; '.join(reasons)} (changed since construction)")
         if total_norm is not None and not isinstance(total_norm, Tensor):
-            raise TypeError(
-                f"StepClipper.clip_: total_norm must be a Tensor, got {type(total_norm).__name__}"
-            )
+            raise TypeError(f"StepClipper.arm: total_norm must be a Tensor, got {type(total_norm).__name__}")
         if total_norm is not None and total_norm.numel() != 1:
             raise ValueError(
-                f"StepClipper.clip_: total_norm must hold one value, got shape {tuple(total_norm.shape)}"
+                f"StepClipper.arm: total_norm must hold one value, got shape {tuple(total_norm.shape)}"
             )
         for opt in self._folding:
             self._uninstall(opt)  # left by a step that raised
@@ -268,7 +266,7 @@ class StepClipper:
             norm = wide = _norm.total_norm(params, self.norm_type, group=self.group)
         else:
             wide, plan = _eager.total_norm(params, self.norm_type, self.group, False, torch.float64)
-            _norm._warn_if_no_gradient("StepClipper.clip_", len(params), plan)
+            _norm._warn_if_no_gradient("StepClipper.arm", len(params), plan)
             norm = wide.to(plan.result_dtype)
         if self.skip_nonfinite:
             self._nonfinite = torch.isfinite(norm).logical_not_().to(torch.float32)
@@ -324,7 +322,7 @@ class StepClipper:
         self._uninstall(opt)
         pending = self._pending.pop(id(opt), None)
         if pending is None:
-            return  # a step without clip_: nothing to fold
+            return  # a step without arm(): nothing to fold
         norm, wide = pending
         previous = (vars(opt).get("grad_scale", _ABSENT), vars(opt).get("found_inf", _ABSENT))
         outer_scale, outer_inf = (None if v is _ABSENT else v for v in previous)
@@ -342,7 +340,7 @@ class StepClipper:
                 # The kernels skip only when found_inf == 1 exactly: a sum could make 2.
                 found_inf = outer if found_inf is None else torch.maximum(found_inf, outer)
             if found_inf is not None and not self._separate_applied:
-                # Each armed step's flag, not clip_'s first guess, which may be
+                # Each armed step's flag, not arm()'s first guess, which may be
                 # the float32 norm's where this step reads the float64 one.
                 if self._skip_counted:
                     self.skipped = torch.maximum(self.skipped, found_inf)
@@ -401,7 +399,7 @@ class StepClipper:
         """Puts back what the pre-hook replaced, where it is still there.
 
         After ``step()``, and also after a step that raised (then from the next
-        ``clip_`` or step pre-hook). An attribute someone replaced since (a
+        ``arm()`` or step pre-hook). An attribute someone replaced since (a
         ``GradScaler`` stepping after a step that raised) is theirs: kept.
         """
         installed = self._installed.pop(id(opt), None)

@@ -16,7 +16,7 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from harness import use_backend  # noqa: E402  (reads TRITON_INTERPRET)
+from helpers import use_backend  # noqa: E402  (reads TRITON_INTERPRET)
 
 
 def pytest_collection_modifyitems(config, items):

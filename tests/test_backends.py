@@ -16,7 +16,7 @@ import reference
 from fastnorm import _partial, backends
 from fastnorm._partial import Mode
 from fastnorm.backends import BackendUnavailableError, cpp, torch_backend
-from harness import INTERPRETED, refused, run_python, use_backend
+from helpers import INTERPRETED, refused, run_python, use_backend
 
 # ----------------------------------------------------------------------------
 # Selection

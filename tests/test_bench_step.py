@@ -183,7 +183,7 @@ def _skipped_step(w, max_norm):
     clipper, opt = w.clipper(max_norm), w.optimizer
 
     def call():
-        norm = clipper.clip_()
+        norm = clipper.arm()
         opt.found_inf = torch.ones(())  # as a GradScaler that found an inf: the step skips
         try:
             opt.step()

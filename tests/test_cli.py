@@ -7,7 +7,7 @@ import pytest
 
 from fastnorm import __version__
 from fastnorm.cli import COMMANDS, main
-from harness import run_python
+from helpers import run_python
 
 
 def test_version(capsys):

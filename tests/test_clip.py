@@ -11,7 +11,7 @@ import torch
 
 import fastnorm
 import reference
-from harness import refused, run_python, serves, use_backend
+from helpers import refused, run_python, serves, use_backend
 
 
 def make_params(shapes, dtype=torch.float32, seed=0, scale=1.0):

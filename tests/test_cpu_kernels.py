@@ -17,7 +17,7 @@ import fastnorm
 import reference
 from fastnorm._partial import Mode
 from fastnorm.backends import cpp
-from harness import run_python
+from helpers import run_python
 
 pytestmark = pytest.mark.skipif(cpp._C is None, reason="the C++ kernels are not built")
 ISAS = cpp._C.supported_isas() if cpp._C is not None else []

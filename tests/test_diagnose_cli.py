@@ -8,7 +8,7 @@ import pytest
 
 from fastnorm import GradNormMonitor, JsonlLogger, TensorBoardLogger, diagnose
 from fastnorm.cli import main
-from harness import run_python
+from helpers import run_python
 from synthetic import NAMES, K, N, case
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 import reference
-from harness import run_python
+from helpers import run_python
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 # torch's gloo threads sometimes abort the interpreter's finalization after a

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from harness import run_python
+from helpers import run_python
 
 
 def test_import_fastnorm_imports_no_optional_package():

@@ -24,7 +24,7 @@ import textwrap
 import pytest
 
 from fastnorm.backends import triton_aot
-from harness import run_python
+from helpers import run_python
 
 pytest.importorskip("triton")
 

@@ -11,7 +11,7 @@ import torch
 
 import fastnorm
 from fastnorm import GradNormMonitor, JsonlLogger, Logger, UnstableGradientWarning
-from harness import run_python
+from helpers import run_python
 
 
 class Recorder(Logger):

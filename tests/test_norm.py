@@ -11,7 +11,7 @@ import torch
 
 import fastnorm
 import reference
-from harness import refused, serves, use_backend
+from helpers import refused, serves, use_backend
 
 NORM_TYPES = [2.0, 1.0, float("inf"), 0.5, 3.0]
 # Tolerances per input dtype, relative to the oracle: 16-bit inputs are exact

@@ -67,7 +67,7 @@ def _run(name, max_norm, bad, *, folded, skip_nonfinite=True, steps=50, dtype=to
     for step in range(steps):
         _fill_grads(params, g, step, bad)
         if folded:
-            norm = clipper.clip_()
+            norm = clipper.arm()
             opt.step()
             skipped.append(clipper.skipped.item())
         else:
@@ -120,7 +120,7 @@ def test_the_folded_coefficient_is_torchs_at_small_norms():
     expected = [p.grad.double() * (1e-4 / (norm + 1e-6)) for p in params]
     opt = torch.optim.SGD(params, lr=1.0, fused=True)
     clipper = StepClipper(opt, max_norm=1e-4)
-    assert clipper.clip_().item() == pytest.approx(norm, rel=1e-6)
+    assert clipper.arm().item() == pytest.approx(norm, rel=1e-6)
     opt.step()  # p = 0 - lr * clipped gradient
     for p, e in zip(params, expected):
         torch.testing.assert_close(-p.detach().double(), e, rtol=1e-5, atol=0)
@@ -158,7 +158,7 @@ def test_no_gradient_byte_is_written():
     _fill_grads(params, g, 0, {})
     grads = [p.grad for p in params]
     before = [(t.data_ptr(), t._version, t.clone()) for t in grads]
-    norm = clipper.clip_()
+    norm = clipper.arm()
     assert norm.item() > 1.0  # a clip_ here would rewrite every gradient
     for t, p, (ptr, version, saved) in zip(grads, params, before):
         assert p.grad is t and t.data_ptr() == ptr and t._version == version
@@ -224,7 +224,7 @@ def test_16bit_parameters_folded_or_clipped_first_differ_by_16bit_rounding(monke
                 q.grad = p.grad.clone()
             fastnorm.clip_(theirs, max_norm)
             ref.step()
-            clipper.clip_()
+            clipper.arm()
             opt.step()
             (clipped, none), (raw, grad_scale) = consumed[-2:]
             assert none is None and grad_scale is not None
@@ -262,7 +262,7 @@ def test_attributes_live_only_inside_one_step(monkeypatch):
     clipper = StepClipper(opt, 0.5)
     g = torch.Generator().manual_seed(4)
     _fill_grads(params, g, 0, {})
-    norm = clipper.clip_()
+    norm = clipper.arm()
     assert not hasattr(opt, "grad_scale") and not hasattr(opt, "found_inf")
     opt.step()
     assert not hasattr(opt, "grad_scale") and not hasattr(opt, "found_inf")
@@ -274,9 +274,9 @@ def test_attributes_live_only_inside_one_step(monkeypatch):
     assert seen[-1] == (None, None)
     # Two clip_ calls before one step: the last one is used, once.
     _fill_grads(params, g, 1, {})
-    clipper.clip_()
+    clipper.arm()
     _fill_grads(params, g, 2, {})
-    norm = clipper.clip_()
+    norm = clipper.arm()
     opt.step()
     opt.step()
     assert seen[-2][0].item() == pytest.approx((norm.item() + 1e-6) / 0.5, rel=1e-6)
@@ -299,7 +299,7 @@ def test_a_step_that_raises_leaks_nothing(monkeypatch, skip_nonfinite):
     clipper = StepClipper(opt, 0.5, skip_nonfinite=skip_nonfinite)
     g = torch.Generator().manual_seed(5)
     _fill_grads(params, g, 0, {})
-    clipper.clip_()
+    clipper.arm()
     _raising_step(opt)
     opt.step()
     assert seen[-1] == (None, None)
@@ -309,7 +309,7 @@ def test_a_step_that_raises_leaks_nothing(monkeypatch, skip_nonfinite):
     # the scaler copies the stale grad_scale and later deletes the attribute.
     scaler = torch.amp.GradScaler("cpu")
     _fill_grads(params, g, 1, {})
-    clipper.clip_()
+    clipper.arm()
     _raising_step(opt)
     scaler.scale(torch.ones(()))
     scaler.unscale_(opt)
@@ -321,9 +321,9 @@ def test_a_step_that_raises_leaks_nothing(monkeypatch, skip_nonfinite):
 
     # And with clip_ before the next step, as in a loop: a normal step.
     _fill_grads(params, g, 2, {})
-    norm = clipper.clip_()
+    norm = clipper.arm()
     _raising_step(opt)
-    norm = clipper.clip_()
+    norm = clipper.arm()
     opt.step()
     assert seen[-1][0].item() == pytest.approx((norm.item() + 1e-6) / 0.5, rel=1e-6)
     assert not hasattr(opt, "grad_scale") and not hasattr(opt, "found_inf")
@@ -349,7 +349,7 @@ def _two_group_run(folded: bool, steps: int = 30):
         x = torch.randn(8, 16, generator=g) * (math.inf if step == 11 else 1.0)
         head(body(x)).pow(2).mean().backward()
         if folded:
-            clipper.clip_()
+            clipper.arm()
             for opt in opts:
                 opt.step()
         else:
@@ -380,7 +380,7 @@ def _checkpointed_run(stop_at: int | None, steps: int = 30):
         if step == stop_at:
             # Saved between clip_ and step would be the worst moment: save there.
             model(torch.randn(4, 8, generator=g)).sum().backward()
-            clipper.clip_()
+            clipper.arm()
             buffer = io.BytesIO()
             torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, buffer)
             saved = opt.state_dict()
@@ -399,7 +399,7 @@ def _checkpointed_run(stop_at: int | None, steps: int = 30):
             for _ in range(step):
                 torch.randn(4, 8, generator=g)
         model(torch.randn(4, 8, generator=g) * (math.nan if step == 4 else 1.0)).sum().backward()
-        clipper.clip_()
+        clipper.arm()
         opt.step()
         opt.zero_grad(set_to_none=True)
     return list(model.parameters()), opt
@@ -448,7 +448,7 @@ def test_unsupported_optimizers_fall_back_with_one_note(make, reason):
         for step in range(10):
             _fill_grads(params, g, step, {})
             _fill_grads(ref_params, g_ref, step, {})
-            norm = clipper.clip_()
+            norm = clipper.arm()
             opt.step()
             assert torch.equal(norm, fastnorm.clip_(ref_params, 0.5))
             ref.step()
@@ -474,7 +474,7 @@ def test_mixed_optimizers_fold_where_they_can():
         clipper = StepClipper([folding, separate], 0.5)
     _fill_grads(params, torch.Generator().manual_seed(9), 0, {})
     grads = [p.grad.clone() for p in params]
-    norm = clipper.clip_()
+    norm = clipper.arm()
     coef = 0.5 / (norm + 1e-6)
     assert all(torch.equal(p.grad, g) for p, g in zip(params[:3], grads[:3]))  # folded: untouched
     for p, g in zip(params[3:], grads[3:]):  # clipped now, by the norm of all
@@ -491,7 +491,7 @@ def test_skipped_says_0_once_an_optimizer_that_cannot_fold_applied_its_step():
         with pytest.warns(UserWarning, match="separate pass"):
             clipper = StepClipper([folding, separate], 0.5)
         _fill_grads(params, torch.Generator().manual_seed(11), 0, {0: math.nan})
-        clipper.clip_()
+        clipper.arm()
         assert clipper.skipped.item() == 1.0  # armed: the folding step will skip
         for opt in (folding, separate) if order == "folding first" else (separate, folding):
             opt.step()
@@ -509,7 +509,7 @@ def test_skipped_stays_1_when_a_scaler_skips_the_step_of_an_optimizer_that_canno
     before = [p.detach().clone() for p in model.parameters()]
     scaler.scale(model(torch.full((2, 4), math.inf)).sum()).backward()
     scaler.unscale_(opt)
-    clipper.clip_()
+    clipper.arm()
     scaler.step(opt)  # found an inf: never calls opt.step()
     scaler.update()
     assert clipper.skipped.item() == 1.0
@@ -517,7 +517,7 @@ def test_skipped_stays_1_when_a_scaler_skips_the_step_of_an_optimizer_that_canno
     model.zero_grad(set_to_none=True)
     scaler.scale(model(torch.randn(2, 4)).sum()).backward()
     scaler.unscale_(opt)
-    clipper.clip_()
+    clipper.arm()
     scaler.step(opt)
     assert clipper.skipped.item() == 0.0
     assert not all(torch.equal(a, b) for a, b in zip(model.parameters(), before))
@@ -532,16 +532,16 @@ def test_changes_after_construction_and_removal():
     opt.add_param_group({"params": params[3:], "fused": False})
     _fill_grads(params, torch.Generator().manual_seed(10), 0, {})
     with pytest.raises(RuntimeError, match="param groups \\[1\\] are not fused"):
-        clipper.clip_()
+        clipper.arm()
     clipper.remove()
     assert not opt._optimizer_step_pre_hooks and not opt._optimizer_step_post_hooks
     with pytest.raises(RuntimeError, match="removed"):
-        clipper.clip_()
+        clipper.arm()
     with pytest.warns(UserWarning):
         again = StepClipper(opt, 1.0)  # a removed clipper frees its optimizer
     again.remove()
     with pytest.raises(RuntimeError, match="removed"):
-        again.clip_()  # nothing folds there, but a removed clipper clips nothing either
+        again.arm()  # nothing folds there, but a removed clipper clips nothing either
 
 
 @pytest.mark.parametrize(
@@ -563,9 +563,9 @@ def test_bad_arguments(args, error, match):
         StepClipper([opt, opt], 1.0)
     with StepClipper(opt, 1.0) as clipper:
         with pytest.raises(TypeError, match="total_norm must be a Tensor"):
-            clipper.clip_(total_norm=1.0)
+            clipper.arm(total_norm=1.0)
         with pytest.raises(ValueError, match="one value"):
-            clipper.clip_(total_norm=torch.ones(2))
+            clipper.arm(total_norm=torch.ones(2))
 
 
 def test_a_norm_given_is_used_as_is(monkeypatch):
@@ -575,7 +575,7 @@ def test_a_norm_given_is_used_as_is(monkeypatch):
     clipper = StepClipper(opt, 2.0)
     _fill_grads(params, torch.Generator().manual_seed(11), 0, {})
     total, per_param = fastnorm.tensor_norms(params)
-    assert clipper.clip_(total_norm=total) is not None
+    assert clipper.arm(total_norm=total) is not None
     opt.step()
     assert seen[-1][0].item() == pytest.approx((total.item() + 1e-6) / 2.0, rel=1e-6)
     assert per_param.numel() == len(params)
@@ -623,7 +623,7 @@ def _amp_lockstep(dtype, mode, skip_nonfinite=True, steps=24):
 
         if mode == "unscale":
             twin_scaler.unscale_(twin_opt)
-        norms[1].append(clipper.clip_().item())
+        norms[1].append(clipper.arm().item())
         twin_scaler.step(twin_opt)
         twin_scaler.update()
 
@@ -665,7 +665,7 @@ def test_both_flags_skip_once():
     before = [p.detach().clone() for p in model.parameters()]
     scaler.scale(model(torch.full((2, 4), math.inf)).sum()).backward()
     scaler.unscale_(opt)
-    clipper.clip_()
+    clipper.arm()
     scaler.step(opt)
     scaler.update()
     assert clipper.skipped.item() == 1.0
@@ -713,7 +713,7 @@ def test_a_grad_scaler_near_the_top_of_float32_without_unscale_steps_as_torch_do
         torch.nn.utils.clip_grad_norm_(theirs, max_norm)
         ref_scaler.step(ref)
         ref_scaler.update()
-        clipper.clip_()
+        clipper.arm()
         scaler.step(opt)
         scaler.update()
         assert opt.state[ours[0]]["step"].item() == ref.state[theirs[0]]["step"].item() == step + (step < 3)
@@ -743,13 +743,13 @@ def test_compiled_step_matches_eager(what):
         step = torch.compile(opt.step)
 
         def train_step():
-            clipper.clip_()
+            clipper.arm()
             step()
     else:
 
         @torch.compile
         def train_step():
-            clipper.clip_()
+            clipper.arm()
             opt.step()
 
     g = torch.Generator().manual_seed(12)
@@ -757,7 +757,7 @@ def test_compiled_step_matches_eager(what):
         _fill_grads(eager, g, i, {3: math.nan})
         for p, q in zip(ours, eager):
             p.grad = None if q.grad is None else q.grad.clone()
-        eager_clipper.clip_()
+        eager_clipper.arm()
         eager_opt.step()
         train_step()
         assert torch.equal(clipper.skipped, eager_clipper.skipped)
@@ -772,7 +772,7 @@ def test_no_value_is_read_on_the_host(monkeypatch):
     g = torch.Generator().manual_seed(13)
     for step in range(2):  # plans and optimizer state built
         _fill_grads(params, g, step, {})
-        clipper.clip_()
+        clipper.arm()
         opt.step()
 
     def read(*args, **kwargs):
@@ -783,7 +783,7 @@ def test_no_value_is_read_on_the_host(monkeypatch):
             m.setattr(torch.Tensor, name, read)
         for step in range(2, 5):
             _fill_grads(params, g, step, {3: math.nan})
-            clipper.clip_()
+            clipper.arm()
             opt.step()
     assert clipper.skipped.item() == 0.0 and torch.isfinite(params[0]).all()
 
@@ -798,7 +798,7 @@ def test_cuda_no_host_sync():
     clipper = StepClipper(opts, 0.5)
     for _ in range(2):  # kernels compiled, state and momentum buffers made
         model(torch.randn(64, 256, device="cuda")).sum().backward()
-        clipper.clip_()
+        clipper.arm()
         for opt in opts:
             opt.step()
             opt.zero_grad(set_to_none=True)
@@ -807,7 +807,7 @@ def test_cuda_no_host_sync():
     try:
         for _ in range(3):
             model(torch.randn(64, 256, device="cuda")).sum().backward()
-            clipper.clip_()
+            clipper.arm()
             for opt in opts:
                 opt.step()
                 opt.zero_grad(set_to_none=True)
@@ -872,7 +872,7 @@ def _monitored_run(path, bad, *, skip_nonfinite=True, max_norm=0.8, steps=50):
                 torch.cat([p.grad.double().flatten() for p in params])
             ).item()
             before = [p.detach().clone() for p in params]
-            norm = clipper.clip_()
+            norm = clipper.arm()
             opt.step()
             monitor.update(norm, loss=loss, skipped=clipper.skipped)
             after_step = fastnorm.total_norm(params).item()
@@ -936,7 +936,7 @@ def test_monitor_update_with_the_skip_flag_reads_nothing_on_the_host(monkeypatch
     g = torch.Generator().manual_seed(15)
     for step in range(2):  # plans, optimizer state and the monitor's buffer made
         _fill_grads(params, g, step, {})
-        monitor.update(clipper.clip_(), skipped=clipper.skipped)
+        monitor.update(clipper.arm(), skipped=clipper.skipped)
         opt.step()
     transfers = []
 
@@ -950,7 +950,7 @@ def test_monitor_update_with_the_skip_flag_reads_nothing_on_the_host(monkeypatch
         m.setattr(torch.Tensor, "tolist", lambda t: transfers.append(t.numel()) or tolist(t))
         for step in range(2, 12):
             _fill_grads(params, g, step, {4: math.nan, 9: math.inf})
-            norm = clipper.clip_()
+            norm = clipper.arm()
             opt.step()
             monitor.update(norm, skipped=clipper.skipped)
     assert len(transfers) == 2  # the two windows that filled, one transfer each
@@ -967,7 +967,7 @@ def test_cuda_monitor_with_the_skip_flag_never_synchronizes():
     monitor = fastnorm.GradNormMonitor(4, [collect], max_norm=0.5)
     for _ in range(2):  # kernels compiled, state made, the monitor's buffers allocated
         model(torch.randn(64, 256, device="cuda")).sum().backward()
-        norm = clipper.clip_()
+        norm = clipper.arm()
         opt.step()
         monitor.update(norm, skipped=clipper.skipped)
         opt.zero_grad(set_to_none=True)
@@ -978,7 +978,7 @@ def test_cuda_monitor_with_the_skip_flag_never_synchronizes():
             model(torch.randn(64, 256, device="cuda")).sum().backward()
             if step in (5, 6):
                 model[0].weight.grad[3, 7] = math.nan
-            norm = clipper.clip_()
+            norm = clipper.arm()
             opt.step()
             monitor.update(norm, skipped=clipper.skipped)
             opt.zero_grad(set_to_none=True)

@@ -16,7 +16,7 @@ import reference
 from fastnorm import _plan
 from fastnorm._partial import Mode
 from fastnorm.backends import cpp
-from harness import refused, run_python
+from helpers import refused, run_python
 
 
 @pytest.fixture(params=["extension", "python"])
@@ -301,7 +301,7 @@ def test_the_norm_read_while_checking_has_the_bits_of_a_fresh_plan(monkeypatch, 
 
 @pytest.mark.skipif(cpp._C is None, reason="the C++ kernels are not built")
 def test_gates_need_one_non_decreasing_item_per_tensor():
-    plan = cpp._C.Plan([4096, 8192], [16, 16], [0, 0], 1 << 18)
+    plan = cpp._C.TaskSplit([4096, 8192], [16, 16], [0, 0], 1 << 18)
     with pytest.raises(ValueError, match="one item index per tensor"):
         plan.set_gates([0])
     with pytest.raises(ValueError, match="must not decrease"):

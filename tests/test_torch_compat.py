@@ -23,7 +23,7 @@ import torch
 
 import fastnorm
 import reference
-from harness import refused, serves, use_backend
+from helpers import refused, serves, use_backend
 
 inf, nan = math.inf, math.nan
 

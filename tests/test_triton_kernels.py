@@ -16,7 +16,7 @@ import torch
 import fastnorm
 import reference
 from fastnorm._partial import Mode
-from harness import INTERPRETED
+from helpers import INTERPRETED
 
 pytestmark = pytest.mark.skipif(not INTERPRETED, reason="runs the kernels in Triton's interpreter")
 

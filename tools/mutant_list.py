@@ -14,8 +14,8 @@ MUTANTS = [
     {
         "name": "cpp-per-tensor-keeps-last-piece",
         "path": "csrc/kernels.cpp",
-        "old": "      merge(tensors[size_t(plan.piece(i).tensor)], pieces[size_t(i)], mode, p);",
-        "new": "      tensors[size_t(plan.piece(i).tensor)] = pieces[size_t(i)];",
+        "old": "      merge(tensors[size_t(split.piece(i).tensor)], pieces[size_t(i)], mode, p);",
+        "new": "      tensors[size_t(split.piece(i).tensor)] = pieces[size_t(i)];",
         "tests": ["tests/test_norm.py::test_tensor_norms"],
         "what": "a tensor's own norm keeps only its last piece (a tensor over one 256 KiB task)",
     },
@@ -25,10 +25,10 @@ MUTANTS = [
         "old": "  Partial total;\n  for (const Partial& acc : partial) merge(total, acc, mode, p);\n",
         "new": (
             "  Partial total;\n"
-            "  const int64_t threads = threads_for(plan, num_threads);\n"
+            "  const int64_t threads = threads_for(split, num_threads);\n"
             "  for (int64_t t = 0; t < threads; ++t) {\n"
             "    Partial own;\n"
-            "    for (int64_t task = t; task < plan.num_tasks(); task += threads) {\n"
+            "    for (int64_t task = t; task < split.num_tasks(); task += threads) {\n"
             "      merge(own, partial[size_t(task)], mode, p);\n"
             "    }\n"
             "    merge(total, own, mode, p);\n"

@@ -102,8 +102,8 @@ class CppBackend:
             reasons.append(f"it serves CPU tensors, not {device.type}")
         return reasons
 
-    def prepare(self, tensors: list[torch.Tensor]) -> _C.Plan:
-        return _C.Plan(
+    def prepare(self, tensors: list[torch.Tensor]) -> _C.TaskSplit:
+        return _C.TaskSplit(
             [t.data_ptr() for t in tensors],
             [t.numel() for t in tensors],
             [DTYPE_CODES[t.dtype] for t in tensors],
@@ -112,7 +112,7 @@ class CppBackend:
 
     def reduce(
         self,
-        prepared: _C.Plan,
+        prepared: _C.TaskSplit,
         mode: Mode,
         p: float,
         result_dtype: torch.dtype,
@@ -133,13 +133,13 @@ class CppBackend:
         )
         return partial, root, tensors
 
-    def gate(self, prepared: _C.Plan, first_item: list[int]) -> bool:
+    def gate(self, prepared: _C.TaskSplit, first_item: list[int]) -> bool:
         prepared.set_gates(first_item)
         return True
 
     def reduce_checked(
         self,
-        prepared: _C.Plan,
+        prepared: _C.TaskSplit,
         snapshot: Any,
         items: list[Any],
         written: list[torch.Tensor] | None,
@@ -166,7 +166,7 @@ class CppBackend:
         )
         return (partial, root, None) if ok else None
 
-    def scale_(self, prepared: _C.Plan, norm: torch.Tensor, max_norm: float) -> None:
+    def scale_(self, prepared: _C.TaskSplit, norm: torch.Tensor, max_norm: float) -> None:
         _C.scale_by_norm(
             prepared, norm.data_ptr(), norm.dtype == torch.float64, max_norm, torch.get_num_threads()
         )

@@ -7,7 +7,7 @@ gradients, backward excluded, every call clipping (to half the gradients' norm):
 
 - ``adamw.step``: the bare ``optimizer.step()``, the baseline;
 - ``adamw.clip_+step``: ``fastnorm.clip_`` then the step, the usual recipe;
-- ``adamw.folded``: :class:`fastnorm.StepClipper`'s ``clip_()`` (the norm, one
+- ``adamw.folded``: :class:`fastnorm.StepClipper`'s ``arm()`` (the norm, one
   read of the gradients, nothing written), then the step, which divides each
   gradient by the coefficient as it reads it;
 - ``adamw.scale+step`` and ``adamw.folded-step``: the same two with the norm
@@ -107,7 +107,7 @@ def _folded(w: StepPrepared, max_norm: float | None) -> Call:
     clipper, step = w.clipper(max_norm), w.optimizer.step
 
     def call() -> torch.Tensor:
-        norm = clipper.clip_()
+        norm = clipper.arm()
         step()
         return norm
 
@@ -134,7 +134,7 @@ def _folded_step(w: StepPrepared, max_norm: float | None) -> Call:
     given: dict[str, torch.Tensor] = {}
 
     def arm() -> None:
-        given["norm"] = clipper.clip_()
+        given["norm"] = clipper.arm()
 
     def call() -> torch.Tensor:
         step()

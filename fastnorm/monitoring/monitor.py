@@ -639,7 +639,7 @@ class GradNormMonitor:
                 and leaves them out of the clipped share, and the diagnosis
                 reads non-finite norms at skipped steps as skipped steps, not
                 a collapse. The norm is still the one given: the norm before
-                clipping, as :meth:`StepClipper.clip_ <fastnorm.StepClipper.clip_>`
+                clipping, as :meth:`StepClipper.arm <fastnorm.StepClipper.arm>`
                 returns it.
 
         Raises:

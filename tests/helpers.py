@@ -1,4 +1,5 @@
-"""Helpers shared by the tests (pytest puts this folder on sys.path)."""
+"""Helpers shared by the tests (pytest puts this folder on sys.path): forcing a backend,
+what each backend serves, child processes."""
 
 from __future__ import annotations
 
