@@ -750,3 +750,68 @@ def test_fail_on_unstable_never_passes_a_log_too_short_to_judge(tmp_path, capsys
         "verdict: too few points (3 steps read; at least 5 are needed to judge a run)"
         in capsys.readouterr().out
     )
+
+
+# ----------------------------------------------------------------------------
+# Thinned logs: each "held for N points" is N points or N steps, whichever ends first, over 3 points
+# ----------------------------------------------------------------------------
+
+
+def thinned(every, n=1000, seed=30, factor=lambda s: 1.0, sigma=0.1):
+    """Steps ``0, every, 2 * every, ...`` below ``n`` and their norms: noise times ``factor(step)``."""
+    steps = list(range(0, n, every))
+    return steps, [v * factor(s) for s, v in zip(steps, noise(seed, n=len(steps), sigma=sigma))]
+
+
+def at(steps, values, last, loss=None, lr=None):
+    """The diagnosis of the series (and its loss, its learning rate) up to step ``last``, as the monitor's
+    window ending there sees it."""
+    kept = [i for i, s in enumerate(steps) if s <= last]
+    loss = ([s for s in loss[0] if s <= last], [v for s, v in zip(*loss) if s <= last]) if loss else None
+    lr = {s: v for s, v in lr.items() if s <= last} if lr else None
+    return diagnose([steps[i] for i in kept], [values[i] for i in kept], loss=loss, lr=lr)
+
+
+@pytest.mark.parametrize("every, held, short", [(10, 520, 510), (1, 509, 508)])
+def test_a_level_is_sustained_over_10_steps_or_10_points_and_3_points_at_least(every, held, short):
+    # The norm rises 1000x at step 500 and stays there. Logged every 10th step, 3 points (30 steps) sustain
+    # it, not 10 (100 steps); 2 points do not. Logged every step, it takes 10 points, as it always did.
+    steps, values = thinned(every, factor=lambda s: 1e3 if s >= 500 else 1.0)
+    e = only(at(steps, values, held), "exploding")
+    assert e.start_step == 500, e
+    early = at(steps, values, short)
+    assert early.verdict == "stable" and kinds(early) == ["spike"], early.report()
+
+
+@pytest.mark.parametrize("every", [1, 10])
+def test_a_new_normal_is_a_window_of_points_or_of_steps(every):
+    # A 5x shift at step 500 that holds (a new normal after 50 steps), then 50x at step 800: the explosion
+    # is measured from the new normal and dated at 800, however often the run is logged. Counted in points
+    # only, the shift of a log of every 10th step would last 50 points (500 steps), and the explosion
+    # would be dated from the shift.
+    steps, values = thinned(every, factor=lambda s: 50.0 if s >= 800 else 5.0 if s >= 500 else 1.0)
+    e = only(diagnose(steps, values), "exploding")
+    assert 800 - 2 * every <= e.start_step <= 800, e
+    assert "from the running baseline 5" in e.detail or "from the running baseline 4" in e.detail, e.detail
+
+
+@pytest.mark.parametrize("every", [1, 10])
+def test_a_return_to_the_band_is_recover_points_or_steps(every):
+    # Out 1000x from 500 to 550, back for 30 steps, out again from 580: with recover=6, a log of every
+    # 10th step is back after 3 points (30 steps), as a log of every step is after 6: two explosions.
+    out = lambda s: 1e3 if 500 <= s < 550 or s >= 580 else 1.0  # noqa: E731
+    steps, values = thinned(every, factor=out)
+    d = diagnose(steps, values, recover=6)
+    assert [e.start_step for e in d.events if e.kind == "exploding"] == [500, 580], d.report()
+
+
+@pytest.mark.parametrize("every", [1, 10])
+def test_nonfinite_norms_to_the_end_are_a_collapse_after_40_steps_or_40_points(every):
+    # Non-finite norms over the last 50 steps with a finite loss: more than max_skip_run (40) steps, so a
+    # collapse, whether that is 50 points or 5. Over the last 20 steps, 2 points of a log of every 10th
+    # step or 20 of a log of every step: steps a loss scaler skipped.
+    for tail, expected in ((50, "nonfinite"), (20, "stable")):
+        steps, values = thinned(every)
+        values = [math.nan if s >= 1000 - tail else v for s, v in zip(steps, values)]
+        d = diagnose(steps, values, loss=(steps, [learning(s) for s in steps]))
+        assert d.verdict == expected, (tail, d.report())

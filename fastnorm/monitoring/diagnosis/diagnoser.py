@@ -62,8 +62,16 @@ class Diagnoser:
     the loss thinned to at most 2048 points, the latest per-layer reading. A
     long run costs no more per point than a short one.
 
+    Every rule below that something must hold "for N points" (``warmup``,
+    ``sustain``, ``recover``, ``window``'s new normal, ``max_skip_run``) counts
+    N points or N steps, whichever ends first, over 3 points at least: a log of
+    every 10th step sustains a level in 3 points (30 steps), not in 10 (100
+    steps), and never on one point.
+
     Args:
-        window (int): points in the running baseline. Default: 50.
+        window (int): points in the running baseline; a departure short of an
+            explosion that stays out of the band this long is a new normal.
+            Default: 50.
         warmup (int): points that form the first baseline before the norm
             is judged, or as many steps, whichever ends first (3 points at
             least): a log of every 10th step judges its 4th point, not its
@@ -85,19 +93,21 @@ class Diagnoser:
             higher: at a higher threshold it passed for a new normal.
         vanish_orders (float): the sustained fall that is vanishing.
             Default: 3 (1000x); healthy runs often fall 10-100x early on.
-        sustain (int): points over which a level counts as sustained: a
-            departure's level is the median of its last ``sustain`` points,
-            so shorter excursions never make it. Default: 10.
-        recover (int): consecutive points back in the band that end a
-            departure; a shorter dip belongs to it. Default: 3.
+        sustain (int): points (or steps) over which a level counts as
+            sustained: a departure's level is the median of its last
+            ``sustain`` points or steps, whichever are fewer, so shorter
+            excursions never make it. Default: 10.
+        recover (int): consecutive points (or steps) back in the band that
+            end a departure; a shorter dip belongs to it. Default: 3.
         horizon (int): points over which a slow drift of the baseline itself
             is measured. Default: 1000.
         layer_orders (float): the spread between per-layer norms, in orders
             of magnitude, that is vanishing. Default: 6.
-        max_skip_run (int): the longest run of non-finite norms with a finite
-            loss, still running at the last step, read as skipped steps rather
-            than a collapse (a dynamic loss scaler starting at 2**32 halves its
-            way down for a dozen steps or more). Default: 40.
+        max_skip_run (int): the longest run of non-finite norms (points or
+            steps) with a finite loss, still running at the last step, read as
+            skipped steps rather than a collapse (a dynamic loss scaler
+            starting at 2**32 halves its way down for a dozen steps or more).
+            Default: 40.
         stall_fraction (float): a loss that never improves by this fraction of
             its initial value (and by more than its noise) has stalled. Default: 0.05.
         max_norm (float, optional): the clipping threshold of the run, for the
