@@ -815,3 +815,15 @@ def test_nonfinite_norms_to_the_end_are_a_collapse_after_40_steps_or_40_points(e
         values = [math.nan if s >= 1000 - tail else v for s, v in zip(steps, values)]
         d = diagnose(steps, values, loss=(steps, [learning(s) for s in steps]))
         assert d.verdict == expected, (tail, d.report())
+
+
+def test_a_blowup_in_a_thinned_logs_first_window_is_seen_there():
+    # A learning rate far too high, logged every 10th step: the loss jumps 400x at the second point and
+    # comes down over the next three. Its only moves are the blow-up's own way down: measured outside the
+    # blow-up, they leave it standing out, at the monitor's first window of 5 points.
+    steps = [0, 10, 20, 30, 40]
+    loss = [1.09, 438.0, 149.0, 13.9, 10.2]
+    d = diagnose(steps, [0.66, 99.9, 67.4, 23.1, 14.1], loss=(steps, loss), lr={0: 3.0})
+    assert d.verdict == "diverged" and d.onset == 0, d.report()
+    assert "the loss jumped to 438 at step 10" in d.events[0].detail
+    assert first_action(d) == "lower_lr"

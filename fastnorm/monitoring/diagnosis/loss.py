@@ -123,8 +123,13 @@ class LossView:
                 break
             before = median(sorted(ys[max(0, i - 20) : i]))
             if before > 0 and ys[i] > 5 * before:
-                # Beyond the loss's own step-to-step moves (a batch of 2 moves it 5x), measured without it.
-                rest = ys[:i] + ys[i + 1 :]
+                # Beyond the loss's own step-to-step moves (a batch of 2 moves it 5x), measured outside the
+                # blow-up: without the points still 5x above the level before it, whose way down is its own
+                # (on a log of every 10th step, the only moves its first window holds).
+                j = i + 1
+                while j < len(ys) and ys[j] > 5 * before:
+                    j += 1
+                rest = ys[:i] + ys[j:]
                 moves = sorted(abs(b - a) for a, b in zip(rest, rest[1:]))
                 if not moves or ys[i] - before > 10 * median(moves):
                     return self.steps[i], ys[i], before
