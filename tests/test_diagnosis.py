@@ -827,3 +827,63 @@ def test_a_blowup_in_a_thinned_logs_first_window_is_seen_there():
     assert d.verdict == "diverged" and d.onset == 0, d.report()
     assert "the loss jumped to 438 at step 10" in d.events[0].detail
     assert first_action(d) == "lower_lr"
+
+
+def lr_jump_run(after, comes_back=False, every=10, n=1000, jump=600):
+    """A log of every 10th step whose norm is so noisy (0.6 orders a point) that its band spans 3 orders:
+    the learning rate jumps from 0.01 to ``after`` at ``jump``, and the loss, near 0.003 before, jumps
+    100x (and falls back 100 steps later with ``comes_back``)."""
+    steps, values = thinned(every, n=n, seed=31, sigma=0.6)
+
+    def level(s):
+        up = s > jump and not (comes_back and s > jump + 100)
+        return 0.3 if up else 0.003 + 0.7 * math.exp(-s / 30)
+
+    loss = [level(s) * (1 + 0.3 * math.sin(s)) for s in steps]
+    lr = {s: 0.01 if s < jump else after for s in steps}
+    return steps, values, {"loss": (steps, loss), "lr": lr}
+
+
+def test_a_loss_that_jumps_just_after_the_learning_rate_is_diverged_from_the_jump():
+    # The norm's band is too wide to see its 30x; the loss says it: 100x its level from the first points
+    # after the rate jumped 30x. Diverged at the first window that holds 3 points of it (30 steps).
+    steps, values, kw = lr_jump_run(0.3)
+    assert at(steps, values, 610, **kw).verdict == "stable"  # one point after the jump: not yet
+    d = at(steps, values, 640, **kw)
+    e = only(d, "diverged")
+    assert e.start_step == 591 and "the loss held at" in e.detail, d.report()
+    assert first_action(d) == "lower_lr" and "jumped 30x between the readings" in d.actions[0]
+    assert diagnose(steps, values, **kw).verdict == "diverged"
+
+
+@pytest.mark.parametrize("after, comes_back", [(0.01, False), (0.3, True)])
+def test_a_learning_rate_jump_alone_or_a_loss_that_came_back_is_no_divergence(after, comes_back):
+    # The same noisy norm: the rate unchanged while the loss jumps (a data problem, for the loss to say),
+    # or the rate jumped and the loss came back within 100 steps: neither is a divergence of this rule.
+    steps, values, kw = lr_jump_run(after, comes_back)
+    d = diagnose(steps, values, **kw)
+    assert not any("the loss held at" in e.detail for e in d.events), d.report()
+    if comes_back:
+        assert d.verdict == "stable", d.report()
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_burst_of_the_learning_rate_that_leaves_the_loss_at_chance_is_diverged_not_stalled(seed):
+    # 1000x the learning rate for 5 steps at step 150: the loss, learned from chance (ln 3) down to 0.03,
+    # leaps 10^4x and takes the rest of the run to come down to chance again. Read alone, a loss whose
+    # noise is the blow-up's own "never improved": a stall. The rate's jump says what happened.
+    rng = random.Random(seed)
+    onset = 150
+
+    def level(i):
+        if i < onset:
+            return 0.03 + (math.log(3) - 0.03) * math.exp(-i / 20)
+        return math.log(3) + 1e4 * math.exp(-(i - onset) / 60)
+
+    loss = [level(i) * rng.lognormvariate(0.0, 0.5) for i in range(N)]
+    values = scaled(seed, lambda i: 1e3 if onset < i < onset + 120 else 1.0)
+    lr = {i: 0.01 * (1000.0 if onset <= i < onset + 5 else 1.0) for i in range(N)}
+    d = diagnose(range(N), values, loss=(range(N), loss), lr=lr)
+    assert d.verdict == "diverged" and d.onset == onset, d.report()
+    assert "stalled" not in kinds(d) and first_action(d) == "lower_lr"
+    assert "jumped 1e+03x at step 150" in d.actions[0]

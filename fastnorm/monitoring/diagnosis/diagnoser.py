@@ -96,7 +96,9 @@ class Diagnoser:
         sustain (int): points (or steps) over which a level counts as
             sustained: a departure's level is the median of its last
             ``sustain`` points or steps, whichever are fewer, so shorter
-            excursions never make it. Default: 10.
+            excursions never make it. A loss that held 10x above its level
+            this long just after a jump of the learning rate is a divergence.
+            Default: 10.
         recover (int): consecutive points (or steps) back in the band that
             end a departure; a shorter dip belongs to it. Default: 3.
         horizon (int): points over which a slow drift of the baseline itself
@@ -322,11 +324,24 @@ class Diagnoser:
         )
         consumed = read.consumed if read is not None else frozenset()
         blowup = loss.early_blowup() if loss is not None and (read is None or read.kind != DIVERGED) else None
+        # A loss that jumped after the learning rate did: a divergence, also where it then reads as a stall
+        # (a blow-up that left the loss at chance).
+        jump = (
+            self._lr_jump(loss, found, last)
+            if loss is not None and blowup is None and (read is None or read.kind == STALLED)
+            else None
+        )
         if blowup is not None:
             # Blown up in the first steps: a divergence (whatever the run learned after), which takes in the
             # norm's own events of those steps (the wild swings, the dead units after).
             consumed = frozenset(range(len(found)))
             events.append(self._early_blowup(blowup, loss, found, last))
+        elif jump is not None:
+            events.append(jump)
+            # The norm's rises from the change on are the divergence's.
+            consumed = frozenset(
+                i for i, f in enumerate(found) if f.side > 0 and f.event.end_step >= jump.start_step
+            )
         elif read is not None:
             events.append(self._loss_event(read, loss, found, last))
         elif loss is not None and loss.plateau() is not None and self._lr.rising_until is None:
@@ -425,6 +440,33 @@ class Diagnoser:
             f"{num(loss.final)} at the end, {last - step} steps later"
         )
         return self._stall(False, self._first_step, detail, loss, found, last)
+
+    def _lr_jump(self, loss: LossView, found: list[Found], last: int | None) -> Event | None:
+        """A loss that jumped 10x over its level just after a jump of the learning rate (more than 2x, or to
+        a negative rate) and is still up: diverged from the change, as soon as ``sustain`` points or steps
+        of the loss hold it, whether or not the norm has left its band yet (a log of every 10th step may
+        hold a norm so noisy that its band spans orders of magnitude)."""
+        for change in self._lr.changes:
+            step, before, after, previous, _ = change
+            if self._ev.ramp(change) or not (after < 0 or abs(after) > 2 * abs(before)):
+                continue
+            jump = loss.jumped(step, self.sustain, self._reach())
+            if jump is None:
+                continue
+            start, low, high = jump
+            onset = self._ev.change_start(change)
+            levels = self._norm.levels.all()
+            before_change = sorted(x for s, x in levels if s <= step)
+            base = median(before_change) if before_change else None
+            peak = max((x for s, x in levels if s > step), default=None)
+            detail = (
+                f"the learning rate went from {num(before)} to {num(after)} "
+                f"{advice.read_at(step, previous)}; the loss held at {num(high)} from step {start}, "
+                f"{high / low:.0f}x its level before ({num(low)}), and had not come back by the last step"
+            )
+            actions = (*self._explode_actions(peak, base, onset, found), advice.resume_action(onset))
+            return Event(DIVERGED, onset, last, detail, actions)
+        return None
 
     def _early_blowup(self, blowup, loss: LossView, found: list[Found], last: int | None) -> Event:
         """A loss that blew up in the run's first steps and never learned after: diverged, not stalled.

@@ -16,7 +16,7 @@ from typing import NamedTuple
 
 from fastnorm.monitoring.diagnosis.events import DIVERGED, EXPLODING, MIN_POINTS, STALLED, num
 from fastnorm.monitoring.diagnosis.norm import Found
-from fastnorm.monitoring.diagnosis.robust import MAD_TO_SIGMA, Thinned, median, rolling_median
+from fastnorm.monitoring.diagnosis.robust import MAD_TO_SIGMA, Thinned, held, median, rolling_median
 from fastnorm.monitoring.diagnosis.skips import Run, close_run, extend
 
 _LOSS_POINTS = 1024  # the loss is kept at most this finely (pairs averaged beyond)
@@ -133,6 +133,30 @@ class LossView:
                 moves = sorted(abs(b - a) for a, b in zip(rest, rest[1:]))
                 if not moves or ys[i] - before > 10 * median(moves):
                     return self.steps[i], ys[i], before
+        return None
+
+    def jumped(self, step: int, sustain: int, reach: int) -> tuple[int, float, float] | None:
+        """``(start, before, after)`` where the loss, within ``reach`` steps after ``step``, held at 10x or
+        more its level before (the median of the 20 points up to ``step``) for ``sustain`` points or
+        steps (see :func:`~fastnorm.monitoring.diagnosis.robust.held`), ``after`` the median there, and is
+        still that high at the end; None otherwise."""
+        i = bisect.bisect_right(self.steps, step)
+        if i == 0:
+            return None
+        before = median(sorted(self.ys[max(0, i - 20) : i]))
+        if not self.final >= 10 * before:
+            return None
+        for j in range(i, len(self.ys)):
+            if self.steps[j] - step > reach:
+                break
+            span = []
+            for k in range(j, len(self.ys)):
+                span.append(self.ys[k])
+                if held(len(span), self.steps[k] - self.steps[j] + 1, sustain):
+                    after = median(sorted(span))
+                    if after >= 10 * before and after - before > self.tol:
+                        return self.steps[j], before, after
+                    break
         return None
 
     def plateau(self) -> tuple[int, float] | None:
