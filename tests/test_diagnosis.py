@@ -887,3 +887,14 @@ def test_a_burst_of_the_learning_rate_that_leaves_the_loss_at_chance_is_diverged
     assert d.verdict == "diverged" and d.onset == onset, d.report()
     assert "stalled" not in kinds(d) and first_action(d) == "lower_lr"
     assert "jumped 1e+03x at step 150" in d.actions[0]
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_plateau_of_a_loss_that_follows_its_batches_asks_for_larger_batches(seed):
+    # BatchNorm on batches of 2: the loss falls in its first 3 steps, then each step follows its batch (it
+    # moves by more than half its level from one step to the next): larger batches come first, before the
+    # warmup that a plateau under a constant learning rate would otherwise ask for.
+    rng = random.Random(seed)
+    loss = [2.4, 1.9, 1.8] + [0.8 * rng.uniform(0.05, 2.5) for _ in range(N - 3)]
+    d = diagnose(range(N), noise(seed), loss=(range(N), loss), lr={0: 0.01})
+    assert d.verdict == "stalled" and first_action(d) == "batch_size", d.report()

@@ -376,7 +376,7 @@ def stall_actions(ev: Evidence, stall: Stall, layer_snapshots: int, layers_vanis
                 "band: the gradients are normal, yet nothing is learned.",
             )
         )
-    if stall.never and stall.noise >= 0.5:
+    if (stall.never or stall.plateau is not None) and stall.noise >= 0.5:
         causes.append(
             Action(
                 "batch_size",
