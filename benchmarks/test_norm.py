@@ -25,7 +25,7 @@ def test_norm(benchmark, case, prepared_workloads, threads) -> None:
     workload, dtype, name = case
     w = prepared_workloads.get(workload, dtype)
     contender = CONTENDERS[name]
-    reasons = contender.reasons(w.device)
+    reasons = contender.reasons(w.device) + contender.dtype_reasons(w.device, w.dtype)
     if reasons:
         pytest.skip("; ".join(reasons))
     call = contender.make(w, contender.max_norm(w))

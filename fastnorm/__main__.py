@@ -1,3 +1,5 @@
+"""``python -m fastnorm``: the fastnorm command."""
+
 import sys
 
 from fastnorm.cli import main

@@ -176,3 +176,90 @@ def test_python_dash_m(tmp_path):
     out = run_python(["-m", "fastnorm", "diagnose", str(path), "--fail-on-unstable"])
     assert out.returncode == 1
     assert "verdict: vanishing" in out.stdout
+
+
+# ----------------------------------------------------------------------------
+# Anything that is not a diagnosis: exit 2, one line that names the file
+# ----------------------------------------------------------------------------
+
+
+def _norms(path, values):
+    path.write_text("".join(json.dumps({"step": i, "gradient_norm": v}) + "\n" for i, v in enumerate(values)))
+    return path
+
+
+def _bad_logs(tmp_path):
+    (tmp_path / "empty.jsonl").write_text("")
+    (tmp_path / "blank.csv").write_text("\n \n")
+    (tmp_path / "bytes.jsonl").write_bytes(bytes(range(256)) * 8)
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "folder" / "metrics.jsonl").write_bytes(b"\xff\xfe" * 100)
+    (tmp_path / "trainer_state.json").write_text('{"log_history": [')
+    _norms(tmp_path / "strings.jsonl", ["abc"] * 30 + [1.0] * 20)
+    _norms(tmp_path / "nulls.jsonl", [None] * 50)
+    return {
+        "empty.jsonl": "the file is empty",
+        "blank.csv": "the file is empty",
+        "bytes.jsonl": "the file is not text (byte 0x80 at offset 128 is not UTF-8)",
+        "folder": "a metrics file in this folder is not text",
+        "trainer_state.json": "not JSON (Expecting value, line 1 column 18)",
+        "strings.jsonl": "30 of 50 values of 'gradient_norm' are not numbers (the first, at step 0: 'abc')",
+        "nulls.jsonl": "no value of 'gradient_norm'",
+        "missing.csv": "no such file or folder",
+    }
+
+
+def test_a_file_that_holds_no_diagnosis_exits_2_with_one_line_naming_it(tmp_path, capsys):
+    for name, message in _bad_logs(tmp_path).items():
+        path = tmp_path / name
+        assert main(["diagnose", str(path), "--fail-on-unstable"]) == 2, name
+        out, err = capsys.readouterr()
+        assert out == ""  # no report of a log that is not one
+        assert err.count("\n") == 1 and err.startswith("fastnorm diagnose: error: "), err
+        assert str(path) in err and message in err, err
+
+
+@pytest.mark.parametrize(
+    "plot, message",
+    [
+        ("missing/norm.png", "there is no folder"),
+        ("metrics.jsonl/norm.png", "is a file, not a folder"),
+        (".", "is a folder, not a file"),
+        ("norm.xyz", "not a picture file name"),
+    ],
+)
+def test_a_plot_that_cannot_be_written_exits_2_before_anything_is_read(tmp_path, capsys, plot, message):
+    path = _norms(tmp_path / "metrics.jsonl", case("nonfinite", seed=1)[0])
+    target = str(tmp_path / plot)
+    assert main(["diagnose", str(path), "--plot", target, "--fail-on-unstable"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith(f"fastnorm diagnose: error: --plot {target}: ")
+    assert message in err and err.count("\n") == 1
+
+
+def test_a_plot_that_fails_while_written_exits_2(tmp_path, capsys, monkeypatch):
+    pytest.importorskip("matplotlib")
+    from fastnorm.monitoring import plot
+
+    def full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(plot, "plot", full)
+    path = _norms(tmp_path / "metrics.jsonl", case("stable", seed=1)[0])
+    assert main(["diagnose", str(path), "--plot", str(tmp_path / "norm.png")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"fastnorm diagnose: error: --plot {tmp_path / 'norm.png'}: ")
+    assert "No space left on device" in err
+
+
+def test_a_few_norms_that_are_not_numbers_are_a_warning(tmp_path, capsys):
+    values = case("stable", seed=2)[0]
+    values[10] = "n/a"
+    path = _norms(tmp_path / "metrics.jsonl", values)
+    assert main(["diagnose", str(path), "--fail-on-unstable"]) == 0
+    out, err = capsys.readouterr()
+    assert err == (
+        f"fastnorm diagnose: warning: {path}: 1 of {N} values of 'gradient_norm' is not a number "
+        "(the first, at step 10: 'n/a'); the diagnosis leaves them out\n"
+    )
+    assert "invalid" in out and "verdict: stable" in out

@@ -23,7 +23,7 @@ import textwrap
 
 import pytest
 
-from fastnorm import kernels
+from fastnorm.backends import triton_aot
 from harness import run_python
 
 pytest.importorskip("triton")
@@ -54,9 +54,9 @@ def launched():
     script = textwrap.dedent(
         """
         import json
-        from fastnorm import kernels
+        from fastnorm.backends import triton_aot
         from fastnorm.backends import triton_backend
-        print(json.dumps([(l.kernel, *kernels._describe(l)) for l in triton_backend.launches()]))
+        print(json.dumps([(l.kernel, *triton_aot._describe(l)) for l in triton_backend.launches()]))
         """
     )
     result = run_python(["-c", script], TRITON_INTERPRET="0")
@@ -148,10 +148,16 @@ def test_a_target_that_cannot_compile_is_reported_and_the_others_carry_on():
     assert sum(line.startswith("sm_90 ") and "finalize_kernel" in line for line in lines) == 8
     assert any(line.startswith("sm_1 ") and "FAILED" in line for line in lines)
     assert any(line.startswith("gfx_bad ") and "neither sm_<NN>" in line for line in lines)
+    failed = sum("FAILED" in line for line in lines)
+    assert lines[-1].startswith(
+        f"8 of {8 + failed} kernel specializations compiled for sm_90, sm_1, gfx_bad; "
+    )
+    assert f"; {failed} failed; none spills registers" in lines[-1]
 
 
 def test_the_command_refuses_kernels_imported_for_the_interpreter():
-    script = "import fastnorm.backends.triton_backend as b, fastnorm.kernels as k; b.kernels(); k.report()"
+    script = "import fastnorm.backends.triton_backend as b, fastnorm.backends.triton_aot as k;"
+    script += " b.kernels(); k.report()"
     result = run_python(["-c", script], TRITON_INTERPRET="1")
     assert result.returncode != 0 and "without TRITON_INTERPRET" in result.stderr
 
@@ -178,30 +184,45 @@ SASS = """
 
 
 def test_main_loop_of_hand_written_sass():
-    code, loops = kernels._parse_sass(SASS)
+    code, loops = triton_aot._parse_sass(SASS)
     assert len(code) == 13 and loops == [(0x20, 0x70), (0x80, 0xA0)]
-    body = kernels._main_loop(code, loops, amd=False)  # 256 bits loaded per iteration beat 16
+    body = triton_aot._main_loop(code, loops, amd=False)  # 256 bits loaded per iteration beat 16
     assert [i.address for i in body] == [0x20, 0x30, 0x40, 0x50, 0x60, 0x70]
-    report = kernels.KernelReport("k", "float32", "L2", "aligned", "sm_90")
-    kernels._read_loop(report, body, amd=False)
+    report = triton_aot.KernelReport("k", "float32", "L2", "aligned", "sm_90")
+    triton_aot._read_loop(report, body, amd=False)
     assert report.load_bits == [128] and report.store_bits == []
     assert report.elements_per_iteration == 8 and report.fp64_per_element == 0.25
 
 
 def test_sass_instruction_classes():
-    assert [kernels._sass_width(op) for op in ("LDG.E", "LDG.E.U16", "LDG.E.64", "LDG.E.128.CONSTANT")] == [
+    assert [
+        triton_aot._sass_width(op) for op in ("LDG.E", "LDG.E.U16", "LDG.E.64", "LDG.E.128.CONSTANT")
+    ] == [
         32,
         16,
         64,
         128,
     ]
     fp64 = ("DADD", "DFMA", "DMUL", "DSETP.GT.AND", "F2F.F64.F32", "F2F.F32.F64", "MUFU.RCP64H")
-    assert all(kernels._sass_is_fp64(op) for op in fp64)
-    assert not any(kernels._sass_is_fp64(op) for op in ("FADD", "F2F.F16.F32", "DEPBAR.LE", "MUFU.RCP"))
+    assert all(triton_aot._sass_is_fp64(op) for op in fp64)
+    assert not any(triton_aot._sass_is_fp64(op) for op in ("FADD", "F2F.F16.F32", "DEPBAR.LE", "MUFU.RCP"))
+
+
+def test_the_summary_line_counts_what_compiled_failed_and_spills():
+    def row(target, spills=0, error=None):
+        return triton_aot.KernelReport("k", "float32", "L2", "aligned", target, spills=spills, error=error)
+
+    rows = [row("sm_80"), row("sm_80", spills=4), row("sm_90"), row("sm_90", error="LLVM aborted")]
+    assert triton_aot.summary(rows) == (
+        "3 of 4 kernel specializations compiled for sm_80, sm_90; 1 failed; 1 spills registers"
+    )
+    assert triton_aot.summary(rows[:1]) == (
+        "1 of 1 kernel specializations compiled for sm_80; none failed; none spills registers"
+    )
 
 
 def test_unknown_target_names_are_value_errors():
-    assert kernels.parse_target("sm_90").arch == 90
-    assert kernels.parse_target("gfx942").backend == "hip"
+    assert triton_aot.parse_target("sm_90").arch == 90
+    assert triton_aot.parse_target("gfx942").backend == "hip"
     with pytest.raises(ValueError, match="sm_<NN>"):
-        kernels.parse_target("h100")
+        triton_aot.parse_target("h100")

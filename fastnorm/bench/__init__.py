@@ -9,7 +9,7 @@ The layers, each usable alone:
 * ``harness``: correctness first, then interleaved timing and the summary;
 * ``report``, ``goals`` and ``plot``: the table, JSON, CSV, Markdown, the
   targets and the PNG;
-* ``cli``: the ``fastnorm bench`` subcommand.
+* ``cli``: the ``fastnorm bench`` subcommand (``add_arguments``, ``main``).
 
 Other modules extend the suite through :func:`register_workload` and
 :func:`register_contender`, as ``distributed`` (DTensor gradients over a gloo
@@ -18,7 +18,6 @@ the pytest-benchmark suites under ``benchmarks/`` use the same registries.
 """
 
 from fastnorm.bench import distributed, step  # noqa: F401  (register their workloads)
-from fastnorm.bench.cli import add_parser
 from fastnorm.bench.contenders import Contender, register_contender
 from fastnorm.bench.harness import CorrectnessError, run_workload
 from fastnorm.bench.workloads import Workload, prepare, register_workload
@@ -27,7 +26,6 @@ __all__ = [
     "Contender",
     "CorrectnessError",
     "Workload",
-    "add_parser",
     "prepare",
     "register_contender",
     "register_workload",

@@ -1,31 +1,51 @@
-"""``fastnorm bench``: check, time and report every contender on every workload."""
+"""``fastnorm bench``: check, time and report every contender on every workload.
+
+A run is a list of steps (a workload in one dtype). Before the first, the
+machine is watched for a moment: other processes' work disturbs the rounds,
+and the run says at once what the load it sees will do to its figures. The
+default run is held to a time budget, its setup included: each step's timed
+rounds get their share of what the budget leaves once the remaining steps'
+setup is paid for. :class:`Estimate` predicts every step's time from what it
+moves, at rates that it learns from the finished steps, and the progress line
+shows what is left.
+"""
 
 from __future__ import annotations
 
 import argparse
+import math
+import os
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
+
+from fastnorm.bench.harness import MIN_QUIET_ROUNDS, ROUND_BUDGET
 
 DEFAULT_REPEATS, FULL_REPEATS, QUICK_REPEATS = 7, 15, 5
 DEFAULT_WARMUP, FULL_WARMUP, QUICK_WARMUP = 1, 2, 1
 # Timed rounds of one workload stop after this long (once a few are done), so
 # that a machine busy with other work cannot stretch a run without end.
-DEFAULT_BUDGET_S, FULL_BUDGET_S = 15.0, 60.0
+STEP_BUDGET_S, FULL_STEP_BUDGET_S = 15.0, 60.0
 MIN_STEP_BUDGET_S = 2.0
+# The default run's budget, from its first step to its last file: the time it
+# is said to take, at most, in --help, on the progress line and in the docs.
+RUN_BUDGET_S = 120.0
+# How long the machine is watched before the run.
+LOAD_LOOK_S = 0.5
 
-# The default run: a subset that speaks to every target in under three minutes
-# on 2 cores (the timed rounds share DEFAULT_RUN_BUDGET_S); --full runs every
-# workload and contender.
+# The default run: a subset that speaks to every target, the cheapest first, so
+# that a machine too slow for the budget leaves out the costliest; --full runs
+# every workload and contender.
 DEFAULT_CPU = (
     "kernel-1t",
-    "gpt2-small",
-    "llama-300m",
-    "many-small",
     "tiny",
     "tiny-groups-24",
+    "many-small",
+    "gpt2-small",
     "step-gpt2-small",
+    "llama-300m",
 )
 DEFAULT_CONTENDERS = (
     "fastnorm.total_norm",
@@ -37,26 +57,31 @@ DEFAULT_CONTENDERS = (
     "roofline.read/dot",
     "roofline.rw/mul_",
 )
-DEFAULT_RUN_BUDGET_S = 90.0
 
 
 def _csv(value: str) -> list[str]:
     return [v.strip() for v in value.split(",") if v.strip()]
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "bench",
-        help="benchmark fastnorm against torch and the memory-bandwidth roofline",
-        description=(
-            "Checks every contender against a float64 reference, then times them interleaved "
-            "on gradient lists shaped like real models, against a roofline measured in the same "
-            "run; the step-* workloads time torch's fused AdamW step, clipping through it or by "
-            "clip_ first, against the bare step. The default run is a representative subset "
-            "(about two minutes on 2 cores); --full runs every workload. Prints a table per "
-            "workload and writes DEVICE.json, DEVICE.md and results.csv under --out after each "
-            "one (Ctrl-C keeps what is done), and DEVICE.png at the end."
-        ),
+def _clock(seconds: float) -> str:
+    seconds = int(round(seconds))
+    return f"{seconds // 60}:{seconds % 60:02d}"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Declares the arguments of ``fastnorm bench``."""
+    parser.description = (
+        "Checks every contender against a float64 reference, then times them interleaved on gradient "
+        "lists shaped like real models, against a roofline measured in the same run; the step-* "
+        "workloads time torch's fused AdamW step, clipping through it or by clip_ first, against the "
+        "bare step. The default run is a representative subset held to a budget of "
+        f"{RUN_BUDGET_S / 60:.0f} minutes from the command on, setup included: it takes at most about "
+        f"{RUN_BUDGET_S / 60:.0f} minutes on 2 cores, less on an idle machine, and on a busy one leaves "
+        "out, costliest first, the workloads the budget cannot hold. --full runs every "
+        "workload (many minutes). Before the run the machine's load is measured: other processes' "
+        "work marks figures as disturbed, and the run says so at once. Prints a table per workload "
+        "and writes DEVICE.json, DEVICE.md and results.csv under --out after each one, and DEVICE.png "
+        "at the end; Ctrl-C keeps what is done and draws it."
     )
     parser.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda when present, else cpu")
     parser.add_argument(
@@ -89,6 +114,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--warmup",
         type=int,
         help=f"untimed rounds first (default {DEFAULT_WARMUP}, {FULL_WARMUP} with --full)",
+    )
+    parser.add_argument(
+        "--budget",
+        type=float,
+        metavar="SECONDS",
+        help=f"the run's time budget, setup included (default {RUN_BUDGET_S:.0f} for the default run; "
+        "none with --full, --quick or --workloads)",
     )
     parser.add_argument(
         "--threads", type=int, help="torch.set_num_threads (fastnorm's CPU kernels use as many)"
@@ -137,88 +169,281 @@ def _full_workloads(device: Any) -> list[str]:
     return [w.name for w in WORKLOADS.values() if not w.not_supported_reasons(device)]
 
 
-class Progress:
-    """One line on stderr, redrawn: done/total, the current workload and round,
-    the time spent and an estimate of the time left.
+# ----------------------------------------------------------------------------
+# What a run will take
+# ----------------------------------------------------------------------------
 
-    The estimate weighs each step by its bytes and contenders, rescaled by how
-    long the finished steps took against their weight. Off a terminal, one
-    line per step instead of a redrawn one.
+# A call's cost per tensor, in bytes of memory traffic (about 1 us of host time
+# at 30 GB/s): what the tiny workloads are made of. And a step's own, whatever
+# its size (the clock read twice, the files written): about 0.3 s.
+TENSOR_BYTES = 3e4
+STEP_BYTES = 5e8
+# The machine's pace before any step has finished, in seconds per byte (a
+# 2-core machine: the setup, and the timed calls with their restores).
+PRIOR_SETUP_S_PER_BYTE = 1 / 2e9
+PRIOR_TIMING_S_PER_BYTE = 1 / 30e9
+# How much the prior weighs against what the finished steps took: as much as
+# this fraction of the run's bytes.
+PRIOR_WEIGHT = 0.15
+
+
+@dataclass(frozen=True)
+class Cost:
+    """What one step moves, in bytes: ``setup`` (preparing its gradients and the
+    correctness check of every contender) and ``round`` (one call of every
+    contender, with the restores that follow the ones that write)."""
+
+    setup: float
+    round: float
+
+
+def step_cost(workload: Any, dtype: Any, contenders: list[Any], quick: bool = False) -> Cost:
+    """The :class:`Cost` of ``workload`` in ``dtype`` with ``contenders``."""
+    import torch
+
+    numel = workload.numel(quick)
+    nbytes = numel * torch.empty((), dtype=dtype).element_size()
+    per_call = len(workload.shapes(quick)) * TENSOR_BYTES
+    calls = [nbytes * (c.passes + 2 * c.restores) + per_call for c in contenders]
+    clipping = sum(c.restores for c in contenders)
+    # The arrays drawn and copied, the float64 reference and, where a contender
+    # writes, the element-by-element comparison: work per element, whatever the
+    # dtype (counted as float32 bytes); and two calls of each contender.
+    setup = 4 * numel * (3 * workload.copies + 14 * clipping) + 2 * sum(calls) + STEP_BYTES
+    return Cost(setup=setup, round=sum(calls))
+
+
+class Estimate:
+    """The run's time, step by step: predicted from what each step moves, learned as steps finish.
+
+    A step takes ``a * setup + b * round * (warmup + rounds)`` seconds, where
+    ``a`` and ``b`` are the machine's seconds per byte of setup and of timed
+    work: the prior (``PRIOR_*``, slowed by the load seen before the run)
+    blended with what the finished steps took, the prior counting as
+    ``PRIOR_WEIGHT`` of the run's bytes; so the estimate moves toward the
+    machine's own pace as the run goes, without jumping on the first step. The
+    rounds are the ones asked for, more where they are quick (at least
+    ``min_time_s`` in all), and as many again as were replaced on a busy
+    machine. With a run budget, each step's timed rounds get their share of
+    what the budget leaves once the remaining steps' setup is paid for, between
+    ``MIN_STEP_BUDGET_S`` and ``step_budget_s``.
     """
 
-    def __init__(self, weights: list[float], stream: TextIO = sys.stderr) -> None:
-        self.weights = weights
-        self.stream = stream
+    def __init__(
+        self,
+        costs: list[Cost],
+        *,
+        repeats: int,
+        warmup: int,
+        min_time_s: float,
+        step_budget_s: float | None,
+        run_budget_s: float | None = None,
+        slowdown: float = 1.0,
+    ) -> None:
+        self.costs = costs
+        self.repeats, self.warmup, self.min_time_s = repeats, warmup, min_time_s
+        self.step_budget_s, self.run_budget_s = step_budget_s, run_budget_s
+        self._prior = (
+            PRIOR_WEIGHT * sum(c.setup for c in costs),
+            PRIOR_WEIGHT * sum(c.round * (warmup + repeats) for c in costs),
+        )
+        self._seconds = [self._prior[0] * PRIOR_SETUP_S_PER_BYTE * slowdown]
+        self._seconds.append(self._prior[1] * PRIOR_TIMING_S_PER_BYTE * slowdown)
+        self._bytes = list(self._prior)
+        self._rounds = [0.0, 0.0]  # timed, wanted: in steps whose rounds were not cut short by time
+        self._ran = False  # whether a step has run (the first always does)
+
+    def _rates(self) -> tuple[float, float]:
+        return self._seconds[0] / max(self._bytes[0], 1.0), self._seconds[1] / max(self._bytes[1], 1.0)
+
+    def _timing(self, index: int, rate: float) -> float:
+        """The seconds step ``index``'s warm-up and rounds take when no budget stops them."""
+        one = rate * self.costs[index].round
+        wanted = self.repeats
+        if one > 0 and self.min_time_s > 0:
+            wanted = max(self.repeats, min(10 * self.repeats, math.ceil(self.min_time_s / one)))
+        replaced = self._rounds[0] / self._rounds[1] if self._rounds[1] else 1.0
+        return one * (self.warmup + wanted * replaced)
+
+    def least(self, index: int) -> float:
+        """The seconds step ``index`` takes at the least: its setup, warm-up and the
+        rounds that run whatever the budget (``MIN_QUIET_ROUNDS``)."""
+        a, b = self._rates()
+        rounds = self.warmup + min(self.repeats, MIN_QUIET_ROUNDS)
+        return a * self.costs[index].setup + b * self.costs[index].round * rounds
+
+    def _plan(self, start: int, elapsed: float) -> list[tuple[float, float | None] | None]:
+        """(setup seconds, timed rounds' budget) of every step from ``start``; None for
+        a step the run's budget cannot hold (at its least, after the earlier steps at
+        theirs; the run's first step always runs)."""
+        a, b = self._rates()
+        setups = [a * cost.setup for cost in self.costs[start:]]
+        if self.run_budget_s is None:
+            return [(s, self.step_budget_s) for s in setups]
+        runs, spent = [], elapsed
+        for index in range(start, len(self.costs)):
+            fits = spent + self.least(index) <= self.run_budget_s or not (self._ran or any(runs))
+            spent += self.least(index) if fits else 0.0
+            runs.append(fits)
+        timings = [self._timing(start + i, b) for i, fits in enumerate(runs) if fits]
+        spare = max(0.0, self.run_budget_s - elapsed - sum(s for s, fits in zip(setups, runs) if fits))
+        cap = self.step_budget_s if self.step_budget_s is not None else math.inf
+        plan: list[tuple[float, float | None] | None] = []
+        for i, (setup, fits) in enumerate(zip(setups, runs)):
+            share = spare * self._timing(start + i, b) / (sum(timings) or 1.0)
+            plan.append((setup, min(cap, max(MIN_STEP_BUDGET_S, share))) if fits else None)
+        return plan
+
+    def runs(self, index: int, elapsed: float) -> bool:
+        """Whether step ``index``, starting ``elapsed`` into the run, fits in its budget."""
+        return self._plan(index, elapsed)[0] is not None
+
+    def step_budget(self, index: int, elapsed: float) -> float | None:
+        """The seconds step ``index``'s timed rounds may take, starting ``elapsed`` into the run."""
+        step = self._plan(index, elapsed)[0]
+        return None if step is None else step[1]
+
+    def left(self, index: int, elapsed: float, in_step: float = 0.0, rest: float | None = None) -> float:
+        """Seconds left: the rest of step ``index`` (``in_step`` seconds into it; ``rest``
+        where its rounds have told) and the steps after that the budget holds."""
+        if index >= len(self.costs):
+            return 0.0
+        _, b = self._rates()
+        times = [
+            0.0 if step is None else step[0] + min(self._timing(index + i, b), step[1] or math.inf)
+            for i, step in enumerate(self._plan(index, elapsed - in_step))
+        ]
+        current = max(0.0, times[0] - in_step) if rest is None else rest
+        return current + sum(times[1:])
+
+    def learn(self, index: int, seconds: float, record: dict[str, Any] | None) -> None:
+        """What step ``index`` took: ``seconds`` in all, the record's timing and rounds."""
+        self._ran = self._ran or record is not None
+        timing = (record or {}).get("seconds", {}).get("timing", 0.0)
+        rounds = (record or {}).get("rounds") or {}
+        self._seconds[0] += max(0.0, seconds - timing)
+        self._bytes[0] += self.costs[index].setup
+        if timing and rounds.get("timed"):
+            self._seconds[1] += timing
+            self._bytes[1] += self.costs[index].round * (self.warmup + rounds["timed"])
+            if rounds.get("stopped") != "time" and rounds.get("wanted"):
+                self._rounds[0] += rounds["timed"]
+                self._rounds[1] += rounds["wanted"]
+
+
+class Progress:
+    """One line on stderr: done/total, the current step and round, the time spent and left.
+
+    On a terminal the line is redrawn; elsewhere (a log, a CI job) a line is
+    written when a step begins and, while its rounds run, at most every
+    ``interval_s`` seconds, with the round.
+    """
+
+    def __init__(
+        self,
+        estimate: Estimate,
+        labels: list[str],
+        stream: TextIO = sys.stderr,
+        interval_s: float = 10.0,
+        start: float | None = None,
+    ) -> None:
+        self.estimate, self.labels, self.stream = estimate, labels, stream
         self.tty = stream.isatty()
-        self.start = time.monotonic()
-        self.done_weight = 0.0
-        self.done_seconds = 0.0
+        self.interval_s = 0.2 if self.tty else interval_s
+        self.start = time.monotonic() if start is None else start  # what elapsed counts from
         self.step = 0
-        self.label = ""
         self.step_start = self.start
         self.last = 0.0
+        self.max_time_s: float | None = None  # the current step's rounds' budget
+        self._rounds: tuple[int, int, int, float, float] | None = None  # its last round, and when
 
-    def _left(self) -> float | None:
-        if self.done_weight <= 0:
+    @property
+    def elapsed(self) -> float:
+        return time.monotonic() - self.start
+
+    def _rest(self, now: float) -> float | None:
+        """The seconds the current step's rounds still take, from what they told; None before."""
+        if self._rounds is None:
             return None
-        rate = self.done_seconds / self.done_weight
-        remaining = sum(self.weights[self.step :]) * rate
-        return max(0.0, remaining - (time.monotonic() - self.step_start))
+        quiet, wanted, timed, seconds, at = self._rounds
+        per = seconds / max(1, timed)
+        rest = min(wanted - quiet, ROUND_BUDGET * wanted - timed) * per
+        if self.max_time_s is not None:  # at least the rounds every step gets, and the one running
+            rest = min(rest, max(self.max_time_s - seconds, (MIN_QUIET_ROUNDS - timed) * per) + per)
+        return max(0.0, rest - (now - at))
 
     def _draw(self, detail: str = "", final: bool = False) -> None:
-        elapsed = time.monotonic() - self.start
-        left = self._left()
-        total = len(self.weights)
-        width = 20
-        filled = int(width * self.step / max(1, total))
+        now = time.monotonic()
+        total = len(self.labels)
+        label = self.labels[self.step] if self.step < total else "done"
+        left = self.estimate.left(self.step, now - self.start, now - self.step_start, self._rest(now))
+        budget = self.estimate.run_budget_s
+        filled = int(20 * self.step / max(1, total))
         line = (
-            f"[{'#' * filled}{'.' * (width - filled)}] {self.step}/{total} {self.label}"
+            f"[{'#' * filled}{'.' * (20 - filled)}] {self.step}/{total} {label}"
             + (f" {detail}" if detail else "")
-            + f" · {_clock(elapsed)} elapsed"
-            + (f", about {_clock(left)} left" if left is not None else "")
+            + f" · {_clock(now - self.start)} elapsed"
+            + ("" if final else f", about {_clock(left)} left")
+            + (f" (budget {_clock(budget)})" if budget is not None else "")
         )
         if self.tty:
             self.stream.write("\r\033[K" + line + ("\n" if final else ""))
-        elif not detail:
+        else:
             self.stream.write(line + "\n")
         self.stream.flush()
+        self.last = now
 
-    def begin(self, index: int, label: str) -> None:
-        self.step, self.label, self.step_start = index, label, time.monotonic()
+    def begin(self, index: int, max_time_s: float | None = None) -> None:
+        self.step, self.step_start, self.max_time_s, self._rounds = index, time.monotonic(), max_time_s, None
         self._draw()
 
-    def round(self, done: int, wanted: int) -> None:
-        now = time.monotonic()
-        if self.tty and now - self.last > 0.2:
-            self.last = now
-            self._draw(f"(round {done}/{wanted})")
+    def round(self, quiet: int, wanted: int, timed: int, seconds: float) -> None:
+        """After each timed round (``harness.time_rounds``' ``on_round``)."""
+        self._rounds = (quiet, wanted, timed, seconds, time.monotonic())
+        if time.monotonic() - self.last >= self.interval_s:
+            self._draw(f"(round {timed}: {quiet} of {wanted} quiet)")
 
-    def end(self) -> None:
-        self.done_weight += self.weights[self.step]
-        self.done_seconds += time.monotonic() - self.step_start
+    def end(self, record: dict[str, Any] | None = None) -> None:
+        self.estimate.learn(self.step, time.monotonic() - self.step_start, record)
         if self.tty:
             self.stream.write("\r\033[K")
             self.stream.flush()
 
     def close(self) -> None:
-        self.step = len(self.weights)
-        self.label = "done"
+        self.step = len(self.labels)
         self._draw(final=True)
 
 
-def _clock(seconds: float) -> str:
-    seconds = int(round(seconds))
-    return f"{seconds // 60}:{seconds % 60:02d}"
+# ----------------------------------------------------------------------------
+# The command
+# ----------------------------------------------------------------------------
 
 
-def _weight(workload: Any, dtype: Any, contenders: int, repeats: int, quick: bool) -> float:
-    """A step's expected cost in arbitrary units: the bytes a call moves (a floor
-    for small ones, whose rounds are repeated to fill a second) times its
-    contenders and rounds, and the bytes it prepares."""
-    import torch
+def process_age() -> float:
+    """Seconds since this process started (Linux's /proc; 0 elsewhere): a run's
+    budget counts the interpreter's start and torch's import too."""
+    try:
+        with open("/proc/self/stat") as f:
+            started = float(f.read().rsplit(")", 1)[1].split()[19])  # starttime, in ticks since boot
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+    except (OSError, IndexError, ValueError):
+        return 0.0
+    return max(0.0, uptime - started / os.sysconf("SC_CLK_TCK"))
 
-    nbytes = workload.numel(quick) * torch.empty((), dtype=dtype).element_size()
-    return max(nbytes * workload.passes, 64e6) * contenders * (repeats + 2) + workload.copies * nbytes
+
+def _draw(run: dict[str, Any], out: Path, device: str) -> list[Path]:
+    """The PNG of what the run has so far, or the one command that draws it."""
+    from fastnorm.bench import plot
+
+    try:
+        return [plot.draw(run, out / f"{device}.png")]
+    except ImportError:  # matplotlib comes with the bench extra
+        print(
+            "(no plot: matplotlib is not installed; pip install 'fastnorm[bench]', then "
+            f"python -m fastnorm.bench.plot {out / device}.json)"
+        )
+        return []
 
 
 def main(args: argparse.Namespace) -> int:
@@ -227,7 +452,14 @@ def main(args: argparse.Namespace) -> int:
     from fastnorm.backends import cpp, requested
     from fastnorm.bench import distributed, goals, report
     from fastnorm.bench.contenders import by_prefix, default_wanted, for_workload
-    from fastnorm.bench.harness import MIN_TIMING_S, CorrectnessError, run_workload, too_big
+    from fastnorm.bench.harness import (
+        MIN_TIMING_S,
+        CorrectnessError,
+        OutOfTime,
+        measure_load,
+        run_workload,
+        too_big,
+    )
     from fastnorm.bench.workloads import DTYPES, WORKLOADS
 
     def fail(message: str) -> int:
@@ -248,21 +480,20 @@ def main(args: argparse.Namespace) -> int:
         if args.threads < 1:
             return fail("--threads must be >= 1")
         torch.set_num_threads(args.threads)
+    default_run = not (args.quick or args.full or args.workloads)
     if args.quick:
-        repeats, warmup, budget, run_budget = QUICK_REPEATS, QUICK_WARMUP, None, None
+        repeats, warmup, step_budget = QUICK_REPEATS, QUICK_WARMUP, None
     elif args.full:
-        repeats, warmup, budget, run_budget = FULL_REPEATS, FULL_WARMUP, FULL_BUDGET_S, None
+        repeats, warmup, step_budget = FULL_REPEATS, FULL_WARMUP, FULL_STEP_BUDGET_S
     else:
-        repeats, warmup, budget, run_budget = (
-            DEFAULT_REPEATS,
-            DEFAULT_WARMUP,
-            DEFAULT_BUDGET_S,
-            DEFAULT_RUN_BUDGET_S,
-        )
+        repeats, warmup, step_budget = DEFAULT_REPEATS, DEFAULT_WARMUP, STEP_BUDGET_S
     repeats = args.repeats if args.repeats is not None else repeats
     warmup = args.warmup if args.warmup is not None else warmup
+    run_budget = args.budget if args.budget is not None else (RUN_BUDGET_S if default_run else None)
     if repeats < 1 or warmup < 0:
         return fail("--repeats must be >= 1 and --warmup >= 0")
+    if run_budget is not None and run_budget <= 0:
+        return fail("--budget must be > 0 seconds")
 
     names = args.workloads or (_full_workloads(device) if args.full else _default_workloads(device))
     unknown = [n for n in names if n not in WORKLOADS]
@@ -278,7 +509,7 @@ def main(args: argparse.Namespace) -> int:
 
     if args.contenders:
         wanted = by_prefix(args.contenders)
-    elif args.full or args.workloads or device.type != "cpu":
+    elif not default_run or device.type != "cpu":
         wanted = default_wanted(device)
     else:  # the default run: fewer contenders, so that it stays short
         wanted = lambda c: c.name in DEFAULT_CONTENDERS or c.only_listed  # noqa: E731
@@ -303,7 +534,7 @@ def main(args: argparse.Namespace) -> int:
         "quick": args.quick,
         "repeats": repeats,
         "warmup": warmup,
-        "budget_s": budget,
+        "budget_s": step_budget,
         "run_budget_s": run_budget,
         "contenders": sorted({c.name for _, _, chosen, _ in steps for c in chosen}),
     }
@@ -315,6 +546,7 @@ def main(args: argparse.Namespace) -> int:
         + ([f"--contenders {','.join(args.contenders)}"] if args.contenders else [])
         + (["--quick"] if args.quick else [])
         + [f"--repeats {repeats}", f"--warmup {warmup}", f"--threads {torch.get_num_threads()}"]
+        + ([f"--budget {run_budget:g}"] if run_budget is not None else [])
     )
     run = report.new_run(device, settings, command)
     env = run["environment"]
@@ -322,48 +554,86 @@ def main(args: argparse.Namespace) -> int:
     print(
         f"fastnorm {env['fastnorm']} ({env['backend']} backend{isa}), torch {env['torch']}, "
         f"on {env['device_name']}, {env['threads']} threads; {repeats} interleaved rounds after "
-        f"{warmup} warm-up, medians. Results go to {args.out}/ after each workload.\n",
+        f"{warmup} warm-up, medians. Results go to {args.out}/ after each workload.",
         flush=True,
     )
-    progress = Progress(
-        [_weight(WORKLOADS[n], DTYPES[d], len(c), repeats, args.quick) for n, d, c, _ in steps]
+    load = measure_load(LOAD_LOOK_S)
+    run["load_before"] = {
+        "other_cores_busy": load.other_cores_busy,
+        "processes": load.processes,
+        "load_average": load.load_average,
+        "message": load.message(),
+    }
+    print(load.message(), flush=True)
+    costs = [step_cost(WORKLOADS[n], DTYPES[d], c, args.quick) for n, d, c, _ in steps]
+    busy = load.other_cores_busy or 0.0
+    estimate = Estimate(
+        costs,
+        repeats=repeats,
+        warmup=warmup,
+        min_time_s=0.0 if args.quick else MIN_TIMING_S,
+        step_budget_s=step_budget,
+        run_budget_s=run_budget,
+        # this process's share of the cores while the others' work goes on
+        slowdown=1.0 + busy / max(1, env["threads"]),
     )
+    # The budget's clock started with the command: the interpreter, torch's import and the look at the load.
+    started = time.monotonic() - process_age() if run_budget is not None else None
+    progress = Progress(estimate, [f"{n} {d}" for n, d, _, _ in steps], start=started)
+    first = progress.elapsed + estimate.left(0, progress.elapsed)
+    limit = f"; its budget is {_clock(run_budget)}, from the command on" if run_budget is not None else ""
+    what = f"{len(steps)} step{'s' * (len(steps) != 1)} (a workload in one dtype each)"
+    print(f"{what}: about {_clock(first)} in all{limit}.\n", flush=True)
     written: list[Path] = []
     try:
         for index, (name, dtype, chosen, skipped) in enumerate(steps):
             workload = WORKLOADS[name]
-            progress.begin(index, f"{name} {dtype}")
+            max_time_s = estimate.step_budget(index, progress.elapsed)
+            progress.begin(index, max_time_s)
             reason = too_big(workload, DTYPES[dtype], device, args.quick)
+            if reason is None and not estimate.runs(index, progress.elapsed):
+                left = max(0.0, run_budget - progress.elapsed)
+                reason = (
+                    f"the run's {_clock(run_budget)} budget has {_clock(left)} left, and this workload needs "
+                    f"about {_clock(estimate.least(index))} at this machine's pace so far (--budget SECONDS, "
+                    "or an idle machine, runs it)"
+                )
             if reason is not None:
                 progress.end()
                 print(f"(skipped {name} {dtype}: {reason})\n", flush=True)
                 run["skipped_workloads"].append({"workload": name, "dtype": dtype, "reason": reason})
                 continue
             runner = distributed.run if workload.ranks > 1 else run_workload
-            step_budget = budget
-            if run_budget is not None:  # this step's share of what is left of the run's budget
-                left = max(0.0, run_budget - (time.monotonic() - progress.start))
-                share = left * progress.weights[index] / sum(progress.weights[index:])
-                step_budget = min(budget, max(MIN_STEP_BUDGET_S, share))
-            extra = {} if workload.ranks > 1 else {"max_time_s": step_budget, "on_round": progress.round}
-            record = runner(
-                workload,
-                dtype=DTYPES[dtype],
-                device=device,
-                contenders=chosen,
-                repeats=repeats,
-                warmup=warmup,
-                quick=args.quick,
-                min_time_s=0.0 if args.quick else MIN_TIMING_S,
-                skipped=skipped,
-                dtype_name=dtype,
-                **extra,
-            )
-            progress.end()
+            extra = {} if workload.ranks > 1 else {"max_time_s": max_time_s, "on_round": progress.round}
+            if workload.ranks == 1 and run_budget is not None and run["workloads"]:
+                extra["deadline"] = progress.start + run_budget
+            try:
+                record = runner(
+                    workload,
+                    dtype=DTYPES[dtype],
+                    device=device,
+                    contenders=chosen,
+                    repeats=repeats,
+                    warmup=warmup,
+                    quick=args.quick,
+                    min_time_s=0.0 if args.quick else MIN_TIMING_S,
+                    skipped=skipped,
+                    dtype_name=dtype,
+                    **extra,
+                )
+            except OutOfTime as exc:
+                progress.end()
+                reason = f"{exc} (the run's budget is {_clock(run_budget)}; --budget SECONDS runs it)"
+                print(f"(left out {name} {dtype}: {reason})\n", flush=True)
+                run["skipped_workloads"].append({"workload": name, "dtype": dtype, "reason": reason})
+                continue
+            if run_budget is not None:
+                record["rounds"]["run_budget_s"] = run_budget
             run["workloads"].append(record)
             print(report.table(record) + "\n", flush=True)
             run["goals"] = goals.evaluate(run)
             written = report.write(run, args.out, [record])
+            progress.end(record)
     except CorrectnessError as exc:
         progress.end()
         print(f"fastnorm bench: correctness check failed, nothing reported: {exc}", file=sys.stderr)
@@ -371,24 +641,25 @@ def main(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         progress.end()
         done = len(run["workloads"])
-        where = f"kept in {args.out}/" if done else "nothing written"
+        kept = f"kept in {args.out}/" if done else "nothing written"
+        if done and not args.no_plot:
+            kept += "; drew " + ", ".join(map(str, _draw(run, args.out, device.type)))
         print(
-            f"\nfastnorm bench: interrupted after {done} of {len(steps)} workloads; {where}", file=sys.stderr
+            f"\nfastnorm bench: interrupted after {done} of {len(steps)} workloads; {kept}", file=sys.stderr
         )
         return 130
     progress.close()
+    run["seconds"] = round(progress.elapsed, 1)
     run["goals"] = goals.evaluate(run)
     written = report.write(run, args.out, [])
 
+    if run["skipped_workloads"]:
+        names = ", ".join(f"{s['workload']} {s['dtype']}" for s in run["skipped_workloads"])
+        print(f"Not run: {names} (the reason is under each one's name above).\n")
     if run["goals"]:
         print(goals.summary(run["goals"]) + "\n")
-    if not args.no_plot and not all(map(report.is_step, run["workloads"])):
-        from fastnorm.bench import plot
-
-        try:
-            written.append(plot.draw(run, args.out / f"{device.type}.png"))
-        except ImportError:  # pragma: no cover - matplotlib comes with the bench extra
-            print("(no plot: matplotlib is not installed; pip install 'fastnorm[bench]')")
+    if not args.no_plot and run["workloads"]:
+        written += _draw(run, args.out, device.type)
     if written:
         print("wrote " + ", ".join(str(p) for p in written))
     return 0

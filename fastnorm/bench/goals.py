@@ -14,12 +14,12 @@ code does not change.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from fastnorm.bench import step
-from fastnorm.bench.harness import paired_ratio
-from fastnorm.bench.report import disturbed
+from fastnorm.bench.harness import disturbed, paired_ratio
 
 Record = dict[str, Any]
 
@@ -62,29 +62,158 @@ COEF_RTOL = {"fp64": 1e-6, "fp32": 1e-5}
 COEF_RTOL_DEFAULT = 1e-2
 
 
+BF16_OVER_FP32 = 1.0
+
+
+def _by_threshold(thresholds: dict[tuple[str, str], float], unit: str = "") -> list[tuple[str, str]]:
+    """(threshold, where) per distinct threshold, the workloads each with its dtypes."""
+    rows: dict[float, dict[str, list[str]]] = {}
+    for (workload, dtype), value in thresholds.items():
+        rows.setdefault(value, {}).setdefault(workload, []).append(dtype)
+    return [
+        (f"{value:g}{unit}", "; ".join(f"`{w}` {', '.join(d)}" for w, d in where.items()))
+        for value, where in rows.items()
+    ]
+
+
+def _names(names: Iterable[str]) -> str:
+    return ", ".join(f"`{n}`" for n in names)
+
+
+@dataclass(frozen=True)
+class Target:
+    """One kind of target: its wording in the docs, and where and against what it is judged.
+
+    ``rows()`` gives (threshold, where) pairs, one per distinct threshold;
+    ``timed``: a time, so not judged where its figures were disturbed (memory
+    and what a step computed are judged on a busy machine too).
+    """
+
+    text: str
+    higher_is_better: bool
+    rows: Callable[[], list[tuple[str, str]]]
+    timed: bool = True
+
+
+def _kernel_where() -> list[tuple[str, str]]:
+    from fastnorm.bench.workloads import WORKLOADS
+
+    dtypes = WORKLOADS[KERNEL_WORKLOAD].dtypes or ()
+    return [(f"{KERNEL_VS_SUM:g}", f"`{KERNEL_WORKLOAD}` {', '.join(dtypes)}")]
+
+
+def _host_where() -> list[tuple[str, str]]:
+    from fastnorm.bench.workloads import WORKLOADS
+
+    names = [w.name for w in WORKLOADS.values() if w.host_cost]
+    return [(f"{HOST_US_PER_TENSOR:g} us", f"{_names(names)} (fp32, bf16)")]
+
+
+def _coef_where() -> list[tuple[str, str]]:
+    rtols = ", ".join(f"{v:g} ({k})" for k, v in COEF_RTOL.items())
+    return [(f"{rtols}, {COEF_RTOL_DEFAULT:g} (16-bit)", "`step-*`")]
+
+
+# Every target evaluate() judges, by the key its outcomes carry: what the docs' table lists.
+TARGETS: dict[str, Target] = {
+    "kernel": Target(
+        "`total_norm`'s speed on one core / `torch.sum`'s on the same flat tensor", True, _kernel_where
+    ),
+    "roofline": Target(
+        "`total_norm`'s speed on all threads / the read roofline's",
+        True,
+        lambda: _by_threshold(ROOFLINE_FRACTION),
+    ),
+    "speedup": Target(
+        "speedup of `total_norm` over `torch.get_total_norm`", True, lambda: _by_threshold(SPEEDUP, "x")
+    ),
+    "bf16": Target(
+        "bf16 elements per second / fp32's, `total_norm`",
+        True,
+        lambda: [(f"{BF16_OVER_FP32:g}", _names(BF16_WORKLOADS))],
+    ),
+    "clip": Target(
+        "`clip_` that clips / (one read plus one read-write pass: the two rooflines)",
+        False,
+        lambda: [(f"{CLIP_OVERHEAD:g}", f"{_names(STREAMING)} (fp32, bf16)")],
+    ),
+    "noop": Target(
+        "`clip_` that does not clip / `total_norm`",
+        False,
+        lambda: [(f"{CLIP_OVERHEAD:g}", "every workload that runs both")],
+    ),
+    "host": Target(
+        "host time per tensor of `total_norm` and of `clip_` that clips, on a cached plan", False, _host_where
+    ),
+    "memory": Target(
+        "peak extra memory of a fastnorm call (a training loop's second) / the gradients' bytes",
+        False,
+        lambda: [
+            (
+                f"{EXTRA_MEMORY_FRACTION:g}",
+                f"every workload of at least {EXTRA_MEMORY_MIN_BYTES / 1e6:.0f} MB",
+            )
+        ],
+        timed=False,
+    ),
+    "folded": Target(
+        "folded step / bare fused AdamW step, with its norm and alone (paired ratios)",
+        False,
+        lambda: [(f"{FOLDED_OVER_STEP:g}", "`step-*`")],
+    ),
+    "folded-vs-clip": Target(
+        "folded step (with its norm) / `clip_` + step (paired ratio)",
+        False,
+        lambda: [(f"{FOLDED_OVER_CLIP_THEN_STEP:g}", "`step-*`")],
+    ),
+    "applied": Target(
+        "the folded steps applied the clip: \\|coefficient in the gradients they used / "
+        "(max_norm / (norm + 1e-6)) - 1\\|",
+        False,
+        _coef_where,
+        timed=False,
+    ),
+}
+
+
+def table() -> str:
+    """The targets as a Markdown table, from the constants above (the docs hold this table)."""
+    lines = [
+        "| target | threshold | workloads and dtypes | judged when disturbed |",
+        "| --- | --- | --- | --- |",
+    ]
+    for target in TARGETS.values():
+        compare = ">=" if target.higher_is_better else "<="
+        for threshold, where in target.rows():
+            judged = "no" if target.timed else "yes"
+            lines.append(f"| {target.text} | {compare} {threshold} | {where} | {judged} |")
+    return "\n".join(lines) + "\n"
+
+
 def _result(record: Record, name: str) -> Record | None:
     return next((r for r in record["results"] if r["contender"] == name), None)
 
 
 def _goal(
+    target: str,
     text: str,
     record: Record,
     value: float,
     threshold: float,
-    higher_is_better: bool,
     used: list[Record | None] = (),
-    timed: bool = True,
 ) -> Record:
-    """One target's outcome; ``used`` are the results it was computed from.
+    """One outcome of ``target`` (a key of ``TARGETS``); ``used`` are the results it was computed from.
 
     A figure that is not a time (memory, what a call computed) does not depend
-    on other processes: ``timed=False`` evaluates it whatever the rounds were.
+    on other processes: it is judged whatever the rounds were.
     """
+    higher_is_better, timed = TARGETS[target].higher_is_better, TARGETS[target].timed
     why = None
     if timed:
         why = disturbed(record) or next((r["disturbed"] for r in used if r and r.get("disturbed")), None)
     ok = value >= threshold if higher_is_better else value <= threshold
     return {
+        "target": target,
         "goal": text,
         "workload": record["workload"],
         "dtype": record["dtype"],
@@ -104,33 +233,32 @@ def _step(record: Record) -> Iterator[Record]:
         folded = _result(record, name)
         if folded is not None and folded.get("paired_ratio") is not None:
             yield _goal(
+                "folded",
                 f"folded step ({what}) / bare fused AdamW step",
                 record,
                 folded["paired_ratio"],
                 FOLDED_OVER_STEP,
-                False,
                 [folded],
             )
     folded, separate = _result(record, step.FOLDED), _result(record, step.CLIP_THEN_STEP)
     if folded is not None and separate is not None:
         yield _goal(
+            "folded-vs-clip",
             "folded step (with its norm) / (clip_ + step)",
             record,
             paired_ratio(folded["samples_ms"], separate["samples_ms"]),
             FOLDED_OVER_CLIP_THEN_STEP,
-            False,
             [folded, separate],
         )
     rtol = COEF_RTOL.get(record["dtype"], COEF_RTOL_DEFAULT)
     for r in record["results"]:
         if r["contender"] in FOLDED and r.get("applied_coef") is not None:
             yield _goal(
+                "applied",
                 f"{r['contender']} clipped: |coefficient applied / max_norm/(norm+1e-6) - 1|",
                 record,
                 abs(r["applied_coef"] / r["expected_coef"] - 1),
                 rtol,
-                False,
-                timed=False,
             )
 
 
@@ -141,70 +269,69 @@ def _per_record(record: Record, isa: str | None) -> Iterator[Record]:
         fast, total = _result(record, f"fastnorm.total_norm/{isa}"), _result(record, "roofline.read/sum")
         if fast is not None and total is not None:
             yield _goal(
+                "kernel",
                 f"1 core: total_norm ({isa}) / torch.sum, same tensor",
                 record,
                 total["ms"] / fast["ms"],
                 KERNEL_VS_SUM,
-                True,
                 [fast, total],
             )
         return
     norm = _result(record, "fastnorm.total_norm")
     if norm is not None and key in ROOFLINE_FRACTION and read:
         yield _goal(
+            "roofline",
             "total_norm / read roofline",
             record,
             read["ms"] / norm["ms"],
             ROOFLINE_FRACTION[key],
-            True,
             [norm],
         )
     torch_norm = _result(record, "torch.get_total_norm")
     if norm is not None and key in SPEEDUP and torch_norm is not None:
         value = torch_norm["ms"] / norm["ms"]
         yield _goal(
-            "speedup over torch.get_total_norm", record, value, SPEEDUP[key], True, [norm, torch_norm]
+            "speedup", "speedup over torch.get_total_norm", record, value, SPEEDUP[key], [norm, torch_norm]
         )
     noop = _result(record, "fastnorm.clip_/noop")
     if norm is not None and noop is not None:
         yield _goal(
+            "noop",
             "clip_ (no clip) / total_norm",
             record,
             noop["ms"] / norm["ms"],
             CLIP_OVERHEAD,
-            False,
             [norm, noop],
         )
     clips = _result(record, "fastnorm.clip_/clips")
     if clips is not None and read and rw and record["workload"] in STREAMING:
         yield _goal(
+            "clip",
             "clip_ (clips) / (read roofline + read-write roofline)",
             record,
             clips["ms"] / (read["ms"] + rw["ms"]),
             CLIP_OVERHEAD,
-            False,
             [clips],
         )
     for r in record["results"]:
         if r.get("host_us_per_tensor") is not None and r["group"] == "fastnorm" and r["kind"] != "clip-noop":
             yield _goal(
+                "host",
                 f"host time per tensor of {r['contender']} (us)",
                 record,
                 r["host_us_per_tensor"],
                 HOST_US_PER_TENSOR,
-                False,
                 [r],
             )
     if record["bytes"] >= EXTRA_MEMORY_MIN_BYTES:
         for r in record["results"]:
             if r["group"] == "fastnorm" and r["extra_bytes"] is not None:
                 yield _goal(
+                    "memory",
                     f"extra memory of {r['contender']} / gradient bytes",
                     record,
                     r["extra_bytes"] / record["bytes"],
                     EXTRA_MEMORY_FRACTION,
-                    False,
-                    timed=False,
                 )
 
 
@@ -228,27 +355,85 @@ def evaluate(run: dict[str, Any]) -> list[Record]:
         b, f = _result(bf16, row), _result(fp32, row)
         if b is not None and f is not None:
             # elements/s of bf16 over those of fp32: the same elements, so a ratio of times
-            goal = _goal("bf16 / fp32 elements per second", bf16, f["ms"] / b["ms"], 1.0, True, [b, f])
+            goal = _goal(
+                "bf16", "bf16 / fp32 elements per second", bf16, f["ms"] / b["ms"], BF16_OVER_FP32, [b, f]
+            )
             goal["disturbed"] = goal["disturbed"] or disturbed(fp32)
             goal["pass"] = None if goal["disturbed"] else goal["pass"]
             goals.append(goal)
     return goals
 
 
+def counts(goals: list[Record]) -> str:
+    """How many targets were met, missed and not judged, in words."""
+    judged = [g for g in goals if g["pass"] is not None]
+    met = sum(g["pass"] for g in judged)
+    text = f"{met} met, {len(judged) - met} missed"
+    if len(judged) < len(goals):
+        text += f", {len(goals) - len(judged)} not judged (their figures are disturbed)"
+    return text
+
+
+def outcome(goal: Record) -> str:
+    """``value (target >= threshold)``, or ``not judged (disturbed)`` where a figure was disturbed."""
+    target = f"target {goal['compare']} {goal['threshold']:g}"
+    if goal["pass"] is None:
+        return f"not judged (disturbed), {target}"
+    return f"{goal['value']:.3g} ({target})"
+
+
+def by_target(goals: list[Record]) -> str:
+    """Per target, where it was met, missed (with the values) and not judged: a Markdown table."""
+    outcomes = ("met", "missed", "not judged")
+    rows: dict[str, dict[str, dict[str, list[Record]]]] = {}
+    for g in goals:
+        outcome = outcomes[2] if g["pass"] is None else outcomes[0] if g["pass"] else outcomes[1]
+        cells = rows.setdefault(g.get("target", g["goal"]), {o: {} for o in outcomes})
+        cells[outcome].setdefault(f"{g['workload']} {g['dtype']}", []).append(g)
+
+    def cell(found: dict[str, list[Record]], outcome: str) -> str:
+        if outcome != "missed":
+            return ", ".join(found) or "-"
+        entries = []
+        for where, gs in found.items():
+            values = ", ".join(format(g["value"], ".3g") for g in gs)
+            entries.append(f"{where}: {values} ({gs[0]['compare']} {gs[0]['threshold']:g})")
+        return "; ".join(entries) or "-"
+
+    lines = ["| target | met | missed | not judged (disturbed) |", "| --- | --- | --- | --- |"]
+    for key, cells in rows.items():
+        text = TARGETS[key].text if key in TARGETS else key.replace("|", "\\|")
+        lines.append(f"| {text} | " + " | ".join(cell(cells[o], o) for o in outcomes) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def markdown(goals: list[Record]) -> str:
+    """The outcome of every target, for DEVICE.md: the counts, the table by target, then every judgement."""
+    lines = [
+        f"Targets (`fastnorm/bench/goals.py`): {counts(goals)}.",
+        "",
+        by_target(goals),
+        "Every judgement:",
+        "",
+        "| outcome | workload | dtype | target | value | threshold |",
+        "| --- | --- | --- | --- | ---: | ---: |",
+    ]
+    for g in goals:
+        word = "not judged (disturbed)" if g["pass"] is None else "met" if g["pass"] else "**missed**"
+        value = "-" if g["pass"] is None else f"{g['value']:.3g}"
+        text, threshold = g["goal"].replace("|", "\\|"), f"{g['compare']} {g['threshold']:g}"
+        lines.append(f"| {word} | {g['workload']} | {g['dtype']} | {text} | {value} | {threshold} |")
+    return "\n".join(lines) + "\n"
+
+
 def summary(goals: list[Record]) -> str:
+    """The lines printed after the tables: the counts, then one line per target."""
     if not goals:
         return ""
-    checked = [g for g in goals if g["pass"] is not None]
-    lines = [f"Targets: {sum(g['pass'] for g in checked)} of {len(checked)} met"]
-    if len(checked) < len(goals):
-        lines[0] += f" ({len(goals) - len(checked)} not evaluated: disturbed figures)"
+    lines = [f"Targets: {counts(goals)}"]
+    if any(g["pass"] is None for g in goals):
+        lines[0] += "; rerun on an idle machine to judge them"
     for g in goals:
-        mark = "DIST" if g["pass"] is None else "ok  " if g["pass"] else "MISS"
-        line = (
-            f"  {mark} {g['workload']} {g['dtype']}: {g['goal']} = {g['value']:.3g} "
-            f"(target {g['compare']} {g['threshold']:g})"
-        )
-        if g["pass"] is None:
-            line += f" [disturbed: {g['disturbed']}]"
-        lines.append(line)
+        mark = "--  " if g["pass"] is None else "ok  " if g["pass"] else "MISS"
+        lines.append(f"  {mark} {g['workload']} {g['dtype']}: {g['goal']}: {outcome(g)}")
     return "\n".join(lines)

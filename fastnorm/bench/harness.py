@@ -77,6 +77,10 @@ class CorrectnessError(RuntimeError):
     """A contender computed a wrong norm or clipped wrongly: nothing is timed."""
 
 
+class OutOfTime(RuntimeError):
+    """The run's deadline passed before this workload's rounds began: it is left out."""
+
+
 # ----------------------------------------------------------------------------
 # Clocks and memory
 # ----------------------------------------------------------------------------
@@ -197,6 +201,94 @@ class LoadMeter:
         }
 
 
+def _process_seconds() -> dict[int, tuple[str, float]]:
+    """CPU seconds each process has used so far, by pid, with its name (Linux; empty elsewhere)."""
+    ticks = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    out = {}
+    try:
+        pids = [int(name) for name in os.listdir("/proc") if name.isdigit()]
+    except OSError:
+        return {}
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                text = f.read()
+        except OSError:  # it ended meanwhile
+            continue
+        name, rest = text[text.index("(") + 1 : text.rindex(")")], text[text.rindex(")") + 2 :].split()
+        out[pid] = (name, (float(rest[11]) + float(rest[12])) / ticks)  # utime, stime
+    return out
+
+
+@dataclass
+class MachineLoad:
+    """What other processes did with the CPUs over a short look before a run.
+
+    ``other_cores_busy``: from ``/proc/stat``, less this process's own time (None
+    where Linux's /proc is missing); ``processes``: (name, cores) of each other
+    process that kept at least ``MIN_PROCESS_CORES`` busy, busiest first.
+    """
+
+    seconds: float
+    cores: int
+    other_cores_busy: float | None
+    processes: list[tuple[str, float]]
+    load_average: float | None
+
+    MIN_PROCESS_CORES = 0.05
+
+    @property
+    def busy(self) -> bool:
+        """Whether rounds timed like this would be replaced as disturbed (``QUIET_CORES``)."""
+        return self.other_cores_busy is not None and self.other_cores_busy > QUIET_CORES
+
+    def message(self) -> str:
+        """What the load means for the run's figures, in one sentence."""
+        if self.other_cores_busy is None:
+            return "The load of this machine cannot be read (no /proc/stat): rounds are not checked for it."
+        average = f"load average {self.load_average:.1f}" if self.load_average is not None else ""
+        if not self.busy:
+            return (
+                f"The machine is quiet: other processes keep {self.other_cores_busy:.2f} of its "
+                f"{self.cores} cores busy ({average})."
+            )
+        n = len(self.processes)
+        who = {0: "other processes keep", 1: "1 other process keeps"}.get(n, f"{n} other processes keep")
+        top = ", ".join(f"{name} {cores:.1f}" for name, cores in self.processes[:3])
+        return (
+            f"Warning: {who} {self.other_cores_busy:.1f} of the {self.cores} cores busy "
+            f"({top + '; ' if top else ''}{average}): most figures will be marked disturbed; "
+            "run on an idle machine for results."
+        )
+
+
+def measure_load(seconds: float = 0.5) -> MachineLoad:
+    """Watches the machine for ``seconds`` while this process sleeps."""
+    own = os.getpid()
+    start, before, meter = time.monotonic(), _process_seconds(), LoadMeter()
+    time.sleep(seconds)
+    load, after = meter.stop(), _process_seconds()
+    wall = time.monotonic() - start
+    processes = []
+    for pid, (name, used) in after.items():
+        if pid != own and pid in before:
+            cores = (used - before[pid][1]) / wall
+            if cores >= MachineLoad.MIN_PROCESS_CORES:
+                processes.append((name, round(cores, 2)))
+    try:
+        average: float | None = os.getloadavg()[0]
+    except OSError:
+        average = None
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return MachineLoad(
+        seconds=seconds,
+        cores=cores,
+        other_cores_busy=None if load is None else load["other_cores_busy"],
+        processes=sorted(processes, key=lambda p: -p[1]),
+        load_average=average,
+    )
+
+
 # ----------------------------------------------------------------------------
 # Correctness
 # ----------------------------------------------------------------------------
@@ -259,7 +351,14 @@ class Checked:
     coefs: dict[str, tuple[float, float]] = field(default_factory=dict)
 
 
-def check(contenders: list[Contender], w: Prepared, calls: dict[str, Call]) -> Checked:
+def _in_time(deadline: float | None, what: str) -> None:
+    if deadline is not None and time.monotonic() > deadline:
+        raise OutOfTime(what)
+
+
+def check(
+    contenders: list[Contender], w: Prepared, calls: dict[str, Call], deadline: float | None = None
+) -> Checked:
     """Each contender's first call: correctness and error; its second call: the
     peak extra memory of a call as a training loop makes it, every step (the
     first one also imports modules and fills caches once: a distributed call's
@@ -267,10 +366,12 @@ def check(contenders: list[Contender], w: Prepared, calls: dict[str, Call]) -> C
 
     Raises CorrectnessError on a wrong result (or an exception of a contender
     that is not optional); optional contenders that raise are dropped.
+    OutOfTime when ``time.monotonic()`` passes ``deadline`` between two contenders.
     """
     out = Checked()
     dtype = str(w.dtype).replace("torch.", "")
     for c in contenders:
+        _in_time(deadline, f"the run's time ran out while the contenders were checked, before {c.name}")
         try:
             result = calls[c.name]()
         except Exception as exc:
@@ -318,6 +419,11 @@ class Timings:
     kept: int  # used for the statistics
     others_busy: list[float | None]  # cores busy with other processes, per round
     busy_kept: int = 0  # rounds kept although other processes were busy: the figures are disturbed
+    wanted: int = 0  # quiet rounds wanted: the rounds asked for, more for quick ones
+    quiet: int = 0  # rounds free of other processes' work
+    # Why fewer quiet rounds than wanted: "time" (max_time_s ran out), "rounds"
+    # (ROUND_BUDGET times the rounds wanted were timed); None when enough were quiet.
+    stopped: str | None = None
 
 
 # Fewer quiet rounds than this and the statistics use every round (disturbed).
@@ -334,7 +440,7 @@ def time_rounds(
     min_time_s: float = MIN_TIMING_S,
     lockstep: bool = False,
     max_time_s: float | None = None,
-    on_round: Callable[[int, int], None] | None = None,
+    on_round: Callable[[int, int, int, float], None] | None = None,
 ) -> Timings:
     """Warm-up, then rounds of one call of each contender, until enough quiet rounds.
 
@@ -344,10 +450,13 @@ def time_rounds(
     are quick (``min_time_s`` in all, up to ``MAX_ROUNDS_FACTOR * repeats``). A round
     during which other processes kept more than ``QUIET_CORES`` busy is
     replaced by another, up to ``ROUND_BUDGET`` times the rounds wanted, and
-    no longer than ``max_time_s`` (once ``MIN_QUIET_ROUNDS`` rounds are done).
+    no longer than ``max_time_s`` (once ``MIN_QUIET_ROUNDS`` rounds are done, no
+    round begins that would end after it).
     The statistics use the quiet rounds; with fewer than ``MIN_QUIET_ROUNDS``
     of them, every round, and ``busy_kept`` says how many were not quiet.
-    ``on_round(done, wanted)`` is called after every round (a progress bar).
+    ``on_round(quiet, wanted, timed, seconds)`` is called after every round
+    (a progress bar): the quiet rounds so far, the quiet ones wanted, the rounds
+    timed and the seconds since the first began.
 
     ``lockstep`` (ranks of a process group, whose calls include collectives):
     exactly ``repeats`` rounds, in the same order on every rank, none replaced.
@@ -367,17 +476,24 @@ def time_rounds(
     order = random.Random(0)
     want = repeats
     quiet = 0
+    stopped = None
     start = time.perf_counter()
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
-        while quiet < want and len(rounds) < ROUND_BUDGET * want:
+        while quiet < want:
+            if len(rounds) >= ROUND_BUDGET * want:
+                stopped = "rounds"
+                break
+            spent = time.perf_counter() - start
+            # No round is begun that would end after max_time_s, at the pace of those before it.
             if (
                 not lockstep
                 and max_time_s is not None
                 and len(rounds) >= MIN_QUIET_ROUNDS
-                and time.perf_counter() - start > max_time_s
+                and spent * (1 + 1 / len(rounds)) > max_time_s
             ):
+                stopped = "time"
                 break
             shuffled = order.sample(contenders, len(contenders))
             meter = LoadMeter()
@@ -391,7 +507,7 @@ def time_rounds(
             rounds.append((samples, busy))
             quiet += busy is None or busy <= QUIET_CORES
             if on_round is not None:
-                on_round(quiet, want)
+                on_round(quiet, want, len(rounds), time.perf_counter() - start)
     finally:
         if gc_was_enabled:
             gc.enable()
@@ -407,12 +523,20 @@ def time_rounds(
         kept=len(kept),
         others_busy=[busy for _, busy in rounds],
         busy_kept=busy_kept,
+        wanted=want,
+        quiet=quiet,
+        stopped=stopped,
     )
 
 
 # ----------------------------------------------------------------------------
 # One workload
 # ----------------------------------------------------------------------------
+
+
+def disturbed(record: dict[str, Any], result: dict[str, Any] | None = None) -> str | None:
+    """Why a record's figures (or one result's) are not results, or None."""
+    return record.get("disturbed") or (result or {}).get("disturbed")
 
 
 def memory_needed(workload: Workload, dtype: torch.dtype, quick: bool = False) -> int:
@@ -478,28 +602,41 @@ def run_workload(
     dtype_name: str | None = None,
     lockstep: bool = False,
     max_time_s: float | None = None,
-    on_round: Callable[[int, int], None] | None = None,
+    on_round: Callable[[int, int, int, float], None] | None = None,
+    deadline: float | None = None,
 ) -> dict[str, Any]:
     """Checks, then times every contender on one workload; returns its JSON record.
 
+    Raises OutOfTime when ``time.monotonic()`` passes ``deadline`` (the run's
+    budget) before the rounds begin: its setup took the time they would have had.
+
     ``max_time_s`` bounds the timed rounds (see :func:`time_rounds`); the
-    workload's ``threads``, when set, is torch's thread count meanwhile.
+    workload's ``threads``, when set, is torch's thread count meanwhile. The
+    record's ``seconds`` say where the time went: ``setup`` (the gradients, the
+    correctness check) and ``timing`` (warm-up and timed rounds).
     """
+    started = time.perf_counter()
     threads = torch.get_num_threads()
     if workload.threads is not None:
         torch.set_num_threads(workload.threads)
     w = prepare(workload, dtype, device, quick=quick)
     if workload.contenders is not None:
         contenders = [c for c in contenders if c.name in workload.contenders]
+    unsuited = {c.name: c.dtype_reasons(device, dtype) for c in contenders}
+    unsuited = {name: reasons for name, reasons in unsuited.items() if reasons}
+    contenders = [c for c in contenders if c.name not in unsuited]
     try:
         calls = {c.name: c.make(w, c.max_norm(w)) for c in contenders}
-        checked = check(contenders, w, calls)
+        checked = check(contenders, w, calls, deadline)
+        _in_time(deadline, "the run's time ran out while the contenders were checked")
         live = [c for c in contenders if c.name not in checked.dropped]
         load = LoadMeter()
         hz = _clock_hz(device)
+        timing_started = time.perf_counter()
         timings = time_rounds(
             live, w, calls, Clock(device), repeats, warmup, min_time_s, lockstep, max_time_s, on_round
         )
+        timing_s = time.perf_counter() - timing_started
         if hz is not None:  # the clock may have changed while the rounds ran: the faster reading
             hz = max(hz, _clock_hz(device) or 0.0)
         record = _record(workload, w, live, timings, checked, quick, hz)
@@ -511,6 +648,15 @@ def run_workload(
             "busy_kept": timings.busy_kept,
             "quiet_cores": QUIET_CORES,
             "others_busy": timings.others_busy,
+            "asked": repeats,
+            "wanted": timings.wanted,
+            "quiet": timings.quiet,
+            "stopped": timings.stopped,
+            "max_time_s": max_time_s,
+        }
+        record["seconds"] = {
+            "setup": round(timing_started - started, 3),
+            "timing": round(timing_s, 3),
         }
         if timings.busy_kept:
             busiest = max(b for b in timings.others_busy if b is not None)
@@ -519,7 +665,7 @@ def run_workload(
                 f"{timings.rounds} rounds"
             )
         record["dtype"] = dtype_name or str(dtype).replace("torch.", "")
-        record["skipped"] = {**(skipped or {}), **checked.dropped}
+        record["skipped"] = {**(skipped or {}), **unsuited, **checked.dropped}
         return record
     finally:
         del w

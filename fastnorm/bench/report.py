@@ -28,8 +28,9 @@ from typing import Any
 
 import torch
 
-from fastnorm.bench import step
+from fastnorm.bench import goals, step
 from fastnorm.bench.contenders import STEPS
+from fastnorm.bench.harness import disturbed
 
 SCHEMA = 1
 
@@ -177,11 +178,6 @@ def is_step(record: dict[str, Any]) -> bool:
     return any(r["kind"] in STEPS for r in record["results"])
 
 
-def disturbed(record: dict[str, Any], result: dict[str, Any] | None = None) -> str | None:
-    """Why a record's figures (or one result's) are not results, or None."""
-    return record.get("disturbed") or (result or {}).get("disturbed")
-
-
 def headline(record: dict[str, Any]) -> str:
     """One line: the workload, its size and its roofline."""
     roof = record["roofline"]
@@ -201,18 +197,44 @@ def headline(record: dict[str, Any]) -> str:
     if record.get("clock_hz"):
         parts.append(f"core clock {record['clock_hz'] / 1e9:.2f} GHz")
     line = "; ".join(parts)
-    rounds = record.get("rounds")
+    rounds, short = record.get("rounds"), rounds_short(record)
     if record.get("disturbed"):
         line += (
             f"\n  DISTURBED: {record['disturbed']}; too few quiet rounds, so these figures are not "
             "results: rerun on a quiet machine"
         )
+    if short is not None:
+        line += f"\n  ({short})"
     elif rounds and rounds["timed"] > rounds["kept"]:
         line += (
-            f"\n  ({rounds['timed'] - rounds['kept']} of {rounds['timed']} rounds dropped: other processes "
-            f"kept more than {rounds['quiet_cores']:g} cores busy)"
+            f"\n  ({rounds['timed'] - rounds['kept']} of {rounds['timed']} rounds replaced: other "
+            f"processes kept more than {rounds['quiet_cores']:g} cores busy)"
         )
     return line
+
+
+def rounds_short(record: dict[str, Any]) -> str | None:
+    """Why a record has fewer quiet rounds than it wanted (None when it has enough)."""
+    rounds = record.get("rounds") or {}
+    stopped = rounds.get("stopped")
+    if stopped is None:
+        return None
+    quiet, wanted, timed = rounds["quiet"], rounds["wanted"], rounds["timed"]
+    busy = timed - quiet
+    text = f"{quiet} quiet round{'s' * (quiet != 1)} of the {wanted} wanted: "
+    if stopped == "time":
+        share = f"{rounds['max_time_s']:.1f} s"
+        if rounds.get("run_budget_s") is not None:
+            share += f", its share of the run's {rounds['run_budget_s']:.0f} s budget,"
+        text += f"the rounds stopped when their {share} ran out"
+        if busy:
+            text += f"; other processes kept the CPUs busy in {busy} of the {timed} timed"
+    else:
+        text += (
+            f"other processes kept the CPUs busy in {busy} of the {timed} timed, and {timed} is the most "
+            f"there may be for {wanted}"
+        )
+    return text
 
 
 def table(record: dict[str, Any]) -> str:
@@ -297,6 +319,8 @@ def markdown(run: dict[str, Any]) -> str:
         "roofline, so not a result.",
         "",
     ]
+    if run.get("load_before"):
+        lines[0] += f" Before the run: {run['load_before']['message']}"
     main = [
         rec
         for rec in run["workloads"]
@@ -401,6 +425,8 @@ def markdown(run: dict[str, Any]) -> str:
         for rec in steps:
             cells = [step_cell(rec, name) for name, _ in STEP_COLUMNS]
             lines.append(f"| {rec['workload']} | {rec['dtype']} | " + " | ".join(cells) + " |")
+    if run.get("goals"):
+        lines += ["", goals.markdown(run["goals"]).rstrip("\n")]
     return "\n".join(lines) + "\n"
 
 
@@ -464,3 +490,23 @@ def write(run: dict[str, Any], out: Path, new_records: list[dict[str, Any]]) -> 
 
 def _round(value: Any) -> Any:
     return float(f"{value:.6g}") if isinstance(value, float) else value
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m fastnorm.bench.report RUN.json``: judges a run's targets again with
+    this version of goals.py and rewrites the JSON's goals and the Markdown beside it."""
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m fastnorm.bench.report RUN.json", file=sys.stderr)
+        return 2
+    path = Path(args[0])
+    run = json.loads(path.read_text())
+    run["goals"] = goals.evaluate(run)
+    write_json(run, path)
+    path.with_suffix(".md").write_text(markdown(run))
+    print(f"{path}, {path.with_suffix('.md')}: targets {goals.counts(run['goals'])}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

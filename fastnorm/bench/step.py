@@ -171,8 +171,6 @@ def step_workload(
         dtypes=dtypes,
         # the parameters, the gradients, their copy and AdamW's two moments
         copies=5,
-        # a call with its norm and the step (~9 passes), the untimed restore and norm
-        passes=12.0,
     )
 
 

@@ -134,9 +134,7 @@ class Workload:
     time is the host's: the table shows it per tensor. ``copies``: how many
     arrays of the gradients' size it holds while it runs (the gradients and
     their flat copy; an optimizer step adds the parameters and its state), for
-    the memory check. ``passes``: about how many passes over the gradients'
-    bytes one call makes, its untimed work included, for the progress estimate
-    and the default run's time shares.
+    the memory check (and the time it takes to prepare them).
     """
 
     name: str
@@ -153,7 +151,6 @@ class Workload:
     dtypes: tuple[str, ...] | None = None
     host_cost: bool = False
     copies: int = 2
-    passes: float = 1.0
 
     def shapes(self, quick: bool = False) -> list[Shape]:
         return self.quick() if quick else self.full()
@@ -298,6 +295,25 @@ def _chunks(t: Tensor) -> Iterator[Tensor]:
         yield flat[start : start + _CHUNK]
 
 
+class _Scratch:
+    """One reused buffer of up to ``_CHUNK`` elements: a fresh temporary for every
+    chunk of a 1 GB model would cost a page fault per 4 kB, more than the arithmetic."""
+
+    def __init__(self, dtype: torch.dtype, device: torch.device) -> None:
+        self.dtype, self.device = dtype, device
+        self._buffer: Tensor | None = None
+
+    def view(self, numel: int) -> Tensor:
+        """The first ``numel`` elements (``numel`` <= ``_CHUNK``)."""
+        if self._buffer is None or self._buffer.numel() < numel:
+            self._buffer = torch.empty(min(_CHUNK, max(numel, 1 << 20)), dtype=self.dtype, device=self.device)
+        return self._buffer[:numel]
+
+    def copy(self, chunk: Tensor) -> Tensor:
+        """``chunk`` converted into the buffer."""
+        return self.view(chunk.numel()).copy_(chunk)
+
+
 @dataclass
 class Prepared:
     """Parameters with gradients on one device, and an exact flat copy of them.
@@ -327,6 +343,7 @@ class Prepared:
         self._grads, self._originals, self._group_of = [], [], []
         squares = [0.0] * len(self.groups)
         offset = 0
+        wide = _Scratch(torch.float64, self.device)
         for index, group in enumerate(self.groups):
             for p in group:
                 if p.grad is None:
@@ -335,7 +352,8 @@ class Prepared:
                 n = g.numel()
                 original = self.flat[offset : offset + n]
                 for chunk in _chunks(original):
-                    squares[index] += float(chunk.to(torch.float64).square().sum())
+                    exact = wide.copy(chunk)  # each square of a float32 value is exact in float64
+                    squares[index] += float(torch.dot(exact, exact))
                 self._grads.append(g)
                 self._originals.append(original.view(g.shape))
                 self._group_of.append(index)
@@ -368,9 +386,10 @@ class Prepared:
         """The factor the gradients now hold over the originals: the least-squares
         fit, in float64 (one group)."""
         dot = 0.0
+        got_wide, orig_wide = _Scratch(torch.float64, self.device), _Scratch(torch.float64, self.device)
         for g, original in self.originals():
             for got, orig in zip(_chunks(g), _chunks(original)):
-                dot += float(got.to(torch.float64).mul_(orig.to(torch.float64)).sum())
+                dot += float(torch.dot(got_wide.copy(got), orig_wide.copy(orig)))
         return dot / self.ref_norm**2
 
     def compare(self, coefs: float | list[float], rtol: float) -> str | None:
@@ -379,23 +398,28 @@ class Prepared:
         ``coefs``: one coefficient, or one per group. 1 asks for bitwise
         equality: nothing was to be written.
         """
+        # float32 is exact enough for the tolerances of float32 and 16-bit values,
+        # and moves half the bytes of float64 through a 1 GB model.
+        wide = torch.float64 if self.dtype == torch.float64 else torch.float32
+        # Mixed-dtype arithmetic is several times slower than a conversion, then same-dtype arithmetic.
+        want_of, error_of = _Scratch(wide, self.device), _Scratch(wide, self.device)
         for index, (g, original) in enumerate(self.originals()):
             coef = coefs[self._group_of[index]] if isinstance(coefs, list) else coefs
             if coef == 1.0:
                 if not torch.equal(g, original):
                     return f"gradient {index} {tuple(g.shape)} changed although nothing was to be clipped"
                 continue
-            # float32 is exact enough for the tolerances of float32 and 16-bit values,
-            # and moves half the bytes of float64 through a 1 GB model.
-            wide = torch.float64 if g.dtype == torch.float64 else torch.float32
             for got, orig in zip(_chunks(g), _chunks(original)):
-                want = orig.to(wide) * coef
-                bad = (got.to(wide) - want).abs_() > want.abs().mul_(rtol).add_(1e-30)
-                if bool(bad.any()):
-                    i = int(bad.nonzero()[0, 0])
+                want = want_of.copy(orig).mul_(coef)
+                # A right element has |got - want| <= rtol * |want| + 1e-30 (1e-30: exact
+                # zeros); written so that a NaN fails.
+                error = error_of.copy(got).sub_(want).abs_()
+                error.sub_(want.abs_(), alpha=rtol)
+                if not float(error.max()) <= 1e-30:
+                    i = int((~(error <= 1e-30)).nonzero()[0, 0])
                     return (
                         f"gradient {index} {tuple(g.shape)}: element {float(got[i])!r} where "
-                        f"{float(want[i])!r} (= {float(orig[i])!r} * {coef:.6g}) was expected"
+                        f"{float(orig[i]) * coef!r} (= {float(orig[i])!r} * {coef:.6g}) was expected"
                     )
         return None
 
@@ -421,12 +445,12 @@ def make_gradients(
         for shape in shapes:
             n = math.prod(shape)
             if values:
-                value = torch.randn(shape, generator=generator, device=device, dtype=torch.float32)
-                param = Parameter(value.mul_(0.02).to(dtype))
+                value = torch.empty(shape, dtype=dtype, device=device).normal_(0.0, 0.02, generator=generator)
+                param = Parameter(value)
             else:
                 param = Parameter(torch.empty((), dtype=dtype, device=device).expand(shape))
-            grad = torch.randn(shape, generator=generator, device=device, dtype=torch.float32)
-            grad = grad.mul_(scale).to(dtype)
+            # Drawn in the gradients' dtype: no float32 temporary, no conversion pass.
+            grad = torch.empty(shape, dtype=dtype, device=device).normal_(0.0, scale, generator=generator)
             param.grad = grad
             flat[offset : offset + n].copy_(grad.reshape(-1))
             params.append(param)

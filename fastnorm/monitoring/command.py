@@ -1,14 +1,27 @@
-"""``fastnorm diagnose PATH``: reads a run's metrics, prints the diagnosis, draws it."""
+"""``fastnorm diagnose PATH``: reads a run's metrics, prints the diagnosis, draws it.
+
+Exit codes: 0 for a diagnosis (whatever its verdict, unless
+``--fail-on-unstable``), 1 only for a verdict that is not stable under
+``--fail-on-unstable``, 2 for anything that is not a diagnosis: a path that
+cannot be read, a file that is empty, not text or holds no gradient norm, norms
+that are mostly not numbers, a ``--plot`` file that cannot be written. Each
+error is one line on stderr that names the file.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+from pathlib import Path
+from typing import Any
 
 from fastnorm.monitoring import plot
 from fastnorm.monitoring.diagnosis import Diagnosis, diagnose
 from fastnorm.monitoring.series import Series, read_series
+
+PROG = "fastnorm diagnose"
 
 
 def diagnose_series(series: Series, max_norm: float | None = None) -> Diagnosis:
@@ -49,11 +62,87 @@ def _read(series: Series) -> str:
     return text
 
 
+class _NotADiagnosis(Exception):
+    """What stops the command before a diagnosis: exit code 2, the message on one line."""
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _check_plot(path: str) -> None:
+    """Raises _NotADiagnosis unless a picture can be written at ``path``, before anything is read."""
+    target = Path(path)
+    folder = target.parent
+    if folder.exists() and not folder.is_dir():
+        raise _NotADiagnosis(f"--plot {path}: {folder} is a file, not a folder")
+    if not folder.is_dir():
+        raise _NotADiagnosis(f"--plot {path}: there is no folder {folder}")
+    if target.is_dir():
+        raise _NotADiagnosis(f"--plot {path}: is a folder, not a file")
+    if not os.access(folder, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
+        raise _NotADiagnosis(f"--plot {path}: cannot write there (permission denied)")
+    try:
+        from matplotlib.backend_bases import FigureCanvasBase
+    except ImportError:
+        raise _NotADiagnosis(f"--plot {path}: drawing needs matplotlib: pip install matplotlib") from None
+    kinds = FigureCanvasBase.get_supported_filetypes()
+    if target.suffix.lstrip(".").lower() not in kinds:
+        raise _NotADiagnosis(
+            f"--plot {path}: not a picture file name (.png, or one of {', '.join(sorted(kinds))})"
+        )
+
+
+def _load(path: str, key: str | None) -> Series:
+    """The series at ``path``, or _NotADiagnosis saying why there is none."""
+    source = Path(path)
+    try:
+        if source.is_file() and source.stat().st_size < 1 << 16 and not source.read_bytes().strip():
+            raise _NotADiagnosis(f"{path}: the file is empty")
+        series = read_series(path, key=key)
+    except UnicodeDecodeError as exc:
+        where = "the file" if source.is_file() else "a metrics file in this folder"
+        raise _NotADiagnosis(
+            f"{path}: {where} is not text (byte {exc.object[exc.start]:#04x} at offset {exc.start} "
+            "is not UTF-8)"
+        ) from None
+    except json.JSONDecodeError as exc:
+        raise _NotADiagnosis(f"{path}: not JSON ({exc.msg}, line {exc.lineno} column {exc.colno})") from None
+    except (OSError, ValueError, ImportError) as exc:
+        if isinstance(exc, OSError) and exc.filename and exc.strerror:
+            message = f"{exc.filename}: {exc.strerror}"
+        else:
+            message = str(exc)
+        named = path in message or str(source) in message
+        raise _NotADiagnosis(message if named else f"{path}: {message}") from None
+    return series
+
+
+def _check_values(series: Series) -> None:
+    """No norm, or mostly not numbers: _NotADiagnosis. Some not numbers: a warning on stderr."""
+    where = f"{series.source}: "
+    if not series.values:
+        raise _NotADiagnosis(f"{where}no value of '{series.key}' (every one is empty)")
+    bad = [(step, value) for step, value in zip(series.steps, series.values) if not _is_number(value)]
+    if not bad:
+        return
+    step, value = bad[0]
+    verb = "is not a number" if len(bad) == 1 else "are not numbers"
+    what = f"{len(bad)} of {len(series.values)} values of '{series.key}' {verb}"
+    what += f" (the first, at step {step}: {value!r})"
+    if 2 * len(bad) > len(series.values):
+        raise _NotADiagnosis(f"{where}{what}: this is not a log of gradient norms")
+    print(f"{PROG}: warning: {where}{what}; the diagnosis leaves them out", file=sys.stderr)
+
+
 def _run(args: argparse.Namespace) -> int:
     try:
-        series = read_series(args.path, key=args.key)
-    except (OSError, ValueError, ImportError) as exc:
-        print(f"fastnorm diagnose: {exc}", file=sys.stderr)
+        if args.plot:
+            _check_plot(args.plot)
+        series = _load(args.path, args.key)
+        _check_values(series)
+    except _NotADiagnosis as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
     diagnosis = diagnose_series(series, args.max_norm)
     max_norm = args.max_norm if args.max_norm is not None else series.max_norm
@@ -64,29 +153,34 @@ def _run(args: argparse.Namespace) -> int:
         print(_read(series))
         print(diagnosis.report())
     if args.plot:
-        plot.plot(
-            series.steps,
-            series.values,
-            diagnosis,
-            args.plot,
-            max_norm=max_norm,
-            title=args.title,
-            loss=series.loss.pair() if series.loss else None,
-        )
+        try:
+            plot.plot(
+                series.steps,
+                series.values,
+                diagnosis,
+                args.plot,
+                max_norm=max_norm,
+                title=args.title,
+                loss=series.loss.pair() if series.loss else None,
+            )
+        except (OSError, ValueError) as exc:
+            print(f"{PROG}: error: --plot {args.plot}: {exc}", file=sys.stderr)
+            return 2
         if not args.json:
             print(f"plot: {args.plot}")
     return 1 if args.fail_on_unstable and diagnosis.unstable else 0
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    """Registers ``fastnorm diagnose``."""
-    parser = subparsers.add_parser(
-        "diagnose",
-        help="diagnose a run's gradient norm (and loss): stable, or what went wrong and what to do",
-        description="Reads the gradient norm, and the loss, learning rate, loss scale, per-layer norms and "
-        "the optimizer's skip flags where logged, from a metrics.jsonl or .csv, a Hugging Face "
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Declares the arguments of ``fastnorm diagnose``."""
+    parser.description = (
+        "Reads the gradient norm, and the loss, learning rate, loss scale, per-layer norms and the "
+        "optimizer's skip flags where logged, from a metrics.jsonl or .csv, a Hugging Face "
         "trainer_state.json, TensorBoard event files, or a run folder holding one; prints the verdict, "
-        "each event and its actions.",
+        "each event and its actions. Exit code 0 for a diagnosis, 1 for a verdict that is not stable "
+        "with --fail-on-unstable, 2 when there is nothing to diagnose (a file that cannot be read, is "
+        "empty, holds no gradient norm or mostly norms that are not numbers; a --plot file that "
+        "cannot be written)."
     )
     parser.add_argument(
         "path", help="a metrics file or a run folder (its newest file holding a gradient norm is read)"

@@ -1,4 +1,4 @@
-"""What the triton backend's kernels compile to, read without a GPU (``fastnorm kernels``).
+"""The triton backend's kernels compiled ahead of time, and their machine code read back.
 
 Every specialization the backend launches (``triton_backend.launches``: each
 dtype, mode and alignment of the norm and scale kernels, the per-tensor and
@@ -6,7 +6,7 @@ finalize kernels, with the launch geometry used at run time) is compiled ahead
 of time for a GPU architecture with ``triton.compile(..., target=GPUTarget)``,
 which needs no GPU, and the machine code is read back: for NVIDIA the SASS and
 resource usage from the ``cuobjdump`` that the Triton wheel ships, for AMD the
-assembly Triton emits.
+assembly Triton emits. ``fastnorm kernels`` prints the result.
 
 Per kernel and target: registers, spills, shared memory, how many programs fit
 on one SM (from registers, shared memory and threads), and in the **main loop**
@@ -406,7 +406,7 @@ def _run_shard(target_name: str, launches: list[Any], indices: list[int], sass: 
         with open(job, "w") as f:
             json.dump({"target": target_name, "indices": indices, "sass": sass}, f)
         result = subprocess.run(
-            [sys.executable, "-m", "fastnorm.kernels", job, out],
+            [sys.executable, "-m", "fastnorm.backends.triton_aot", job, out],
             capture_output=True,
             text=True,
             env={**os.environ, "TRITON_INTERPRET": "0"},
@@ -511,6 +511,19 @@ def format_table(rows: list[KernelReport]) -> str:
     return "\n".join(lines + failures)
 
 
+def summary(rows: list[KernelReport]) -> str:
+    """One line: how many specializations compiled for which targets, how many failed or spill."""
+    targets = list(dict.fromkeys(row.target for row in rows))
+    compiled = [row for row in rows if not row.error]
+    failed = len(rows) - len(compiled)
+    spilling = sum(1 for row in compiled if row.spills)
+    spills = "none spills registers" if not spilling else f"{spilling} spill{'s' * (spilling == 1)} registers"
+    return (
+        f"{len(compiled)} of {len(rows)} kernel specializations compiled for {', '.join(targets)}; "
+        f"{failed or 'none'} failed; {spills}"
+    )
+
+
 def _run(args: argparse.Namespace) -> int:
     targets = [t.strip() for group in (args.target or [",".join(DEFAULT_TARGETS)]) for t in group.split(",")]
     rows = report([t for t in targets if t], jobs=args.jobs, kernel=args.kernel, sass=args.sass)
@@ -518,15 +531,17 @@ def _run(args: argparse.Namespace) -> int:
         print(json.dumps([asdict(r) for r in rows], indent=1))
     else:
         print(format_table(rows))
+        print(summary(rows))
     return 1 if any(r.error for r in rows) else 0
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    """Registers ``fastnorm kernels``."""
-    parser = subparsers.add_parser(
-        "kernels",
-        help="compile the Triton kernels for GPU architectures (no GPU needed) and read their machine code",
-        description=__doc__.splitlines()[0],
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Declares the arguments of ``fastnorm kernels``."""
+    parser.description = (
+        "Compiles every specialization the triton backend launches for GPU architectures, without a GPU, "
+        "and reads its machine code back: registers, spills, shared memory, programs per SM, and in the "
+        "main loop the widths of its loads and stores, FP64 instructions and instructions per element. "
+        "Ends with a summary line; exits with 1 when a specialization failed to compile."
     )
     parser.add_argument(
         "--target",
@@ -534,7 +549,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         nargs="+",
         help=f"sm_<NN> or gfx<ID>, several or comma-separated (default: {' '.join(DEFAULT_TARGETS)})",
     )
-    parser.add_argument("--json", action="store_true", help="print a JSON list of rows")
+    parser.add_argument("--json", action="store_true", help="print a JSON list of rows (no summary line)")
     parser.add_argument("--jobs", type=int, default=1, help="compiler processes at once (default: 1)")
     parser.add_argument("--kernel", help="only kernels whose name contains this")
     parser.add_argument(
@@ -546,7 +561,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=_run)
 
 
-if __name__ == "__main__":  # a compiler process of report(): python -m fastnorm.kernels JOB OUT
+if __name__ == "__main__":  # a compiler process of report(): python -m fastnorm.backends.triton_aot JOB OUT
     with open(sys.argv[1]) as f:
         job = json.load(f)
     rows = _shard(job["target"], job["indices"], job["sass"])
