@@ -952,6 +952,39 @@ MUTANTS = [
         "what": "the monitor warns that a run is unstable when too few points were read to judge it",
     },
     # ------------------------------------------------------------------
+    # The HF Trainer callback (fastnorm/integrations/hf.py)
+    # ------------------------------------------------------------------
+    {
+        "name": "hf-precision-not-told",
+        "path": "fastnorm/integrations/hf.py",
+        "old": '            precision=_precision(args, kwargs.get("model")),',
+        "new": "            precision=None,",
+        "tests": [
+            "tests/test_stacks_hf.py::test_hf_callback_tells_the_monitor_the_precision_and_the_optimizer"
+        ],
+        "what": "the monitor is not told the Trainer's precision: an fp32 run may be advised fp32",
+    },
+    {
+        "name": "hf-optimizer-not-told",
+        "path": "fastnorm/integrations/hf.py",
+        "old": "            self.monitor.optimizer = self._optimizer\n",
+        "new": "",
+        "tests": [
+            "tests/test_stacks_hf.py::test_hf_callback_tells_the_monitor_the_precision_and_the_optimizer"
+        ],
+        "what": "the monitor never reads the Trainer's optimizer: no weight decay, eps or betas logged",
+    },
+    {
+        "name": "hf-lr-one-step-ahead",
+        "path": "fastnorm/integrations/hf.py",
+        "old": "        if len(self.lrs) != len(groups):\n            return groups\n",
+        "new": "        return groups\n",
+        "tests": [
+            "tests/test_stacks_hf.py::test_hf_callback_tells_the_monitor_the_precision_and_the_optimizer"
+        ],
+        "what": "the rate logged at a step is the next step's (the scheduler has stepped by then)",
+    },
+    # ------------------------------------------------------------------
     # StepClipper (fastnorm/optim.py)
     # ------------------------------------------------------------------
     {
