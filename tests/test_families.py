@@ -94,6 +94,18 @@ GOALS = ["first_action", "verdict", "onset", "offline_false_alarms", "online_war
 UNMET: set = set()
 
 
+def row(onset, warnings, healthy=False):
+    truth = {"healthy": healthy, "onset": onset, "blowup_step": 101, "window": 25, "every": 1, "abrupt": True}
+    return score.Row("run", truth, None, score.Online(warnings, None))
+
+
+def test_a_warning_before_the_fault_is_a_false_alarm_not_a_lead():
+    r = row(100, [(50, "stalled"), (75, "recovered"), (120, "diverged")])
+    assert r.lead == 101 - 120 and r.lead_ok and r.false_alarms == 1
+    assert row(100, [(50, "diverged")]).lead is None and not row(100, [(50, "diverged")]).lead_ok
+    assert row(None, [(50, "stalled"), (75, "recovered")], healthy=True).false_alarms == 1
+
+
 @pytest.mark.parametrize("goal", GOALS)
 def test_the_goals_hold(scored, goal, request):
     which, rows = scored

@@ -951,6 +951,14 @@ MUTANTS = [
         "tests": ["tests/test_monitor.py::test_no_warning_while_too_few_points_were_read"],
         "what": "the monitor warns that a run is unstable when too few points were read to judge it",
     },
+    {
+        "name": "families-score-lead-from-before-the-fault",
+        "path": "tests/families/score.py",
+        "old": '        return next((s for s, v in self.warnings if v != "recovered" and s >= since), None)',
+        "new": '        return next((s for s, v in self.warnings if v != "recovered"), None)',
+        "tests": ["tests/test_families.py::test_a_warning_before_the_fault_is_a_false_alarm_not_a_lead"],
+        "what": "the families scorer counts a warning given before the fault as a warning of it, in time",
+    },
     # ------------------------------------------------------------------
     # The HF Trainer callback (fastnorm/integrations/hf.py)
     # ------------------------------------------------------------------
