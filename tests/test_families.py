@@ -19,7 +19,7 @@ FAMILIES = Path(__file__).resolve().parent / "families"
 sys.path.insert(0, str(FAMILIES))
 import score  # noqa: E402
 
-SETS = ("tuning", "tuning2")
+SETS = ("tuning", "tuning2", "heldout")
 # Every pattern the diagnosis must tell apart, by the generator's cause function.
 CAUSES = {
     "lr_too_high",
@@ -84,14 +84,20 @@ def test_the_corpus_covers_every_family_and_cause_in_every_set():
             t for t in sets[b] if t["onset"] not in (None, 0) and t["onset"] != by_name[t["name"]]["onset"]
         ]
         assert len(moved) >= 10, (a, b)
+    # The held-out set logs some runs, healthy and faulty, every 5th step and some every 10th.
+    for healthy in (True, False):
+        assert {t["every"] for t in sets["heldout"] if t["healthy"] == healthy} == {1, 5, 10}
     for path in FAMILIES.glob("*/*/metrics.csv"):
         assert path.stat().st_size < 25_000, path
 
 
 GOALS = ["first_action", "verdict", "onset", "offline_false_alarms", "online_warnings_kept", "late_warnings"]
-# Goals measured unmet on a set, left so rather than tuned on it: (set, goal). Strict, so that an entry goes
-# once its goal holds.
-UNMET: set = set()
+# Goals measured unmet on the held-out set, left so rather than tuned on it. Strict, so that an entry goes
+# once its goal holds. onset: 19 of 23 within tolerance (an RNN's bursty norm dates a jump and a ramp from
+# before them, a thinned log's divergence is dated 240 steps late), and BatchNorm on batches of 2 read as
+# stable. late_warnings: a thinned log's noisy loss raised a divergence at step 440 that stayed in place, so
+# the learning-rate jump of step 700 was never warned of.
+UNMET = {("heldout", "onset"), ("heldout", "late_warnings")}
 
 
 def row(onset, warnings, healthy=False):
