@@ -66,9 +66,9 @@ PYBIND11_MODULE(_C, m) {
            }),
            py::arg("kind"), py::arg("items"), py::arg("grads"), py::arg("access"))
       .def("matches", &Snapshot::matches, py::arg("items"), py::arg("grads") = py::none(),
-           py::arg("written") = py::none(),
+           py::arg("written") = py::none(), py::arg("held") = py::none(),
            "Whether the items are the same objects whose gradients have the same facts; "
-           "`written` (a list) then receives what clip_ writes.")
+           "`written` (a list) then receives what clip_ writes, `held` every tensor the plan reads.")
       .def("__len__", &Snapshot::size);
 
   m.def("reduce", &fastnorm::reduce, py::arg("plan"), py::arg("mode"), py::arg("p"),
@@ -81,15 +81,14 @@ PYBIND11_MODULE(_C, m) {
          int mode, double p, uintptr_t partial_addr, uintptr_t root_addr, bool root_is_double,
          int num_threads) {
         // The check needs the GIL; the kernel, once the check is done, does not.
+        // Every tensor checked stays referenced until the kernel has read it.
+        py::list held;
         PyThreadState* released = nullptr;
+        PyObject *error_type = nullptr, *error_value = nullptr, *error_traceback = nullptr;
         auto check = [&](std::atomic<int64_t>& progress) {
-          bool ok = false;
-          try {
-            ok = snapshot.check(items, py::none(), written, &progress);
-          } catch (...) {  // a fact that cannot be read is a difference: the caller's slow path tells
-            ok = false;
-          }
-          PyErr_Clear();
+          const bool ok = snapshot.check(items, py::none(), written, &progress, held);
+          // An exception to propagate, taken along while the GIL is released.
+          if (!ok) PyErr_Fetch(&error_type, &error_value, &error_traceback);
           released = PyEval_SaveThread();
           return ok;
         };
@@ -99,16 +98,23 @@ PYBIND11_MODULE(_C, m) {
                                         num_threads);
         } catch (...) {
           if (released != nullptr) PyEval_RestoreThread(released);
+          Py_XDECREF(error_type);
+          Py_XDECREF(error_value);
+          Py_XDECREF(error_traceback);
           throw;
         }
         if (released != nullptr) PyEval_RestoreThread(released);
+        if (error_type != nullptr) {
+          PyErr_Restore(error_type, error_value, error_traceback);
+          throw py::error_already_set();
+        }
         return ok;
       },
       py::arg("snapshot"), py::arg("items"), py::arg("written"), py::arg("plan"), py::arg("mode"),
       py::arg("p"), py::arg("partial_addr"), py::arg("root_addr"), py::arg("root_is_double"),
       py::arg("num_threads"),
       "reduce() while snapshot.matches(items, None, written) runs: False, with nothing written, "
-      "where it does not match.");
+      "where it does not match; an exception the check propagates is raised, with nothing written.");
   m.def("scale_by_norm", &fastnorm::scale_by_norm, py::arg("plan"), py::arg("norm_addr"),
         py::arg("norm_is_double"), py::arg("max_norm"), py::arg("num_threads"),
         py::call_guard<py::gil_scoped_release>());

@@ -220,12 +220,29 @@ bool Snapshot::writable(PyObject* tensor) const {
   return true;
 }
 
-bool Snapshot::matches(const py::list& items, const py::handle& grads, const py::handle& written) const {
-  return check(items, grads, written, nullptr);
+bool Snapshot::matches(const py::list& items, const py::handle& grads, const py::handle& written,
+                       const py::handle& held) const {
+  const bool ok = check(items, grads, written, nullptr, held);
+  if (!ok && PyErr_Occurred() != nullptr) throw py::error_already_set();
+  return ok;
 }
 
+namespace {
+
+// Clears the Python error set where it means only that a gradient changed
+// (see Snapshot::matches); any other stays set, to propagate.
+void clear_if_a_difference() {
+  if (PyErr_Occurred() != nullptr &&
+      (PyErr_ExceptionMatches(PyExc_TypeError) || PyErr_ExceptionMatches(PyExc_AttributeError) ||
+       PyErr_ExceptionMatches(PyExc_RuntimeError))) {
+    PyErr_Clear();
+  }
+}
+
+}  // namespace
+
 bool Snapshot::check(const py::list& items, const py::handle& grads, const py::handle& written,
-                     std::atomic<int64_t>* progress) const {
+                     std::atomic<int64_t>* progress, const py::handle& held) const noexcept {
   PyObject* list = items.ptr();
   const auto n = Py_ssize_t(items_.size());
   if (PyList_GET_SIZE(list) != n) return false;
@@ -233,6 +250,8 @@ bool Snapshot::check(const py::list& items, const py::handle& grads, const py::h
   if (given != nullptr && (!PyList_Check(given) || PyList_GET_SIZE(given) != n)) return false;
   PyObject* out = written.is_none() ? nullptr : written.ptr();
   if (out != nullptr && !PyList_Check(out)) return false;
+  PyObject* keep = held.is_none() ? nullptr : held.ptr();
+  if (keep != nullptr && !PyList_Check(keep)) return false;
   for (Py_ssize_t i = 0; i < n; ++i) {
     PyObject* item = PyList_GET_ITEM(list, i);
     if (item != items_[size_t(i)]) return false;
@@ -251,11 +270,18 @@ bool Snapshot::check(const py::list& items, const py::handle& grads, const py::h
       ok = writable(tensor) && PyList_Append(out, tensor) == 0 &&
            (dtensor == nullptr || PyList_Append(out, dtensor) == 0);
     }
+    // Held before any kernel may read it (progress is raised below).
+    if (ok && tensor != nullptr && keep != nullptr) ok = PyList_Append(keep, tensor) == 0;
     Py_XDECREF(tensor);
     Py_XDECREF(dtensor);
     if (!ok) {
-      PyErr_Clear();
-      if (out != nullptr) PyList_SetSlice(out, 0, PyList_GET_SIZE(out), nullptr);
+      clear_if_a_difference();
+      if (out != nullptr) {
+        PyObject *type, *value, *traceback;
+        PyErr_Fetch(&type, &value, &traceback);  // the exception to propagate, kept while the list empties
+        PyList_SetSlice(out, 0, PyList_GET_SIZE(out), nullptr);
+        PyErr_Restore(type, value, traceback);
+      }
       return false;
     }
     if (progress != nullptr) progress->store(i + 1, std::memory_order_release);

@@ -73,21 +73,35 @@ class Snapshot {
 
   // Whether `items` are the same objects, in the same order, whose gradients
   // still have exactly these facts. `grads` (a list, or None): the items'
-  // .grad, read by the caller; then those are the gradients checked. Never
-  // raises: a fact that cannot be read is a difference.
+  // .grad, read by the caller; then those are the gradients checked.
   //
   // `written` (a list, or None), for clip_: on a match it holds the tensors
   // clip_ writes, whose version counters it bumps (every gradient, and a
   // DTensor's local shard beside it). An inference tensor is a difference
   // there, so that the caller's slower path refuses it, as torch does.
-  bool matches(const py::list& items, const py::handle& grads, const py::handle& written) const;
+  //
+  // `held` (a list, or None) receives every tensor the plan reads, as soon as
+  // it is checked: Python code that runs during the check (a
+  // TorchFunctionMode, a tensor subclass) may drop an item's .grad, and the
+  // kernel must not read it freed. The caller keeps the list until the kernel
+  // has run.
+  //
+  // A fact that cannot be read because the gradient changed (torch raises a
+  // TypeError, AttributeError or RuntimeError: a sparse gradient has no
+  // data_ptr, a plain tensor no DTensor spec) is a difference: the caller's
+  // slower path reads everything afresh and reports what is wrong there. Any
+  // other exception (a KeyboardInterrupt raised in Python code the check ran,
+  // a MemoryError) propagates.
+  bool matches(const py::list& items, const py::handle& grads, const py::handle& written,
+               const py::handle& held) const;
 
   // matches(), which also stores in `progress` how many items, from the
   // first, are known to match so far (release order): a kernel may read the
   // gradients of those while the rest are checked. It is not raised past an
-  // item that differs.
+  // item that differs. Does not throw: false with a Python error set is an
+  // exception to propagate.
   bool check(const py::list& items, const py::handle& grads, const py::handle& written,
-             std::atomic<int64_t>* progress) const;
+             std::atomic<int64_t>* progress, const py::handle& held) const noexcept;
 
   int64_t size() const { return int64_t(items_.size()); }
 

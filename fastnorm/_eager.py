@@ -67,12 +67,18 @@ def _item_gather(plan: Plan) -> list[int]:
 
 
 def _reduce(
-    plan: Plan, p: float, fn: str, per_item: bool = False, reduced: Reduced | None = None
+    plan: Plan,
+    p: float,
+    fn: str,
+    per_item: bool = False,
+    reduced: Reduced | None = None,
+    dtype: torch.dtype | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """The total norm and, with ``per_item``, each item's norm (from the same pass).
-    ``reduced``: the plan's one group, reduced already (``_plan.lookup``)."""
+    ``reduced``: the plan's one group, reduced already (``_plan.lookup``);
+    ``dtype``: the results', instead of the plan's result dtype."""
     mode = Mode.of(p)
-    first, dtype = plan.result_device, plan.result_dtype
+    first, dtype = plan.result_device, dtype or plan.result_dtype
     if mode == Mode.ZERO and any(d.key[0] == "mesh" for d in plan.domains):
         raise NotImplementedError(
             f"{fn}: norm_type=0 counts the tensors that hold a non-zero, which DTensor shards "
@@ -156,14 +162,22 @@ def _scale(plan: Plan, norm: Tensor, max_norm: float) -> None:
         g.backend.scale_(g.prepared, n.reshape(()), max_norm)
 
 
-def total_norm(items: list[Any], p: float, group: Any, error_if_nonfinite: bool) -> tuple[Tensor, Plan]:
-    """The norm of ``items`` (see ``fastnorm.total_norm``), and the plan it used."""
-    hit = _plan.lookup(items, group, p, reduce=True)
+def total_norm(
+    items: list[Any], p: float, group: Any, error_if_nonfinite: bool, dtype: torch.dtype | None = None
+) -> tuple[Tensor, Plan]:
+    """The norm of ``items`` (see ``fastnorm.total_norm``), and the plan it used.
+
+    ``dtype``: the norm's, instead of the one ``total_norm`` gives (the plan's
+    ``result_dtype``). For ``StepClipper``: the float32 norm of gradients a
+    ``GradScaler`` has multiplied may overflow where the gradients do not.
+    """
+    held: list[Tensor] = []  # what the plan reads, alive until it is reduced
+    hit = _plan.lookup(items, group, p, reduce=True, held=held, dtype=dtype)
     if hit is None:
-        plan, reduced = _plan.build(items, p, "total_norm", group), None
+        plan, reduced = _plan.build(items, p, "total_norm", group, held), None
     else:
         plan, reduced = hit.plan, hit.reduced
-    norm, _ = _reduce(plan, p, "total_norm", reduced=reduced)
+    norm, _ = _reduce(plan, p, "total_norm", reduced=reduced, dtype=dtype)
     if error_if_nonfinite:
         check_finite(norm, p)
     return norm, plan
@@ -180,13 +194,14 @@ def clip(
     """Clips the gradients of ``targets`` (see ``fastnorm.clip_``, ``_clip_targets``)
     by their norm, or by ``given``; returns the norm used and the plan."""
     written: list[Tensor] = []
+    held: list[Tensor] = []  # what the plan reads, alive until it is reduced and scaled
     # A cached plan's check also gives what to write, checked (see _plan.lookup).
-    hit = _plan.lookup(targets, group, p, reduce=given is None, written=written)
+    hit = _plan.lookup(targets, group, p, reduce=given is None, written=written, held=held)
     if hit is not None and hit.wrote:
         plan, reduced = hit.plan, hit.reduced
     else:
         grads = gradients(targets)  # read once: the plan's check and the writes share them
-        plan = hit.plan if hit is not None else _plan.build(targets, p, "clip_", group)
+        plan = hit.plan if hit is not None else _plan.build(targets, p, "clip_", group, held)
         reduced = hit.reduced if hit is not None else None
         written = _written(targets, grads, plan)
     norm = _reduce(plan, p, "clip_", reduced=reduced)[0] if given is None else given
@@ -200,8 +215,9 @@ def clip(
 
 def tensor_norms(items: list[Any], p: float, group: Any) -> tuple[Tensor, Tensor, Plan]:
     """The total and each item's norm (see ``fastnorm.tensor_norms``), and the plan."""
-    hit = _plan.lookup(items, group, p)
-    plan = _plan.build(items, p, "tensor_norms", group) if hit is None else hit.plan
+    held: list[Tensor] = []  # what the plan reads, alive until it is reduced
+    hit = _plan.lookup(items, group, p, held=held)
+    plan = _plan.build(items, p, "tensor_norms", group, held) if hit is None else hit.plan
     total, per_item = _reduce(plan, p, "tensor_norms", per_item=True)
     assert per_item is not None
     return total, per_item, plan

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.machinery
 import importlib.util
+import os
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -102,5 +103,29 @@ def _import_extension() -> tuple[Any, ImportError | None, str | None]:
     )
 
 
-# None: built without the extension, a broken build, or an unsupported FASTNORM_ISA.
-C, IMPORT_ERROR, BORROWED_FROM = _import_extension()
+# The instruction sets csrc/kernels.cpp has kernels for (on x86-64), whether or not this CPU runs them.
+KNOWN_ISAS = ("generic", "avx2", "avx512")
+
+
+def _unknown_isa() -> str | None:
+    """Why FASTNORM_ISA (or its older name FASTNORM_CPU_ISA, read when the first is
+    unset) names no instruction set at all, or None. A known one this CPU lacks is
+    the extension's to refuse: then the C++ kernels are unavailable, and say why."""
+    for variable in ("FASTNORM_ISA", "FASTNORM_CPU_ISA"):
+        value = os.environ.get(variable, "")
+        if value:
+            if value in KNOWN_ISAS:
+                return None
+            return f"{variable}={value!r} is not one of {', '.join(KNOWN_ISAS)}"
+    return None
+
+
+# A mistyped FASTNORM_ISA: the CPU backend raises this at every use (as a
+# mistyped FASTNORM_BACKEND raises), instead of handing every CPU tensor to torch.
+UNKNOWN_ISA = _unknown_isa()
+
+# None: built without the extension, a broken build, an unsupported or unknown FASTNORM_ISA.
+if UNKNOWN_ISA is None:
+    C, IMPORT_ERROR, BORROWED_FROM = _import_extension()
+else:
+    C, IMPORT_ERROR, BORROWED_FROM = None, ImportError(UNKNOWN_ISA), None

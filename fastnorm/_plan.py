@@ -179,7 +179,13 @@ class _PySnapshot:
         present = compress(grads, self.present)
         return list(map(_get_local, present) if self.kind == "dtensor_params" else present)
 
-    def matches(self, items: list[Any], grads: list[Any] | None = None, written: list | None = None) -> bool:
+    def matches(
+        self,
+        items: list[Any],
+        grads: list[Any] | None = None,
+        written: list | None = None,
+        held: list | None = None,
+    ) -> bool:
         if written is not None:
             return False  # clip_'s checks run in Python (norm._written) without the extension
         if list(map(id, items)) != self.ids or any(type(t) is not self.item_type for t in items):
@@ -203,7 +209,11 @@ class _PySnapshot:
                 return False
         except (TypeError, RuntimeError, AttributeError):  # a gradient now sparse, or not sharded
             return False
-        return all((tensors[i].shape, tensors[i].stride()) == layout for i, layout in self.layouts.items())
+        if not all((tensors[i].shape, tensors[i].stride()) == layout for i, layout in self.layouts.items()):
+            return False
+        if held is not None:
+            held.extend(tensors)
+        return True
 
 
 def _same_spec(item: Any, grad: Any, spec: Any) -> bool:
@@ -300,13 +310,20 @@ class _Cache:
         self._lock = threading.Lock()
 
     def match(
-        self, key: tuple[Any, ...], items: list[Any], written: list[Tensor] | None = None
+        self,
+        key: tuple[Any, ...],
+        items: list[Any],
+        written: list[Tensor] | None = None,
+        held: list[Tensor] | None = None,
     ) -> _Entry | None:
         """The entry of ``key`` if it still describes ``items``. ``written`` (for
         ``clip_``, with the extension's snapshot only): on a match, filled with the
-        tensors it writes, none of them an inference tensor (see ``csrc/snapshot.h``)."""
+        tensors it writes, none of them an inference tensor (see ``csrc/snapshot.h``).
+        ``held``: receives every tensor the plan reads, as it is checked (see
+        ``lookup``). An exception other than what a changed gradient raises
+        propagates (see ``csrc/snapshot.h``)."""
         entry = self._entries.get(key)
-        if entry is None or not entry.snapshot.matches(items, None, written):
+        if entry is None or not entry.snapshot.matches(items, None, written, held):
             return None
         self.touch(key)
         return entry
@@ -384,7 +401,13 @@ class Hit:
 
 
 def lookup(
-    items: list[Any], group: Any, p: float, reduce: bool = False, written: list[Tensor] | None = None
+    items: list[Any],
+    group: Any,
+    p: float,
+    reduce: bool = False,
+    written: list[Tensor] | None = None,
+    held: list[Tensor] | None = None,
+    dtype: torch.dtype | None = None,
 ) -> Hit | None:
     """The cached plan of ``items`` for the norm type ``p``, if it still describes
     them; None when there is no valid plan.
@@ -393,9 +416,13 @@ def lookup(
     computed while the plan is checked: the backend reads each tensor as soon as
     the items up to the one that gives it are confirmed, so the check, item
     after item on this thread, and the read of the memory overlap; a tensor
-    that fails the check is never read. ``written`` (for ``clip_``): a list the
+    that fails the check is never read, and every one that passed it stays
+    referenced until it is read. ``written`` (for ``clip_``): a list the
     check fills with the tensors to write, each checked writable, where the
-    snapshot can (see ``Hit.wrote``).
+    snapshot can (see ``Hit.wrote``). ``held``: a list that receives every
+    tensor the plan reads, which the caller keeps until the plan is reduced, so
+    that Python code the check runs (a ``TorchFunctionMode``) cannot free one
+    meanwhile. ``dtype``: the reduced norm's, instead of the plan's result dtype.
     """
     mode = Mode.of(p)
     key = _key(items, group, requested(), mode)
@@ -406,22 +433,24 @@ def lookup(
     if reduce and entry.checked is not None:
         checked = entry.checked
         reduced = checked.backend.reduce_checked(
-            checked.prepared, entry.snapshot, items, fills, mode, p, entry.plan.result_dtype
+            checked.prepared, entry.snapshot, items, fills, mode, p, dtype or entry.plan.result_dtype
         )
         if reduced is None:
             return None
         _CACHE.touch(key)
         return Hit(entry.plan, reduced, fills is not None)
-    if _CACHE.match(key, items, fills) is None:
+    if _CACHE.match(key, items, fills, held) is None:
         return None
     return Hit(entry.plan, None, fills is not None)
 
 
-def build(items: list[Any], p: float, fn: str, group: Any = None) -> Plan:
+def build(items: list[Any], p: float, fn: str, group: Any = None, held: list[Tensor] | None = None) -> Plan:
     """A new plan for ``items`` (validated and sorted out by ``_collect.collect``),
-    cached where it can be."""
+    cached where it can be. ``held``: receives the tensors the plan reads (see ``lookup``)."""
     request, mode = requested(), Mode.of(p)
     grads = collect(items, p, fn, group)
+    if held is not None:
+        held.extend(grads.norm)
     plan = _plan(grads, request, mode)
     kind = _kind(items)
     if plan.cacheable and kind is not None:

@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 from torch.optim import Optimizer
 
-from fastnorm import checks
+from fastnorm import _eager, checks
 from fastnorm import norm as _norm
 
 __all__ = ["StepClipper", "not_supported_reasons"]
@@ -37,6 +37,7 @@ Optimizers = Union[Optimizer, Iterable[Optimizer]]
 
 _ATTRS = ("grad_scale", "found_inf")
 _ABSENT = object()
+_FLOAT32_MAX = torch.finfo(torch.float32).max
 
 # The torch steps that pass the optimizer's grad_scale and found_inf to their
 # fused kernels (AdamW inherits Adam's step). A subclass that overrides step()
@@ -104,9 +105,13 @@ class StepClipper:
     With :class:`torch.amp.GradScaler`, follow torch's recipe: ``scaler.unscale_(optimizer)``
     before :meth:`clip_`, then ``scaler.step(optimizer)``. The step then skips
     when either the scaler or the norm says so. Without ``unscale_`` the
-    clip is still right (the coefficient is computed from the norm divided by
-    the scale the step unscales by), but :meth:`clip_` returns the norm of the
-    scaled gradients.
+    clip is still right (the coefficient is computed, in float64, from the norm
+    divided by the scale the step unscales by), but :meth:`clip_` returns the
+    norm of the scaled gradients, which may be inf in float32 while they are
+    finite; the step skips only when they are not. Where the scale times the
+    coefficient passes float32's range (scales near 2^127), the step's
+    ``grad_scale`` cannot hold it: the gradients are then unscaled in place
+    first, as ``unscale_`` does, and the step divides by the coefficient alone.
 
     Args:
         optimizers (Optimizer or iterable of Optimizers): the optimizers whose
@@ -180,10 +185,15 @@ class StepClipper:
         self.strict = bool(strict)
         self.group = group
         self.skipped: Tensor | None = None
-        self._nonfinite: Tensor | None = None  # the last clip_'s own skip flag
+        # The last clip_'s own skip flags: its norm's, and the float64 norm's (for
+        # gradients a GradScaler multiplied, whose float32 norm may overflow).
+        self._nonfinite: Tensor | None = None
+        self._wide_nonfinite: Tensor | None = None
+        self._skip_counted = False  # a step armed by the last clip_ set `skipped` already
         self._folding = [o for o in opts if not reasons[id(o)]]
         self._separate = [o for o in opts if reasons[id(o)]]
-        self._pending: dict[int, Tensor] = {}  # id(optimizer) -> the norm its next step clips by
+        # id(optimizer) -> the norm its next step clips by, as returned and in float64
+        self._pending: dict[int, tuple[Tensor, Tensor]] = {}
         self._armed_separate: set[int] = set()  # the optimizers that cannot fold, armed by clip_
         self._separate_applied = False  # one of them stepped since clip_: not every step was skipped
         self._installed: dict[int, _Installed] = {}
@@ -252,17 +262,23 @@ class StepClipper:
         for opt in self._folding:
             self._uninstall(opt)  # left by a step that raised
         params = self.parameters()
-        norm = (
-            _norm.total_norm(params, self.norm_type, group=self.group) if total_norm is None else total_norm
-        )
-        norm = norm.reshape(())
+        if total_norm is not None:
+            norm = wide = total_norm.reshape(())
+        elif torch.compiler.is_compiling():  # the op gives the norm in its own dtype only
+            norm = wide = _norm.total_norm(params, self.norm_type, group=self.group)
+        else:
+            wide, plan = _eager.total_norm(params, self.norm_type, self.group, False, torch.float64)
+            _norm._warn_if_no_gradient("StepClipper.clip_", len(params), plan)
+            norm = wide.to(plan.result_dtype)
         if self.skip_nonfinite:
             self._nonfinite = torch.isfinite(norm).logical_not_().to(torch.float32)
+            self._wide_nonfinite = torch.isfinite(wide).logical_not_().to(torch.float32)
             self.skipped = self._nonfinite
         else:
             self.skipped = torch.zeros((), dtype=torch.float32, device=norm.device)
+        self._skip_counted = False
         for opt in self._folding:
-            self._pending[id(opt)] = norm
+            self._pending[id(opt)] = (norm, wide)
         self._armed_separate = {id(opt) for opt in self._separate}
         self._separate_applied = False
         if self._separate:
@@ -306,28 +322,33 @@ class StepClipper:
     @torch.compiler.disable
     def _pre_step(self, opt: Optimizer, args: Any, kwargs: Any) -> None:
         self._uninstall(opt)
-        norm = self._pending.pop(id(opt), None)
-        if norm is None:
+        pending = self._pending.pop(id(opt), None)
+        if pending is None:
             return  # a step without clip_: nothing to fold
+        norm, wide = pending
         previous = (vars(opt).get("grad_scale", _ABSENT), vars(opt).get("found_inf", _ABSENT))
         outer_scale, outer_inf = (None if v is _ABSENT else v for v in previous)
         with torch.no_grad():
-            # 1 / min(1, max_norm / (norm + 1e-6)) in one division; NaN stays NaN.
             if outer_scale is None:
+                # 1 / min(1, max_norm / (norm + 1e-6)) in one division; NaN stays NaN.
                 grad_scale = torch.clamp_min((norm + 1e-6) / self.max_norm, 1.0)
+                found_inf = self._nonfinite
             else:
-                # The gradients (and so the norm) are still multiplied by the
-                # scale the step divides by (GradScaler without unscale_).
-                scale = torch.as_tensor(outer_scale, device=norm.device).to(norm.dtype)
-                grad_scale = torch.clamp_min((norm / scale + 1e-6) / self.max_norm, 1.0) * scale
+                grad_scale = self._unscaling_grad_scale(opt, wide, outer_scale)
+                found_inf = self._wide_nonfinite
             grad_scale = grad_scale.to(torch.float32)  # what the fused kernels read
-            found_inf = self._nonfinite
             if outer_inf is not None:
                 outer = torch.as_tensor(outer_inf, device=norm.device).to(torch.float32)
                 # The kernels skip only when found_inf == 1 exactly: a sum could make 2.
                 found_inf = outer if found_inf is None else torch.maximum(found_inf, outer)
-                if not self._separate_applied:
+            if found_inf is not None and not self._separate_applied:
+                # Each armed step's flag, not clip_'s first guess, which may be
+                # the float32 norm's where this step reads the float64 one.
+                if self._skip_counted:
                     self.skipped = torch.maximum(self.skipped, found_inf)
+                else:
+                    self.skipped = found_inf
+                self._skip_counted = True
         opt.grad_scale = grad_scale
         if found_inf is None:
             vars(opt).pop("found_inf", None)
@@ -335,6 +356,26 @@ class StepClipper:
             opt.found_inf = found_inf
         first_sgd = _sgd_first_step(opt) if found_inf is not None and isinstance(opt, torch.optim.SGD) else []
         self._installed[id(opt)] = _Installed(previous, (grad_scale, found_inf), first_sgd)
+
+    def _unscaling_grad_scale(self, opt: Optimizer, wide: Tensor, outer_scale: Any) -> Tensor:
+        """The ``grad_scale`` that unscales and clips ``opt``'s gradients, which a
+        ``GradScaler`` multiplied by ``outer_scale`` (no ``unscale_``) and whose
+        norm is ``wide`` (float64): ``outer_scale`` over the clip coefficient.
+
+        Computed in float64. Where that passes float32's range (scales near
+        2^127), the gradients are unscaled in place first, as ``unscale_`` does
+        (by the float32 ``1 / scale``), and the step divides by the coefficient
+        alone. That write is decided on the device: ``clip_`` by a norm of
+        ``scale`` scales by exactly ``1 / scale``, and by a norm of 0 writes
+        nothing (on the fused backends).
+        """
+        scale = torch.as_tensor(outer_scale, device=wide.device).to(torch.float64)
+        coefficient = torch.clamp_min((wide / scale + 1e-6) / self.max_norm, 1.0)
+        divisor = coefficient * scale
+        unscale = (divisor > _FLOAT32_MAX) & torch.isfinite(divisor)
+        params = [p for g in opt.param_groups for p in g["params"]]
+        _norm.clip_(params, 1.0, total_norm=torch.where(unscale, scale, torch.zeros_like(scale)))
+        return torch.where(unscale, coefficient, divisor)
 
     @torch.compiler.disable
     def _separate_step(self, opt: Optimizer, args: Any, kwargs: Any) -> None:

@@ -48,6 +48,23 @@ def plain_shards_with_group(rank: int, world: int) -> dict:
     return out
 
 
+def cached_plans_with_and_without_group(rank: int, world: int) -> dict:
+    """The same parameters, their norm taken locally and with group=, in turn:
+    the plan cached for one must never serve the other."""
+    full = full_tensors(11)
+    params = [torch.nn.Parameter(torch.zeros_like(t)) for t in full]
+    for p, t in zip(params, full):
+        p.grad = t * (rank + 1)  # each rank's own gradients
+    everyone = [t * (r + 1) for r in range(world) for t in full]
+    out = {}
+    for i, group in enumerate([None, dist.group.WORLD, None, dist.group.WORLD]):
+        for repeat in range(2):  # the second from the cached plan
+            want = reference.norm(everyone if group else [p.grad for p in params], 2.0)
+            out[f"total_norm {i} {repeat}"] = (fastnorm.total_norm(params, group=group).item(), want)
+            out[f"tensor_norms {i} {repeat}"] = (fastnorm.tensor_norms(params, group=group)[0].item(), want)
+    return out
+
+
 def dtensor_placements(rank: int, world: int) -> dict:
     mesh = init_device_mesh("cpu", (world,))
     full = full_tensors(2)
@@ -443,6 +460,7 @@ SCENARIOS = [
     cached_plan_follows_dtensor_layouts,
     module_to_after_a_cached_clip,
     plain_shards_with_group,
+    cached_plans_with_and_without_group,
     dtensor_placements,
     two_d_mesh,
     mixed_meshes,

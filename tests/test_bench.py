@@ -661,7 +661,7 @@ def test_bench_without_the_kernels_says_why_in_one_line(monkeypatch, tmp_path, c
 
 @pytest.fixture
 def busy_processes():
-    """Three processes that keep a core busy each while the test runs: on 2 cores,
+    """Two processes that keep a core busy each while the test runs: on 2 cores,
     more than this one's thread leaves, so that no round of it is quiet."""
     spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
     time.sleep(0.3)  # started and spinning
@@ -684,7 +684,7 @@ def test_a_run_on_a_busy_machine_says_so_and_judges_no_time(busy_processes, tmp_
         r"marked disturbed; run on an idle machine for results\.",
         out[1],
     )
-    assert warning and int(warning[1]) >= 3 and float(warning[2]) >= 1.5, out[1]
+    assert warning and int(warning[1]) >= 2 and float(warning[2]) >= 1.5, out[1]
     run = json.loads((tmp_path / "cpu.json").read_text())
     assert run["load_before"]["message"] == out[1]
     (record,) = run["workloads"]

@@ -51,6 +51,17 @@ def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     return torch.equal(a.view(torch.int64), b.view(torch.int64))
 
 
+def _norm_of_row(m: float, s: float, p: float) -> float:
+    """The norm a tensor's partial ``[m, s]`` stands for (the contract of fastnorm.backends)."""
+    if p == 2.0:
+        return math.sqrt(s) * (m if m > 0 else 1.0)
+    if p == 1.0:
+        return s
+    if p == math.inf:
+        return m
+    return 0.0 if m == 0.0 else m * s ** (1.0 / p)
+
+
 def _special(dtype: torch.dtype) -> list[torch.Tensor]:
     """Values that take other paths: zeros, subnormals, the largest finite ones, inf, NaN."""
     info = torch.finfo(dtype)
@@ -79,6 +90,14 @@ def test_every_instruction_set_gives_the_same_bits(dtype):
         results = {isa: _reduce(tensors, p, isa) for isa in ISAS}
         for isa, got in results.items():
             assert _same_bits(got, results["generic"]), (isa, p)
+        # Agreement alone would pass a bug every loop shares (and test nothing
+        # where the CPU runs the portable loop only): each tensor's norm, and
+        # the total, against the float64 oracle.
+        got = results[ISAS[-1]]
+        rows = got[3:].reshape(-1, 2).tolist()
+        norms = [_norm_of_row(m, s, p) for m, s in rows] + [got[2].item()]
+        want = [reference.norm([t], p) for t in tensors] + [reference.norm(tensors, p)]
+        assert norms == pytest.approx(want, rel=1e-10, nan_ok=True), p
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -352,6 +371,64 @@ def test_bf16_under_the_callers_flush_denormal_mode_every_instruction_set_agrees
         torch.set_flush_denormal(False)
 
 
+_FLOAT_MODES = """
+import ctypes, json
+import torch
+import fastnorm
+
+libm = ctypes.CDLL("libm.so.6")
+FE_TONEAREST, FE_UPWARD = 0, 0x800
+tiny = [torch.full((65536,), 1e-39) for _ in range(48)]  # float32 subnormals, 12 MiB
+g = torch.Generator().manual_seed(3)
+# One large tensor sets the norm (about 1e6); clipped to 1e-3, the others'
+# values of about 1e-30 become float32 subnormals.
+small = [torch.randn(65536, generator=g) * 1e-30 for _ in range(47)] + [torch.full((65536,), 4e3)]
+for threads in (1, 2):  # every helper thread started before any mode is set
+    torch.set_num_threads(threads)
+    fastnorm.total_norm(tiny)
+out = {}
+for mode in ("default", "flush", "upward"):
+    if mode == "flush":
+        assert torch.set_flush_denormal(True)
+    if mode == "upward":
+        assert libm.fesetround(FE_UPWARD) == 0
+    seen, clipped = {}, {}
+    for threads in (1, 2):
+        torch.set_num_threads(threads)
+        seen[threads] = sorted({fastnorm.total_norm(tiny).item().hex() for _ in range(50)})
+        copies = [t.clone() for t in small]
+        fastnorm.clip_(copies, 1e-3, gradients=True)
+        clipped[threads] = torch.cat(copies).view(torch.int32)
+    torch.set_flush_denormal(False)
+    libm.fesetround(FE_TONEAREST)
+    out[mode] = {"norms": seen, "clipped alike": torch.equal(clipped[1], clipped[2])}
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="glibc's fenv through ctypes: Linux")
+@pytest.mark.parametrize("pool", ["openmp", "own"])
+def test_the_callers_floating_point_modes_rule_every_thread(pool):
+    """torch.set_flush_denormal(True) (and fesetround) set the calling thread's
+    modes only; the helper threads run each call's tasks under the caller's, so
+    that any thread count gives one answer, call after call: the issue's 48
+    tensors of 65,536 values of 1e-39 read as 0 under flush-to-zero, exactly
+    otherwise, and clipping that makes subnormals flushes them alike."""
+    env = {"FASTNORM_BACKEND": "cpp"} | ({"FASTNORM_OWN_THREADS": "1"} if pool == "own" else {})
+    result = run_python(["-c", _FLOAT_MODES], **env)
+    assert result.returncode == 0, result.stderr[-2000:]
+    out = json.loads(result.stdout)
+    exact = reference.norm([torch.full((65536 * 48,), 1e-39)], 2.0)
+    for mode, got in out.items():
+        one, two = got["norms"]["1"], got["norms"]["2"]
+        assert len(one) == 1 and two == one and got["clipped alike"], (mode, got)
+        norm = float.fromhex(one[0])
+        if mode == "flush":
+            assert norm == 0.0
+        else:
+            assert norm == pytest.approx(exact, rel=1e-6), mode
+
+
 _TRAPPING = """
 import ctypes, json, math, sys
 import torch
@@ -487,13 +564,53 @@ def test_fastnorm_isa_is_read_once_per_process():
     assert {o["norm"] for o in outs} == {fastnorm.total_norm([x]).double().item()}
 
 
-def test_an_unknown_instruction_set_is_refused_with_what_the_cpu_supports():
-    result = run_python(["-m", "fastnorm", "info"], FASTNORM_ISA="avx1024", TRITON_INTERPRET="0")
-    assert result.returncode == 0, result.stderr
-    line = next(line for line in result.stdout.splitlines() if line.startswith("C++ kernels"))
-    assert "FASTNORM_ISA=avx1024 is unknown" in line and ", ".join(ISAS) in line
+_UNKNOWN_ISA = """
+import torch, fastnorm
+try:
+    fastnorm.total_norm([torch.ones(3)])
+except ValueError as exc:
+    print(exc)
+"""
+
+
+@pytest.mark.parametrize("variable", ["FASTNORM_ISA", "FASTNORM_CPU_ISA"])
+def test_an_unknown_instruction_set_raises_naming_the_known_ones(variable):
+    """A mistyped value raises at every use of the CPU backend, as a mistyped
+    FASTNORM_BACKEND does; the torch backend does not silently take over."""
+    message = f"{variable}='avx9' is not one of {', '.join(cpp.KNOWN_ISAS)}"
+    result = run_python(["-c", _UNKNOWN_ISA], **{variable: "avx9"}, TRITON_INTERPRET="0")
+    assert result.stdout.strip() == message, result.stderr[-2000:]
+    result = run_python(["-m", "fastnorm", "info"], **{variable: "avx9"}, TRITON_INTERPRET="0")
+    assert result.returncode != 0 and message in result.stderr
     with pytest.raises(ValueError, match="is not one of"):
-        cpp._C.use_isa("avx1024")
+        cpp._C.use_isa("avx9")
+
+
+def test_every_instruction_set_the_cpu_runs_is_a_known_one():
+    assert set(ISAS) <= set(cpp.KNOWN_ISAS)
+    if "avx512" in ISAS:
+        assert ISAS == list(cpp.KNOWN_ISAS)
+
+
+_LACKING = """
+import warnings, torch, fastnorm
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    print(fastnorm.total_norm([torch.ones(4)]).item())
+print(caught[0].message if caught else "no warning")
+"""
+
+
+def test_a_known_instruction_set_the_cpu_lacks_leaves_the_torch_backend_with_a_warning():
+    lacking = [isa for isa in cpp.KNOWN_ISAS if isa not in ISAS]
+    if not lacking:
+        pytest.skip("this CPU runs every instruction set fastnorm knows")
+    result = run_python(["-c", _LACKING], FASTNORM_ISA=lacking[0], TRITON_INTERPRET="0")
+    assert result.returncode == 0, result.stderr[-2000:]
+    norm, warning = result.stdout.strip().splitlines()
+    assert float(norm) == 2.0
+    assert f"FASTNORM_ISA={lacking[0]} is not supported here" in warning
+    assert "using the torch backend" in warning
 
 
 def _cpu_flags() -> set[str] | None:

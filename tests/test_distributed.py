@@ -70,6 +70,13 @@ def test_plain_disjoint_shards_with_group(ranks):
     _check_pairs(_scenario(ranks, "plain_shards_with_group"))
 
 
+def test_a_plan_cached_without_group_never_serves_a_call_with_group(ranks):
+    records = _scenario(ranks, "cached_plans_with_and_without_group")
+    for record in records:
+        for key, (got, expected) in record.items():
+            assert got == pytest.approx(expected, rel=REL), key
+
+
 def test_dtensor_shard_and_replicate(ranks):
     records = _scenario(ranks, "dtensor_placements")
     for record in records:

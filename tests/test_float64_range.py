@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
 import torch
 
 import fastnorm
+from fastnorm.backends import cpp
 from reference import norm, rel_err
 
 
@@ -61,3 +63,38 @@ def test_an_inf_element_stays_inf(backend):
     assert fastnorm.total_norm(tensors).item() == math.inf
     tensors[-1] = torch.tensor([math.nan], dtype=torch.float64)
     assert math.isnan(fastnorm.total_norm(tensors).item())
+
+
+MAGNITUDES = (1e-310, 1e-200, 1e-30, 1.0, 1e30, 1e154, 1e300)
+
+
+def _split(order: str, first: float, then: float) -> list[torch.Tensor]:
+    """float64 gradients split between the fused backend (dense tensors, "d") and
+    the torch backend (views with gaps, "g"), which the front then combines: the
+    first at magnitude ``first``, the others at ``then`` (so that with three, one
+    group merges two magnitudes itself)."""
+    g = torch.Generator().manual_seed(len(order))
+    tensors = []
+    for i, kind in enumerate(order):
+        magnitude = then if i else first
+        full = (torch.rand(2, 300, generator=g, dtype=torch.float64) + 0.5) * magnitude
+        tensors.append(full[0] if kind == "d" else full[:, ::3])
+    return tensors
+
+
+@pytest.mark.skipif(cpp._C is None, reason="the C++ kernels are not built")
+@pytest.mark.parametrize("order", ["dg", "gd", "dgd", "gdg"])
+def test_groups_of_any_magnitudes_combine_to_the_norm(monkeypatch, order):
+    """The front merges the two groups' L2 partials, each plain or scaled by a
+    power of two, at every pair of magnitudes and whichever group comes first
+    (auto's C++ kernels and torch ops: the Triton backend's partials obey the same contract)."""
+    monkeypatch.setenv("FASTNORM_BACKEND", "auto")
+    for first, then in itertools.product(MAGNITUDES, MAGNITUDES):
+        tensors = _split(order, first, then)
+        expected = norm(tensors, 2.0)
+        got = fastnorm.total_norm(tensors)
+        assert rel_err(got.item(), expected) < 1e-13, (first, then, got.item(), expected)
+        total, per_item = fastnorm.tensor_norms(tensors)
+        assert total.item() == got.item()
+        for t, value in zip(tensors, per_item.tolist()):
+            assert rel_err(value, norm([t], 2.0)) < 1e-13, (first, then)

@@ -168,6 +168,78 @@ def test_no_gradient_byte_is_written():
     assert not torch.equal(before[0][2], grads[0])
 
 
+def _ulp16(x: torch.Tensor) -> torch.Tensor:
+    """The spacing of a 16-bit tensor's dtype above each |x| (subnormals included), in float64."""
+    top = torch.full_like(x, math.inf)
+    return (torch.nextafter(x.abs(), top).double() - x.abs().double()).abs()
+
+
+def _ulps_apart(a: torch.Tensor, b: torch.Tensor) -> float:
+    """The largest |a - b| in 16-bit ulps of the larger magnitude, or of 1 below 1."""
+    unit = _ulp16(torch.maximum(a.abs(), b.abs()).clamp_min(1))
+    return ((a.double() - b.double()).abs() / unit).max().item()
+
+
+@pytest.mark.parametrize(
+    "dtype, max_norm",
+    # float16 clipped to 1.0 squares gradients into its subnormals in AdamW's
+    # exp_avg_sq (kept in the parameter's dtype): torch's own rounding rules there.
+    [(torch.bfloat16, 1.0), (torch.float16, 10.0)],
+    ids=["bf16", "fp16"],
+)
+def test_16bit_parameters_folded_or_clipped_first_differ_by_16bit_rounding(monkeypatch, dtype, max_norm):
+    """clip_ rounds each clipped gradient to 16 bits, as torch does; the folded
+    step divides the 16-bit gradient by the coefficient in float32. The
+    gradient each step consumes differs by at most half a 16-bit ulp of the
+    clipped value; from the same state a step's parameters differ by at most one
+    16-bit ulp (of the parameter, or of 1 for parameters below 1), and five steps
+    of fused AdamW by at most two."""
+    import torch.optim.adam as adam_module
+
+    consumed = []  # (grads, grad_scale) of every fused step
+    original = adam_module._fused_adam
+
+    def spy(params, grads, *args, **kwargs):
+        consumed.append(([g.clone() for g in grads], kwargs["grad_scale"]))
+        return original(params, grads, *args, **kwargs)
+
+    monkeypatch.setattr(adam_module, "_fused_adam", spy)
+
+    def run(seed, same_state):
+        g = torch.Generator().manual_seed(seed)
+        theirs = [torch.nn.Parameter(torch.randn(s, generator=g).to(dtype)) for s in SHAPES]
+        ours = [torch.nn.Parameter(p.detach().clone()) for p in theirs]
+        ref = torch.optim.AdamW(theirs, lr=1e-2, weight_decay=0.1, fused=True)
+        opt = torch.optim.AdamW(ours, lr=1e-2, weight_decay=0.1, fused=True)
+        clipper = StepClipper(opt, max_norm)
+        worst = []
+        for step in range(5):
+            if same_state and step:
+                with torch.no_grad():
+                    for p, q in zip(ours, theirs):
+                        p.copy_(q)
+                        opt.state[p] = {k: v.clone() for k, v in ref.state[q].items()}
+            for p, q in zip(ours, theirs):
+                p.grad = (torch.randn(p.shape, generator=g) * 3).to(dtype)
+                q.grad = p.grad.clone()
+            fastnorm.clip_(theirs, max_norm)
+            ref.step()
+            clipper.clip_()
+            opt.step()
+            (clipped, none), (raw, grad_scale) = consumed[-2:]
+            assert none is None and grad_scale is not None
+            for c, r in zip(clipped, raw):
+                folded = r.float() / grad_scale  # what the fused kernel computes
+                bound = _ulp16(c) / 2 + folded.double().abs() * 2.0**-23
+                assert ((folded.double() - c.double()).abs() <= bound).all()
+            worst.append(max(_ulps_apart(a.detach(), b.detach()) for a, b in zip(ours, theirs)))
+        return worst
+
+    per_step = [max(steps) for steps in zip(*(run(seed, True) for seed in range(20)))]
+    five_steps = max(run(seed, False)[-1] for seed in range(20))
+    assert max(per_step) == 1.0 and 1.0 <= five_steps <= 2.0, (per_step, five_steps)
+
+
 def _spy_fused(monkeypatch):
     """Records the grad_scale and found_inf each fused Adam step receives."""
     import torch.optim.adam as adam_module
@@ -600,6 +672,54 @@ def test_both_flags_skip_once():
     assert all(torch.equal(a, b) for a, b in zip(model.parameters(), before))
     assert all(s["step"].item() == 0 for s in opt.state.values())
     assert not hasattr(opt, "grad_scale") and not hasattr(opt, "found_inf")
+
+
+@pytest.mark.parametrize(
+    "case, max_norm, magnitude",
+    [
+        # The scaled gradients' norm fits float32, the scale over the coefficient does not.
+        ("grad_scale overflows", 0.05, 0.02),
+        # The scaled gradients are finite, their float32 norm is not.
+        ("norm overflows", 1.0, 0.2),
+    ],
+)
+def test_a_grad_scaler_near_the_top_of_float32_without_unscale_steps_as_torch_does(
+    monkeypatch, case, max_norm, magnitude
+):
+    """A GradScaler's scale near 2^127 and no ``unscale_``: step by step, the same
+    scales, the same steps taken, close parameters as torch's recipe
+    (``unscale_``, ``clip_grad_norm_``, ``scaler.step``); every folded
+    ``grad_scale`` of a step taken finite. At step 3 a scaled gradient is inf: both skip."""
+    seen = _spy_fused(monkeypatch)
+    shapes = [(64, 32), (32,), (1000,)]
+    g = torch.Generator().manual_seed(1)
+    ours = [torch.nn.Parameter(torch.randn(s, generator=g)) for s in shapes]
+    theirs = [torch.nn.Parameter(p.detach().clone()) for p in ours]
+    opt = torch.optim.AdamW(ours, lr=1e-2, fused=True)
+    ref = torch.optim.AdamW(theirs, lr=1e-2, fused=True)
+    scaler, ref_scaler = (torch.amp.GradScaler("cpu", init_scale=2.0**126, growth_interval=1) for _ in "ab")
+    clipper = StepClipper(opt, max_norm)
+    for step in range(8):
+        scale = scaler.get_scale()
+        assert scale == ref_scaler.get_scale() and scale >= 2.0**125
+        scaler.scale(torch.ones(()))  # the scalers' scale tensors, as a scaled loss makes them
+        ref_scaler.scale(torch.ones(()))
+        for p, q, s in zip(ours, theirs, shapes):
+            p.grad = torch.randn(s, generator=g).clamp(-4, 4) * magnitude * scale  # finite
+            if step == 3:
+                p.grad[0] = math.inf
+            q.grad = p.grad.clone()
+        ref_scaler.unscale_(ref)
+        torch.nn.utils.clip_grad_norm_(theirs, max_norm)
+        ref_scaler.step(ref)
+        ref_scaler.update()
+        clipper.clip_()
+        scaler.step(opt)
+        scaler.update()
+        assert opt.state[ours[0]]["step"].item() == ref.state[theirs[0]]["step"].item() == step + (step < 3)
+        assert clipper.skipped.item() == float(step == 3), step
+        assert step == 3 or torch.isfinite(seen[-1][0]).all(), step
+        _assert_close(ours, theirs, exact=False)
 
 
 # ----------------------------------------------------------------------------

@@ -157,6 +157,23 @@ def test_64_lists_alternating_every_step_stay_cached(snapshot, builds):
     assert builds[0] == 64
 
 
+def test_past_its_size_the_cache_forgets_the_list_used_least_recently(snapshot, builds):
+    """128 lists fill the cache; using the first again makes the second the
+    least recently used, which the 129th list then evicts (not the first)."""
+    lists = [_params(2, 8) for _ in range(129)]
+    for group in lists[:128]:
+        fastnorm.total_norm(group)
+    assert builds[0] == 128
+    fastnorm.total_norm(lists[0])  # a hit, now the most recently used
+    assert builds[0] == 128
+    fastnorm.total_norm(lists[128])  # a miss, evicting lists[1]
+    assert builds[0] == 129
+    fastnorm.total_norm(lists[0])
+    assert builds[0] == 129
+    fastnorm.total_norm(lists[1])
+    assert builds[0] == 130
+
+
 def test_clipping_through_a_cached_plan_scales_the_current_gradients(snapshot):
     params = _params()
     fastnorm.clip_(params, 1e9)
@@ -347,6 +364,54 @@ def test_a_gradient_that_moved_is_never_read_at_its_old_address(pool):
         assert got == pytest.approx(want, rel=1e-6), case
 
 
+_SHARED_TASKS = """
+import ctypes, json, mmap
+import torch
+import fastnorm
+
+torch.set_num_threads(2)
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mprotect.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+numel, count = 1 << 14, 64  # 64 KiB each: four gradients per 256 KiB task, 16 tasks
+g = torch.Generator().manual_seed(6)
+results = {}
+for moved in (1, 2, 3, 4 * 9 + 2):  # never the first of its task
+    for repeat in range(5):
+        regions, params = [], []
+        for _ in range(count):
+            region = mmap.mmap(-1, numel * 4)
+            p = torch.nn.Parameter(torch.zeros(numel))
+            p.grad = torch.frombuffer(region, dtype=torch.float32)
+            p.grad.copy_(torch.randn(numel, generator=g))
+            regions.append(region)
+            params.append(p)
+        fastnorm.total_norm(params)
+        fastnorm.total_norm(params)  # from the cached plan, read while it is checked
+        params[moved].grad = torch.randn(numel, generator=g)
+        base = ctypes.addressof(ctypes.c_char.from_buffer(regions[moved]))
+        assert libc.mprotect(base, numel * 4, 0) == 0, ctypes.get_errno()
+        got = fastnorm.total_norm(params).item()
+        want = torch.cat([p.grad.double() for p in params]).norm().item()
+        results[f"{moved} {repeat}"] = [got, want]
+        assert libc.mprotect(base, numel * 4, 3) == 0, ctypes.get_errno()
+print(json.dumps(results))
+"""
+
+
+@pytest.mark.skipif(cpp._C is None, reason="the C++ kernels are not built")
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="mprotect through libc: Linux")
+@pytest.mark.parametrize("pool", ["openmp", "own"])
+def test_a_moved_gradient_that_shares_its_task_is_never_read_at_its_old_address(pool):
+    """Several small gradients share each task: a task waits for the last
+    gradient it reads, so one that moved in the middle of its task (not its
+    first) is not read at its old, unreadable address either."""
+    env = {"FASTNORM_BACKEND": "cpp"} | ({"FASTNORM_OWN_THREADS": "1"} if pool == "own" else {})
+    result = run_python(["-c", _SHARED_TASKS], **env)
+    assert result.returncode == 0, (result.returncode, result.stderr[-2000:])
+    for case, (got, want) in json.loads(result.stdout).items():
+        assert got == pytest.approx(want, rel=1e-6), case
+
+
 _TWO_THREADS = """
 import faulthandler, sys, threading
 import torch
@@ -392,3 +457,137 @@ def test_two_threads_reading_through_a_torch_function_mode_do_not_deadlock(pool)
     result = run_python(["-c", _TWO_THREADS], **env)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip() == "done"
+
+
+_DROPPED = """
+import json, sys
+import torch
+from torch.overrides import TorchFunctionMode
+import fastnorm
+
+numel, count = int(sys.argv[1]), 16
+torch.set_num_threads(2)
+
+
+class DropTheFirst(TorchFunctionMode):
+    # When the check reads the middle gradient's address, the first one, checked
+    # already, loses its last reference; a new tensor may take its memory.
+    def __init__(self, params, watched):
+        super().__init__()
+        self.params, self.watched, self.filler = params, watched, None
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func is torch.Tensor.data_ptr and args[0] is self.watched and self.filler is None:
+            self.params[0].grad = None
+            self.filler = torch.full((numel,), 1000.0)
+        return out
+
+
+results = {}
+for fn in ("total_norm", "tensor_norms", "clip_"):
+    for cached in (True, False):  # the cached plan's check, or a new plan's reads
+        fastnorm.clear_cache()
+        params = [torch.nn.Parameter(torch.zeros(numel)) for _ in range(count)]
+        for p in params:
+            p.grad = torch.ones(numel)
+        call = {
+            "total_norm": lambda: fastnorm.total_norm(params),
+            "tensor_norms": lambda: fastnorm.tensor_norms(params)[0],
+            "clip_": lambda: fastnorm.clip_(params, 1e30),
+        }[fn]
+        if cached:
+            call()
+            call()
+        with DropTheFirst(params, params[count // 2].grad):
+            results[f"{fn} {'cached' if cached else 'new'}"] = call().item()
+print(json.dumps(results))
+"""
+
+
+@pytest.mark.skipif(cpp._C is None, reason="the C++ kernels are not built")
+@pytest.mark.parametrize("pool", ["openmp", "own"])
+@pytest.mark.parametrize("numel", [1 << 12, 1 << 20], ids=["reused", "unmapped"])
+def test_a_gradient_dropped_during_the_check_is_read_as_it_was(pool, numel):
+    """Python code that runs while a cached plan is checked, or a new one reads
+    the gradients (a TorchFunctionMode), drops a gradient read already: the
+    kernel reads it as it was, as torch's get_total_norm, which holds its list,
+    does. Its freed memory is reused by a new tensor (16 KiB) or given back to
+    the system (4 MiB, so that a read kills the child process this runs in)."""
+    env = {"FASTNORM_BACKEND": "cpp"} | ({"FASTNORM_OWN_THREADS": "1"} if pool == "own" else {})
+    result = run_python(["-c", _DROPPED, str(numel)], **env)
+    assert result.returncode == 0, (result.returncode, result.stderr[-2000:])
+    want = float(16 * numel) ** 0.5
+    for case, got in json.loads(result.stdout).items():
+        assert got == want, case
+
+
+_RAISED = """
+import json, sys
+import torch
+from torch.overrides import TorchFunctionMode
+import fastnorm
+
+numel, count = int(sys.argv[1]), 16
+torch.set_num_threads(2)
+
+
+class RaiseOnce(TorchFunctionMode):
+    # Raises `error` once, when the check reads the middle gradient's address.
+    def __init__(self, watched, error):
+        super().__init__()
+        self.watched, self.error = watched, error
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func is torch.Tensor.data_ptr and args[0] is self.watched and self.error is not None:
+            error, self.error = self.error, None
+            raise error
+        return func(*args, **(kwargs or {}))
+
+
+results = {}
+for fn in ("total_norm", "clip_", "tensor_norms"):
+    for error in (KeyboardInterrupt, ValueError, RuntimeError):
+        fastnorm.clear_cache()
+        g = torch.Generator().manual_seed(1)
+        params = [torch.nn.Parameter(torch.zeros(numel)) for _ in range(count)]
+        for p in params:
+            p.grad = torch.randn(numel, generator=g)
+        call = {
+            "total_norm": lambda: fastnorm.total_norm(params),
+            "tensor_norms": lambda: fastnorm.tensor_norms(params)[0],
+            "clip_": lambda: fastnorm.clip_(params, 1.0),
+        }[fn]
+        fastnorm.total_norm(params)  # builds the plan
+        want = torch.cat([p.grad.double() for p in params]).norm().item()
+        before = [(p.grad.clone(), p.grad._version) for p in params]
+        try:
+            with RaiseOnce(params[count // 2].grad, error("from the check")):
+                outcome = call().item() / want
+        except BaseException as exc:
+            outcome = type(exc).__name__
+        untouched = all(torch.equal(p.grad, b) and p.grad._version == v for p, (b, v) in zip(params, before))
+        results[f"{fn} {error.__name__}"] = [outcome, untouched]
+print(json.dumps(results))
+"""
+
+
+@pytest.mark.skipif(cpp._C is None, reason="the C++ kernels are not built")
+@pytest.mark.parametrize("pool", ["openmp", "own"])
+@pytest.mark.parametrize("numel", [1 << 12, 1 << 18], ids=["one-thread", "overlapped"])
+def test_an_exception_raised_during_the_check_propagates_with_nothing_written(pool, numel):
+    """A KeyboardInterrupt (or any exception but those a changed gradient raises)
+    from Python code the cached plan's check runs propagates from total_norm,
+    clip_ and tensor_norms, before anything is written. A RuntimeError, what torch
+    raises for a gradient whose facts cannot be read, makes the check a miss:
+    the plan is rebuilt and the norm is right."""
+    env = {"FASTNORM_BACKEND": "cpp"} | ({"FASTNORM_OWN_THREADS": "1"} if pool == "own" else {})
+    result = run_python(["-c", _RAISED, str(numel)], **env)
+    assert result.returncode == 0, (result.returncode, result.stderr[-2000:])
+    for case, (outcome, untouched) in json.loads(result.stdout).items():
+        fn, error = case.split()
+        if error == "RuntimeError":
+            assert outcome == pytest.approx(1.0, rel=1e-6), case
+            assert untouched == (fn != "clip_"), case  # clip_ scaled by the right norm
+        else:
+            assert (outcome, untouched) == (error, True), case

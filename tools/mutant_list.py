@@ -302,6 +302,71 @@ MUTANTS = [
         "tests": ["tests/test_plan_cache.py::test_a_gradient_that_moved_is_never_read_at_its_old_address"],
         "what": "the reduction read while checking is kept though the check failed",
     },
+    {
+        "name": "cpp-checked-gradients-not-held",
+        "path": "csrc/snapshot.cpp",
+        "old": "    if (ok && tensor != nullptr && keep != nullptr) ok = PyList_Append(keep, tensor) == 0;\n",
+        "new": "",
+        "tests": ["tests/test_plan_cache.py::test_a_gradient_dropped_during_the_check_is_read_as_it_was"],
+        "what": "a gradient checked is not kept: Python code in the check drops it, the kernel reads it",
+    },
+    {
+        "name": "cpp-check-clears-every-exception",
+        "path": "csrc/snapshot.cpp",
+        "old": (
+            "  if (PyErr_Occurred() != nullptr &&\n"
+            "      (PyErr_ExceptionMatches(PyExc_TypeError) || "
+            "PyErr_ExceptionMatches(PyExc_AttributeError) ||\n"
+            "       PyErr_ExceptionMatches(PyExc_RuntimeError))) {"
+        ),
+        "new": "  if (PyErr_Occurred() != nullptr) {",
+        "tests": [
+            "tests/test_plan_cache.py::test_an_exception_raised_during_the_check_propagates_with_nothing_written"
+        ],
+        "what": "a KeyboardInterrupt raised in the cached plan's check is cleared, the call returns normally",
+    },
+    {
+        "name": "cpp-gates-from-a-tasks-first-gradient",
+        "path": "csrc/kernels.cpp",
+        "old": "[size_t(task_start_[size_t(task) + 1] - 1)].tensor)] + 1;",
+        "new": "[size_t(task_start_[size_t(task)])].tensor)] + 1;",
+        "tests": [
+            "tests/test_plan_cache.py::test_a_moved_gradient_that_shares_its_task_is_never_read_at_its_old_address"
+        ],
+        "what": "a task holding several gradients waits for its first only and reads the others unchecked",
+    },
+    {
+        "name": "cpp-helpers-keep-their-own-float-modes",
+        "path": "csrc/thread_pool.h",
+        "old": "      const FloatModes::Scope scope(job->modes);  // a no-op on the caller\n",
+        "new": "",
+        "tests": ["tests/test_cpu_kernels.py::test_the_callers_floating_point_modes_rule_every_thread"],
+        "what": "torch's OpenMP threads read subnormals the caller flushes: the norm depends on the thread",
+    },
+    {
+        "name": "cpp-own-pool-keeps-its-own-float-modes",
+        "path": "csrc/thread_pool.h",
+        "old": "        const FloatModes::Scope scope(modes_);\n",
+        "new": "",
+        "tests": ["tests/test_cpu_kernels.py::test_the_callers_floating_point_modes_rule_every_thread"],
+        "what": "the own pool's threads read subnormals the caller flushes: the norm depends on the thread",
+    },
+    {
+        "name": "cpp-helpers-round-to-nearest-always",
+        "path": "csrc/thread_pool.h",
+        "old": "  static constexpr unsigned kModes = 0x8000u | 0x6000u | 0x0040u;",
+        "new": "  static constexpr unsigned kModes = 0x8000u | 0x0040u;",
+        "tests": ["tests/test_cpu_kernels.py::test_the_callers_floating_point_modes_rule_every_thread"],
+        "what": "the helpers keep their own rounding mode: under fesetround the bits depend on the thread",
+    },
+    {
+        "name": "cpp-every-isa-drops-the-tail",
+        "path": "csrc/kernels_impl.h",
+        "old": "    if (i < n) add_tail<E, Power>(acc, x + i, n - i);\n",
+        "new": "",
+        "tests": ["tests/test_cpu_kernels.py::test_every_instruction_set_gives_the_same_bits"],
+        "what": "every instruction set drops a piece's last partial block alike: they agree, all wrong",
+    },
     # ------------------------------------------------------------------
     # Triton kernels (fastnorm/backends/triton_kernels.py, triton_backend.py)
     # ------------------------------------------------------------------
@@ -504,9 +569,54 @@ MUTANTS = [
         "tests": ["tests/test_norm.py::test_p_norm_of_partials_from_two_backends_with_zeros_and_inf"],
         "what": "merging p-norm partials divides 0 by 0 and inf by inf",
     },
+    {
+        "name": "cpp-backend-unknown-isa-falls-back",
+        "path": "fastnorm/backends/cpp.py",
+        "old": '        if _extension.UNKNOWN_ISA is not None and device.type == "cpu":\n'
+        "            raise ValueError(_extension.UNKNOWN_ISA)\n",
+        "new": "",
+        "tests": ["tests/test_cpu_kernels.py::test_an_unknown_instruction_set_raises_naming_the_known_ones"],
+        "what": "a mistyped FASTNORM_ISA hands every CPU tensor to the torch backend instead of raising",
+    },
+    {
+        "name": "front-l2-merge-at-the-first-scale",
+        "path": "fastnorm/_partial.py",
+        "old": "        top = l2_top(m, s)\n",
+        "new": "        top = l2_active_scale(m, s)[0]\n",
+        "tests": ["tests/test_float64_range.py::test_groups_of_any_magnitudes_combine_to_the_norm"],
+        "what": "the groups' float64 L2 partials merge at the first group's scale, not the largest",
+    },
     # ------------------------------------------------------------------
     # The plan cache (fastnorm/_plan.py)
     # ------------------------------------------------------------------
+    {
+        "name": "plan-cache-evicts-in-insertion-order",
+        "path": "fastnorm/_plan.py",
+        "old": "            self._entries.move_to_end(key)  # atomic under the GIL, as are the dict's reads",
+        "new": "            pass",
+        "tests": [
+            "tests/test_plan_cache.py::test_past_its_size_the_cache_forgets_the_list_used_least_recently"
+        ],
+        "what": "a hit does not make a list the most recently used: the oldest is evicted, in use or not",
+    },
+    {
+        "name": "plan-key-ignores-group",
+        "path": "fastnorm/_plan.py",
+        "old": "return (request, id(group), mode,",
+        "new": "return (request, mode,",
+        "tests": [
+            "tests/test_distributed.py::test_a_plan_cached_without_group_never_serves_a_call_with_group"
+        ],
+        "what": "a plan cached without group= serves the same parameters with it: the local norm",
+    },
+    {
+        "name": "plan-new-gradients-not-held",
+        "path": "fastnorm/_plan.py",
+        "old": "    if held is not None:\n        held.extend(grads.norm)\n",
+        "new": "",
+        "tests": ["tests/test_plan_cache.py::test_a_gradient_dropped_during_the_check_is_read_as_it_was"],
+        "what": "a new plan's gradients are not kept: one dropped while others are collected is read freed",
+    },
     {
         "name": "plan-key-ignores-backend-request",
         "path": "fastnorm/_plan.py",
@@ -518,8 +628,8 @@ MUTANTS = [
     {
         "name": "plan-python-snapshot-skips-strides",
         "path": "fastnorm/_plan.py",
-        "old": "return all((tensors[i].shape, tensors[i].stride()) == layout for",
-        "new": "return all(True for",
+        "old": "if not all((tensors[i].shape, tensors[i].stride()) == layout for",
+        "new": "if not all(True for",
         "tests": ["tests/test_plan_cache.py::test_channels_last_gradients_keep_their_strides"],
         "what": "the Python snapshot misses new strides of a dense, non-contiguous gradient",
     },
@@ -995,6 +1105,26 @@ MUTANTS = [
     # ------------------------------------------------------------------
     # StepClipper (fastnorm/optim.py)
     # ------------------------------------------------------------------
+    {
+        "name": "stepclipper-grad-scale-overflows",
+        "path": "fastnorm/optim.py",
+        "old": "        return torch.where(unscale, coefficient, divisor)",
+        "new": "        return divisor",
+        "tests": [
+            "tests/test_optim.py::test_a_grad_scaler_near_the_top_of_float32_without_unscale_steps_as_torch_does"
+        ],
+        "what": "the GradScaler's scale over the clip coefficient overflows float32: the step divides by inf",
+    },
+    {
+        "name": "stepclipper-skips-on-the-scaled-float32-norm",
+        "path": "fastnorm/optim.py",
+        "old": "                found_inf = self._wide_nonfinite",
+        "new": "                found_inf = self._nonfinite",
+        "tests": [
+            "tests/test_optim.py::test_a_grad_scaler_near_the_top_of_float32_without_unscale_steps_as_torch_does"
+        ],
+        "what": "finite gradients a GradScaler multiplied are skipped because their float32 norm overflows",
+    },
     {
         "name": "stepclipper-grad-scale-drops-eps",
         "path": "fastnorm/optim.py",

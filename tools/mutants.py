@@ -194,10 +194,28 @@ def recover() -> str | None:
 
 
 def build() -> str | None:
-    """Rebuilds fastnorm._C in place from csrc/; returns the compiler's complaint, or None."""
+    """Rebuilds fastnorm._C in place from csrc/; returns the compiler's complaint, or None.
+
+    Objects and the linked library go to a directory of their own, never to
+    build/: a restored source gets its old timestamp back, so a mutant's build
+    left in build/lib would look newer than the sources, and a later
+    ``pip install .`` or ``setup.py build_ext`` would install it without compiling.
+    """
     with tempfile.TemporaryDirectory(prefix="fastnorm-mutants-build-") as temp:
+        objects, library = os.path.join(temp, "objects"), os.path.join(temp, "lib")
         result = subprocess.run(
-            [sys.executable, "setup.py", "-q", "build_ext", "--inplace", "--force", "--build-temp", temp],
+            [
+                sys.executable,
+                "setup.py",
+                "-q",
+                "build_ext",
+                "--inplace",
+                "--force",
+                "--build-temp",
+                objects,
+                "--build-lib",
+                library,
+            ],
             cwd=ROOT,
             capture_output=True,
             text=True,

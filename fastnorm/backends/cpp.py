@@ -27,6 +27,7 @@ from fastnorm.backends.fused import fused_reasons
 _C = _extension.C
 _IMPORT_ERROR = _extension.IMPORT_ERROR
 BORROWED_FROM = _extension.BORROWED_FROM
+KNOWN_ISAS = _extension.KNOWN_ISAS
 
 DTYPE_CODES = {torch.float32: 0, torch.float64: 1, torch.float16: 2, torch.bfloat16: 3}
 
@@ -92,6 +93,8 @@ class CppBackend:
     def not_supported_reasons(
         self, device: torch.device, mode: Mode | None = None, dense: bool = True
     ) -> list[str]:
+        if _extension.UNKNOWN_ISA is not None and device.type == "cpu":
+            raise ValueError(_extension.UNKNOWN_ISA)
         reasons = fused_reasons(mode, dense)
         if _C is None:
             reasons.append(f"the extension fastnorm._C is not built ({_IMPORT_ERROR})")
