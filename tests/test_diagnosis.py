@@ -750,3 +750,162 @@ def test_fail_on_unstable_never_passes_a_log_too_short_to_judge(tmp_path, capsys
         "verdict: too few points (3 steps read; at least 5 are needed to judge a run)"
         in capsys.readouterr().out
     )
+
+
+# ----------------------------------------------------------------------------
+# Thinned logs: each "held for N points" is N points or N steps, whichever ends first, over 3 points
+# ----------------------------------------------------------------------------
+
+
+def thinned(every, n=1000, seed=30, factor=lambda s: 1.0, sigma=0.1):
+    """Steps ``0, every, 2 * every, ...`` below ``n`` and their norms: noise times ``factor(step)``."""
+    steps = list(range(0, n, every))
+    return steps, [v * factor(s) for s, v in zip(steps, noise(seed, n=len(steps), sigma=sigma))]
+
+
+def at(steps, values, last, loss=None, lr=None):
+    """The diagnosis of the series (and its loss, its learning rate) up to step ``last``, as the monitor's
+    window ending there sees it."""
+    kept = [i for i, s in enumerate(steps) if s <= last]
+    loss = ([s for s in loss[0] if s <= last], [v for s, v in zip(*loss) if s <= last]) if loss else None
+    lr = {s: v for s, v in lr.items() if s <= last} if lr else None
+    return diagnose([steps[i] for i in kept], [values[i] for i in kept], loss=loss, lr=lr)
+
+
+@pytest.mark.parametrize("every, held, short", [(10, 520, 510), (1, 509, 508)])
+def test_a_level_is_sustained_over_10_steps_or_10_points_and_3_points_at_least(every, held, short):
+    # The norm rises 1000x at step 500 and stays there. Logged every 10th step, 3 points (30 steps) sustain
+    # it, not 10 (100 steps); 2 points do not. Logged every step, it takes 10 points, as it always did.
+    steps, values = thinned(every, factor=lambda s: 1e3 if s >= 500 else 1.0)
+    e = only(at(steps, values, held), "exploding")
+    assert e.start_step == 500, e
+    early = at(steps, values, short)
+    assert early.verdict == "stable" and kinds(early) == ["spike"], early.report()
+
+
+@pytest.mark.parametrize("every, last", [(10, 560), (1, 549)])
+def test_a_departures_level_is_that_of_its_last_10_steps(every, last):
+    # 4x from step 500 (out of the band, short of an explosion), then 1000x from 540: its last 10 steps
+    # sustain 1000x after 3 points of a log of every 10th step, as after 10 of a log of every step. Its
+    # last 10 points, half of them at 4x, would not.
+    steps, values = thinned(every, factor=lambda s: 1e3 if s >= 540 else 4.0 if s >= 500 else 1.0)
+    e = only(at(steps, values, last), "exploding")
+    assert e.start_step == 500, e
+
+
+@pytest.mark.parametrize("every", [1, 10])
+def test_a_new_normal_is_a_window_of_points_or_of_steps(every):
+    # A 5x shift at step 500 that holds (a new normal after 50 steps), then 50x at step 800: the explosion
+    # is measured from the new normal and dated at 800, however often the run is logged. Counted in points
+    # only, the shift of a log of every 10th step would last 50 points (500 steps), and the explosion
+    # would be dated from the shift.
+    steps, values = thinned(every, factor=lambda s: 50.0 if s >= 800 else 5.0 if s >= 500 else 1.0)
+    e = only(diagnose(steps, values), "exploding")
+    assert 800 - 2 * every <= e.start_step <= 800, e
+    assert "from the running baseline 5" in e.detail or "from the running baseline 4" in e.detail, e.detail
+
+
+@pytest.mark.parametrize("every", [1, 10])
+def test_a_return_to_the_band_is_recover_points_or_steps(every):
+    # Out 1000x from 500 to 550, back for 30 steps, out again from 580: with recover=6, a log of every
+    # 10th step is back after 3 points (30 steps), as a log of every step is after 6: two explosions.
+    out = lambda s: 1e3 if 500 <= s < 550 or s >= 580 else 1.0  # noqa: E731
+    steps, values = thinned(every, factor=out)
+    d = diagnose(steps, values, recover=6)
+    assert [e.start_step for e in d.events if e.kind == "exploding"] == [500, 580], d.report()
+
+
+@pytest.mark.parametrize("every", [1, 10])
+def test_nonfinite_norms_to_the_end_are_a_collapse_after_40_steps_or_40_points(every):
+    # Non-finite norms over the last 50 steps with a finite loss: more than max_skip_run (40) steps, so a
+    # collapse, whether that is 50 points or 5. Over the last 20 steps, 2 points of a log of every 10th
+    # step or 20 of a log of every step: steps a loss scaler skipped.
+    for tail, expected in ((50, "nonfinite"), (20, "stable")):
+        steps, values = thinned(every)
+        values = [math.nan if s >= 1000 - tail else v for s, v in zip(steps, values)]
+        d = diagnose(steps, values, loss=(steps, [learning(s) for s in steps]))
+        assert d.verdict == expected, (tail, d.report())
+
+
+def test_a_blowup_in_a_thinned_logs_first_window_is_seen_there():
+    # A learning rate far too high, logged every 10th step: the loss jumps 400x at the second point and
+    # comes down over the next three. Its only moves are the blow-up's own way down: measured outside the
+    # blow-up, they leave it standing out, at the monitor's first window of 5 points.
+    steps = [0, 10, 20, 30, 40]
+    loss = [1.09, 438.0, 149.0, 13.9, 10.2]
+    d = diagnose(steps, [0.66, 99.9, 67.4, 23.1, 14.1], loss=(steps, loss), lr={0: 3.0})
+    assert d.verdict == "diverged" and d.onset == 0, d.report()
+    assert "the loss jumped to 438 at step 10" in d.events[0].detail
+    assert first_action(d) == "lower_lr"
+
+
+def lr_jump_run(after, comes_back=False, every=10, n=1000, jump=600):
+    """A log of every 10th step whose norm is so noisy (0.6 orders a point) that its band spans 3 orders:
+    the learning rate jumps from 0.01 to ``after`` at ``jump``, and the loss, near 0.003 before, jumps
+    100x (and falls back 100 steps later with ``comes_back``)."""
+    steps, values = thinned(every, n=n, seed=31, sigma=0.6)
+
+    def level(s):
+        up = s > jump and not (comes_back and s > jump + 100)
+        return 0.3 if up else 0.003 + 0.7 * math.exp(-s / 30)
+
+    loss = [level(s) * (1 + 0.3 * math.sin(s)) for s in steps]
+    lr = {s: 0.01 if s < jump else after for s in steps}
+    return steps, values, {"loss": (steps, loss), "lr": lr}
+
+
+def test_a_loss_that_jumps_just_after_the_learning_rate_is_diverged_from_the_jump():
+    # The norm's band is too wide to see its 30x; the loss says it: 100x its level from the first points
+    # after the rate jumped 30x. Diverged at the first window that holds 3 points of it (30 steps).
+    steps, values, kw = lr_jump_run(0.3)
+    assert at(steps, values, 610, **kw).verdict == "stable"  # one point after the jump: not yet
+    d = at(steps, values, 640, **kw)
+    e = only(d, "diverged")
+    assert e.start_step == 591 and "the loss held at" in e.detail, d.report()
+    assert first_action(d) == "lower_lr" and "jumped 30x between the readings" in d.actions[0]
+    assert diagnose(steps, values, **kw).verdict == "diverged"
+
+
+@pytest.mark.parametrize("after, comes_back", [(0.013, False), (0.3, True)])
+def test_a_learning_rate_jump_alone_or_a_loss_that_came_back_is_no_divergence(after, comes_back):
+    # The same noisy norm: the rate moved 30% (no jump) while the loss jumped (a data problem, for the
+    # loss to say), or the rate jumped and the loss came back within 100 steps: neither is a divergence of
+    # this rule.
+    steps, values, kw = lr_jump_run(after, comes_back)
+    d = diagnose(steps, values, **kw)
+    assert not any("the loss held at" in e.detail for e in d.events), d.report()
+    if comes_back:
+        assert d.verdict == "stable", d.report()
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_burst_of_the_learning_rate_that_leaves_the_loss_at_chance_is_diverged_not_stalled(seed):
+    # 1000x the learning rate for 5 steps at step 150: the loss, learned from chance (ln 3) down to 0.03,
+    # leaps 10^4x and takes the rest of the run to come down to chance again. Read alone, a loss whose
+    # noise is the blow-up's own "never improved": a stall. The rate's jump says what happened.
+    rng = random.Random(seed)
+    onset = 150
+
+    def level(i):
+        if i < onset:
+            return 0.03 + (math.log(3) - 0.03) * math.exp(-i / 20)
+        return math.log(3) + 1e4 * math.exp(-(i - onset) / 60)
+
+    loss = [level(i) * rng.lognormvariate(0.0, 0.5) for i in range(N)]
+    values = scaled(seed, lambda i: 1e3 if onset < i < onset + 120 else 1.0)
+    lr = {i: 0.01 * (1000.0 if onset <= i < onset + 5 else 1.0) for i in range(N)}
+    d = diagnose(range(N), values, loss=(range(N), loss), lr=lr)
+    assert d.verdict == "diverged" and d.onset == onset, d.report()
+    assert "stalled" not in kinds(d) and first_action(d) == "lower_lr"
+    assert "jumped 1e+03x at step 150" in d.actions[0]
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_plateau_of_a_loss_that_follows_its_batches_asks_for_larger_batches(seed):
+    # BatchNorm on batches of 2: the loss falls in its first 3 steps, then each step follows its batch (it
+    # moves by more than half its level from one step to the next): larger batches come first, before the
+    # warmup that a plateau under a constant learning rate would otherwise ask for.
+    rng = random.Random(seed)
+    loss = [2.4, 1.9, 1.8] + [0.8 * rng.uniform(0.05, 2.5) for _ in range(N - 3)]
+    d = diagnose(range(N), noise(seed), loss=(range(N), loss), lr={0: 0.01})
+    assert d.verdict == "stalled" and first_action(d) == "batch_size", d.report()

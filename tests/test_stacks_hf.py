@@ -240,3 +240,33 @@ def test_hf_callback_logs_every_steps_norm_loss_and_lr(tmp_path, one_thread):
         assert lrs[step] == pytest.approx(row["learning_rate"], rel=1e-9)
     assert callback.monitor.closed and callback.monitor.diagnosis is not None
     assert all(math.isfinite(v) for v in norms.values())
+
+
+@pytest.mark.parametrize("bf16, precision", [(False, "fp32"), (True, "bf16-mixed")])
+def test_hf_callback_tells_the_monitor_the_precision_and_the_optimizer(tmp_path, one_thread, bf16, precision):
+    from fastnorm.integrations.hf import GradNormCallback
+
+    path = tmp_path / "norms.jsonl"
+    callback = GradNormCallback([fastnorm.JsonlLogger(path)], log_every_n_steps=4)
+    trainer, _ = fit(tmp_path, [callback], bf16=bf16, weight_decay=0.01, adam_epsilon=1e-7)
+    assert callback.monitor.precision == precision
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    settings = [r for r in rows if "gradient_norm_weight_decay" in r]
+    assert [r["step"] for r in settings] == [4, 8, 12]  # once per window, at its last step
+    for r in settings:
+        assert r["gradient_norm_weight_decay"] == pytest.approx(0.01)
+        assert r["gradient_norm_eps"] == pytest.approx(1e-7)
+        assert (r["gradient_norm_beta1"], r["gradient_norm_beta2"]) == pytest.approx((0.9, 0.999))
+        assert r[f"gradient_norm_precision/{precision}"] == 1
+    # The rate each step used, read from the optimizer after its step and before the scheduler's.
+    lrs = {r["step"]: r["gradient_norm_lr"] for r in rows if "gradient_norm_lr" in r}
+    logged = {
+        row["step"]: row["learning_rate"] for row in trainer.state.log_history if "learning_rate" in row
+    }
+    assert sorted(lrs) == list(range(1, STEPS + 1))  # warmup, then a linear decay: it changes every step
+    assert all(lrs[step] == pytest.approx(lr, rel=1e-9) for step, lr in logged.items())
+    # Read back for `fastnorm diagnose`: the offline diagnosis knows what the online one was told.
+    series = fastnorm.read_series(path)
+    assert series.precision == precision and series.optimizer["weight_decay"].values[-1] == pytest.approx(
+        0.01
+    )

@@ -801,8 +801,8 @@ MUTANTS = [
     {
         "name": "diagnosis-new-normal-test-inverted",
         "path": "fastnorm/monitoring/diagnosis/norm.py",
-        "old": "        if dep.count >= self.window and not self._alarming(dep):",
-        "new": "        if dep.count >= self.window and self._alarming(dep):",
+        "old": "        if dep.held(self.window) and not self._alarming(dep):",
+        "new": "        if dep.held(self.window) and self._alarming(dep):",
         "tests": ["tests/test_diagnosis.py"],
         "what": "a sustained explosion is taken for a new normal, a mild shift is not",
     },
@@ -817,18 +817,128 @@ MUTANTS = [
     {
         "name": "diagnosis-nonfinite-to-the-end-read-as-skipped",
         "path": "fastnorm/monitoring/diagnosis/skips.py",
-        "old": "            persists = r.open and (not loss_logged or r.count > self.max_skip_run)",
-        "new": "            persists = r.open and r.count > self.max_skip_run",
+        "old": "            persists = r.open and (not loss_logged or r.longer_than(self.max_skip_run))",
+        "new": "            persists = r.open and r.longer_than(self.max_skip_run)",
         "tests": ["tests/test_diagnosis.py"],
         "what": "non-finite norms to the last step, with no loss to tell, read as skipped steps",
     },
     {
         "name": "diagnosis-warmup-counts-points-only",
         "path": "fastnorm/monitoring/diagnosis/norm.py",
-        "old": "        return n < self.warmup and (n < _MIN_BASE or step - self._first < self.warmup)",
-        "new": "        return n < self.warmup",
+        "old": "        return not held(len(self._base), self._previous - self._first + 1, self.warmup)",
+        "new": "        return len(self._base) < self.warmup",
         "tests": ["tests/test_diagnosis.py::test_a_thinned_log_judges_its_first_points"],
         "what": "the baseline's warm-up counts points only: a thinned log's first 100 steps go unjudged",
+    },
+    {
+        "name": "diagnosis-sustain-counts-points-only",
+        "path": "fastnorm/monitoring/diagnosis/norm.py",
+        "old": "        return held(self.count, self.end - self.first + 1, n)",
+        "new": "        return self.count >= n",
+        "tests": [
+            "tests/test_diagnosis.py::test_a_level_is_sustained_over_10_steps_or_10_points_and_3_points_at_least",
+            "tests/test_diagnosis.py::test_a_new_normal_is_a_window_of_points_or_of_steps",
+        ],
+        "what": "a departure's sustain and new-normal rules count points only (100 steps on a thinned log)",
+    },
+    {
+        "name": "diagnosis-held-on-one-point",
+        "path": "fastnorm/monitoring/diagnosis/robust.py",
+        "old": "MIN_HELD = 3",
+        "new": "MIN_HELD = 1",
+        "tests": [
+            "tests/test_diagnosis.py::test_a_level_is_sustained_over_10_steps_or_10_points_and_3_points_at_least"
+        ],
+        "what": "a rule counted in steps is met by one or two points of a thinned log",
+    },
+    {
+        "name": "diagnosis-level-over-the-last-points",
+        "path": "fastnorm/monitoring/diagnosis/norm.py",
+        "old": (
+            "            if len(tail) >= MIN_HELD and self.end - step + 1 > sustain:\n                break\n"
+        ),
+        "new": "",
+        "tests": ["tests/test_diagnosis.py::test_a_departures_level_is_that_of_its_last_10_steps"],
+        "what": "a thinned log's sustained level is that of its last 10 points (100 steps), not 10 steps",
+    },
+    {
+        "name": "diagnosis-recover-counts-points-only",
+        "path": "fastnorm/monitoring/diagnosis/norm.py",
+        "old": "        return held(len(dep.pending) + 1, step - since + 1, self.recover)",
+        "new": "        return len(dep.pending) + 1 >= self.recover",
+        "tests": ["tests/test_diagnosis.py::test_a_return_to_the_band_is_recover_points_or_steps"],
+        "what": "a return to the band counts points only",
+    },
+    {
+        "name": "diagnosis-skip-run-counts-points-only",
+        "path": "fastnorm/monitoring/diagnosis/skips.py",
+        "old": "        return held(self.count, self.end - self.start + 1, n + 1)",
+        "new": "        return self.count > n",
+        "tests": [
+            "tests/test_diagnosis.py::test_nonfinite_norms_to_the_end_are_a_collapse_after_40_steps_or_40_points"
+        ],
+        "what": "non-finite norms to the end of a thinned log collapse only after 40 points (400 steps)",
+    },
+    {
+        "name": "diagnosis-early-blowup-moves-with-its-way-down",
+        "path": "fastnorm/monitoring/diagnosis/loss.py",
+        "old": "                while j < len(ys) and ys[j] > 5 * before:\n                    j += 1\n",
+        "new": "",
+        "tests": ["tests/test_diagnosis.py::test_a_blowup_in_a_thinned_logs_first_window_is_seen_there"],
+        "what": "an early blow-up is measured against moves that hold its own way down",
+    },
+    {
+        "name": "diagnosis-lr-jump-loss-jump-missed",
+        "path": "fastnorm/monitoring/diagnosis/loss.py",
+        "old": "                    if after >= 10 * before and after - before > self.tol:",
+        "new": "                    if after >= 1000 * before and after - before > self.tol:",
+        "tests": [
+            "tests/test_diagnosis.py::test_a_loss_that_jumps_just_after_the_learning_rate_is_diverged_from_the_jump"
+        ],
+        "what": "a loss 100x up just after a learning-rate jump waits for the norm to leave a wide band",
+    },
+    {
+        "name": "diagnosis-lr-jump-without-a-jump",
+        "path": "fastnorm/monitoring/diagnosis/diagnoser.py",
+        "old": "            if self._ev.ramp(change) or not (after < 0 or abs(after) > 2 * abs(before)):",
+        "new": "            if self._ev.ramp(change):",
+        "tests": [
+            "tests/test_diagnosis.py::test_a_learning_rate_jump_alone_or_a_loss_that_came_back_is_no_divergence"
+        ],
+        "what": "any change of the learning rate (30%) is taken for the cause of a loss jump",
+    },
+    {
+        "name": "diagnosis-lr-jump-loss-came-back",
+        "path": "fastnorm/monitoring/diagnosis/loss.py",
+        "old": "        if not self.final >= 10 * before:\n            return None\n",
+        "new": "",
+        "tests": [
+            "tests/test_diagnosis.py::test_a_learning_rate_jump_alone_or_a_loss_that_came_back_is_no_divergence"
+        ],
+        "what": "a loss that came back after a learning-rate jump stays a divergence",
+    },
+    {
+        "name": "diagnosis-stall-outranks-lr-jump",
+        "path": "fastnorm/monitoring/diagnosis/diagnoser.py",
+        "old": (
+            "            if loss is not None and blowup is None and (read is None or read.kind == STALLED)"
+        ),
+        "new": "            if loss is not None and blowup is None and read is None",
+        "tests": [
+            "tests/test_diagnosis.py::"
+            "test_a_burst_of_the_learning_rate_that_leaves_the_loss_at_chance_is_diverged_not_stalled"
+        ],
+        "what": "a burst of the learning rate that leaves the loss at chance is called stalled",
+    },
+    {
+        "name": "diagnosis-noisy-plateau-asks-for-warmup",
+        "path": "fastnorm/monitoring/diagnosis/advice.py",
+        "old": "    if (stall.never or stall.plateau is not None) and stall.noise >= 0.5:",
+        "new": "    if stall.never and stall.noise >= 0.5:",
+        "tests": [
+            "tests/test_diagnosis.py::test_a_plateau_of_a_loss_that_follows_its_batches_asks_for_larger_batches"
+        ],
+        "what": "a plateau whose loss follows its batches asks for a warmup first",
     },
     {
         "name": "diagnosis-drift-end-not-followed",
@@ -950,6 +1060,47 @@ MUTANTS = [
         "new": "        if d.unstable and d.verdict != self.alarm:",
         "tests": ["tests/test_monitor.py::test_no_warning_while_too_few_points_were_read"],
         "what": "the monitor warns that a run is unstable when too few points were read to judge it",
+    },
+    {
+        "name": "families-score-lead-from-before-the-fault",
+        "path": "tests/families/score.py",
+        "old": '        return next((s for s, v in self.warnings if v != "recovered" and s >= since), None)',
+        "new": '        return next((s for s, v in self.warnings if v != "recovered"), None)',
+        "tests": ["tests/test_families.py::test_a_warning_before_the_fault_is_a_false_alarm_not_a_lead"],
+        "what": "the families scorer counts a warning given before the fault as a warning of it, in time",
+    },
+    # ------------------------------------------------------------------
+    # The HF Trainer callback (fastnorm/integrations/hf.py)
+    # ------------------------------------------------------------------
+    {
+        "name": "hf-precision-not-told",
+        "path": "fastnorm/integrations/hf.py",
+        "old": '            precision=_precision(args, kwargs.get("model")),',
+        "new": "            precision=None,",
+        "tests": [
+            "tests/test_stacks_hf.py::test_hf_callback_tells_the_monitor_the_precision_and_the_optimizer"
+        ],
+        "what": "the monitor is not told the Trainer's precision: an fp32 run may be advised fp32",
+    },
+    {
+        "name": "hf-optimizer-not-told",
+        "path": "fastnorm/integrations/hf.py",
+        "old": "            self.monitor.optimizer = self._optimizer\n",
+        "new": "",
+        "tests": [
+            "tests/test_stacks_hf.py::test_hf_callback_tells_the_monitor_the_precision_and_the_optimizer"
+        ],
+        "what": "the monitor never reads the Trainer's optimizer: no weight decay, eps or betas logged",
+    },
+    {
+        "name": "hf-lr-one-step-ahead",
+        "path": "fastnorm/integrations/hf.py",
+        "old": "        if len(self.lrs) != len(groups):\n            return groups\n",
+        "new": "        return groups\n",
+        "tests": [
+            "tests/test_stacks_hf.py::test_hf_callback_tells_the_monitor_the_precision_and_the_optimizer"
+        ],
+        "what": "the rate logged at a step is the next step's (the scheduler has stepped by then)",
     },
     # ------------------------------------------------------------------
     # StepClipper (fastnorm/optim.py)

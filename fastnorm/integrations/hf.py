@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import torch
 from torch import Tensor
 
 try:
@@ -37,6 +38,41 @@ class _StepNorm:
         return norm
 
 
+class _StepOptimizer:
+    """The Trainer's optimizer as the monitor reads it: its ``param_groups``, each with the learning rate
+    of the step being recorded. The Trainer steps its scheduler before a step's norm is recorded (and
+    records a step whose loss it does not log at the next step's end), so the groups' own rates are
+    ahead of the step by then."""
+
+    def __init__(self, optimizer: Any) -> None:
+        self.optimizer = optimizer
+        self.lrs: list = []  # the recorded step's rate of each group
+
+    def rates(self) -> list:
+        """Each group's rate now: read after the optimizer's step and before the scheduler's, the step's."""
+        return [group.get("lr") for group in self.optimizer.param_groups]
+
+    @property
+    def param_groups(self) -> list[dict]:
+        groups = self.optimizer.param_groups
+        if len(self.lrs) != len(groups):
+            return groups
+        return [{**group, "lr": lr} for group, lr in zip(groups, self.lrs)]
+
+
+def _precision(args: Any, model: Any) -> str | None:
+    """The run's precision as the Trainer knows it: fp16 or bf16 autocast (``args.fp16``, ``args.bf16``),
+    else fp32 for a model whose floating-point weights are all fp32; None otherwise (pure 16-bit weights,
+    which the monitor reads from the optimizer's parameters)."""
+    if getattr(args, "fp16", False):
+        return "fp16-mixed"
+    if getattr(args, "bf16", False):
+        return "bf16-mixed"
+    parameters = model.parameters() if isinstance(model, torch.nn.Module) else ()
+    dtypes = {p.dtype for p in parameters if p.is_floating_point()}
+    return "fp32" if dtypes == {torch.float32} else None
+
+
 class GradNormCallback(TrainerCallback):
     r"""Runs the Trainer's clip on fastnorm and logs every step's gradient norm.
 
@@ -48,10 +84,12 @@ class GradNormCallback(TrainerCallback):
     step, where the Trainer itself logs one sampled ``grad_norm`` per
     ``logging_steps``. With it, where the Trainer has them: the loss at each
     logging step (the Trainer's mean over the steps since the last log, as it
-    logs it), and the learning rate the step used at every step, read by the
-    diagnosis (warmups and schedule changes). The diagnosis warns when the run
-    turns unstable. Only the main process logs; every process clips with
-    fastnorm.
+    logs it), and the learning rate the step used at every step (warmups and
+    schedule changes). The monitor is told what the Trainer knows: the
+    precision (``args.fp16`` or ``args.bf16`` autocast, else fp32 weights) and,
+    from its first step, the optimizer (its weight decay, eps and betas read
+    once per window). The diagnosis warns when the run turns unstable. Only the
+    main process logs; every process clips with fastnorm.
 
     Keep ``max_grad_norm`` as the Trainer's clip threshold (default 1.0; 0
     turns clipping off). The patch is undone, and the monitor closed, at the
@@ -88,41 +126,42 @@ class GradNormCallback(TrainerCallback):
         checks.diagnoser(diagnose, owner, Diagnoser)
         self.diagnose = diagnose
         self.monitor: GradNormMonitor | None = None
-        self._diagnoser: Diagnoser | None = None
         self._patch: Patch | None = None
         self._step = _StepNorm()
-        self._lr: float | None = None
-        self._pending: tuple | None = None  # (norm, step, lr) waiting for the step's logs
+        self._optimizer: _StepOptimizer | None = None
+        self._lrs: list = []  # the rates of the step just taken
+        self._pending: tuple | None = None  # (norm, step, rates) waiting for the step's logs
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.close()  # a previous train() that raised
+        self._optimizer = None  # told to this train()'s monitor at its first step
         if not state.is_world_process_zero:
             self._patch = patch()
             return
-        if isinstance(self.diagnose, Diagnoser):
-            self._diagnoser = self.diagnose
-        else:
-            self._diagnoser = Diagnoser() if self.diagnose else None
         window = self.log_every_n_steps or max(1, int(state.logging_steps or args.logging_steps))
         self.monitor = GradNormMonitor(
             window,
             self.loggers,
             max_norm=args.max_grad_norm if args.max_grad_norm and args.max_grad_norm > 0 else None,
-            diagnose=self._diagnoser if self._diagnoser is not None else False,
+            diagnose=self.diagnose,
+            precision=_precision(args, kwargs.get("model")),
         )
         self._patch = patch(monitor=self._step)
 
     def on_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        # After the optimizer's step, before the scheduler's: the rate this step used.
-        scheduler = kwargs.get("lr_scheduler")
-        lr = scheduler.get_last_lr()[0] if scheduler is not None else None
-        self._lr = float(lr) if lr is not None else None
+        optimizer = kwargs.get("optimizer")
+        if self.monitor is None or optimizer is None:
+            return
+        if self._optimizer is None or self._optimizer.optimizer is not optimizer:
+            self._optimizer = _StepOptimizer(optimizer)  # the Trainer's, once it exists
+            self.monitor.optimizer = self._optimizer
+        self._lrs = self._optimizer.rates()  # after the optimizer's step, before the scheduler's
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._record()
         norm = self._step.take()
         if norm is not None and self.monitor is not None:
-            self._pending = (norm, state.global_step, self._lr)
+            self._pending = (norm, state.global_step, self._lrs)
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict | None = None, **kwargs: Any) -> None:
         pending = self._pending
@@ -135,10 +174,10 @@ class GradNormCallback(TrainerCallback):
     def _record(self, loss: float | None = None) -> None:
         if self._pending is None:
             return
-        norm, step, lr = self._pending
+        norm, step, lrs = self._pending
         self._pending = None
-        if lr is not None and self._diagnoser is not None:
-            self._diagnoser.update_lr([step], [lr])
+        if self._optimizer is not None:
+            self._optimizer.lrs = lrs
         self.monitor.update(norm, step=step, loss=loss)
 
     def close(self) -> None:

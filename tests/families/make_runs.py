@@ -1,9 +1,10 @@
 """Regenerates the families corpus: real CPU training runs of six model families, causes injected here.
 
-    python tests/families/make_runs.py                   # every run of both sets
+    python tests/families/make_runs.py                   # every run of every set
     python tests/families/make_runs.py --set tuning      # the runs the diagnosis is tuned on
-    python tests/families/make_runs.py --set heldout     # the rerun on other seeds and onsets
-    python tests/families/make_runs.py NAME ...          # some runs (a name of either set)
+    python tests/families/make_runs.py --set tuning2     # a rerun on other seeds and onsets, tuned on too
+    python tests/families/make_runs.py --set heldout     # the rerun kept out of the tuning
+    python tests/families/make_runs.py NAME ...          # some runs (a name of every set)
     python tests/families/make_runs.py --list            # names, family and cause
 
 Needs scikit-learn (its bundled data sets: digits, iris, wine, breast_cancer,
@@ -13,9 +14,11 @@ The families: a recurrent net (a GRU, tanh cells) over sequences of 60 steps, a 
 a post-LayerNorm transformer over characters, tabular MLPs on iris, wine,
 breast_cancer and diabetes, a tanh autoencoder of the digits, and precision
 variants (fp16 autocast with and without a GradScaler, pure bf16). Each run is a
-spec: a family, a cause (or none: healthy) and the keyword arguments of its
-tuning run and of its held-out run (other seeds, other onsets and, where it makes
-sense, other magnitudes).
+spec: a family, a cause (or none: healthy) and the keyword arguments of its run
+in each set, each set on its own seeds, with other onsets and, where it makes
+sense, other magnitudes and logging intervals. ``tuning`` and ``tuning2`` (a
+first held-out rerun, looked at since) are what the diagnosis is tuned on;
+``heldout`` is scored once the code is final and never tuned on.
 
 Each run logs through fastnorm's own path, as a user's loop would: a
 GradNormMonitor told the optimizer (its learning rate and settings read once per
@@ -61,7 +64,7 @@ from torch import nn
 import fastnorm
 
 HERE = Path(__file__).resolve().parent
-SETS = ("tuning", "heldout")
+SETS = ("tuning", "tuning2", "heldout")
 STEPS = 300
 THINNED_STEPS = 1000  # a log of every 10th step: 100 points
 KEEP = ("gradient_norm", "gradient_norm_loss", "gradient_norm_lr")  # and the settings, by prefix
@@ -613,7 +616,7 @@ def slow_rise(family, seed=0, onset=120, growth=1.05, **kw):
 
 
 # ----------------------------------------------------------------------------
-# The specs: family, cause, tuning and held-out arguments
+# The specs: family, cause, and the arguments of each set
 # ----------------------------------------------------------------------------
 
 
@@ -623,32 +626,57 @@ class Spec:
     family: str
     cause: Callable
     tuning: dict = field(default_factory=dict)
+    tuning2: dict = field(default_factory=dict)  # over the tuning arguments, as is heldout
     heldout: dict = field(default_factory=dict)
 
     def args(self, which: str) -> dict:
-        return {"seed": 0, **self.tuning} if which == "tuning" else {"seed": 1, **self.tuning, **self.heldout}
+        if which == "tuning":
+            return {"seed": 0, **self.tuning}
+        return {"seed": 1, **self.tuning, **getattr(self, which)}
 
 
 SPECS = [
     # healthy: a third and more of the runs
-    Spec("rnn-healthy", "rnn", healthy, {}, {"seed": 11}),
-    Spec("cnn-healthy", "cnn", healthy, {}, {"seed": 12}),
-    Spec("cnn-bn-healthy", "cnn", healthy, {"batchnorm": True}, {"seed": 13}),
-    Spec("postln-healthy", "postln", healthy, {"warmup": 50}, {"seed": 14, "warmup": 80}),
-    Spec("iris-healthy", "iris", healthy, {}, {"seed": 15}),
-    Spec("wine-healthy", "wine", healthy, {"precision": None}, {"seed": 16}),
-    Spec("cancer-healthy", "cancer", healthy, {"opt": "sgd", "lr": 1e-2}, {"seed": 17}),
-    Spec("diabetes-healthy", "diabetes", healthy, {}, {"seed": 18}),
-    Spec("autoencoder-healthy", "autoencoder", healthy, {}, {"seed": 19}),
+    Spec("rnn-healthy", "rnn", healthy, {}, {"seed": 11}, {"seed": 111}),
+    Spec("cnn-healthy", "cnn", healthy, {}, {"seed": 12}, {"seed": 112}),
+    Spec("cnn-bn-healthy", "cnn", healthy, {"batchnorm": True}, {"seed": 13}, {"seed": 113}),
+    Spec(
+        "postln-healthy",
+        "postln",
+        healthy,
+        {"warmup": 50},
+        {"seed": 14, "warmup": 80},
+        {"seed": 114, "warmup": 60},
+    ),
+    Spec("iris-healthy", "iris", healthy, {}, {"seed": 15}, {"seed": 115}),
+    Spec("wine-healthy", "wine", healthy, {"precision": None}, {"seed": 16}, {"seed": 116}),
+    Spec(
+        "cancer-healthy",
+        "cancer",
+        healthy,
+        {"opt": "sgd", "lr": 1e-2},
+        {"seed": 17},
+        {"seed": 117, "lr": 2e-2},
+    ),
+    Spec("diabetes-healthy", "diabetes", healthy, {}, {"seed": 18}, {"seed": 118, "every": 10}),
+    Spec("autoencoder-healthy", "autoencoder", healthy, {}, {"seed": 19}, {"seed": 119}),
     Spec(
         "fp16-scaler-healthy",
         "digits-mlp",
         healthy,
         {"scaler": True, "precision": "fp16-mixed"},
         {"seed": 20},
+        {"seed": 120},
     ),
-    Spec("bf16-healthy", "digits-mlp", healthy, {"dtype": torch.bfloat16, "precision": None}, {"seed": 21}),
-    Spec("cnn-thinned-healthy", "cnn", healthy, {"every": 10}, {"seed": 22}),
+    Spec(
+        "bf16-healthy",
+        "digits-mlp",
+        healthy,
+        {"dtype": torch.bfloat16, "precision": None},
+        {"seed": 21},
+        {"seed": 121},
+    ),
+    Spec("cnn-thinned-healthy", "cnn", healthy, {"every": 10}, {"seed": 22}, {"seed": 122, "every": 5}),
     # faulty
     Spec(
         "wine-lr-too-high",
@@ -656,61 +684,147 @@ SPECS = [
         lr_too_high,
         {"factor": 300.0, "act": nn.ReLU},
         {"seed": 31, "factor": 1000.0},
+        {"seed": 131, "factor": 500.0},
     ),
-    Spec("cnn-lr-too-high", "cnn", lr_too_high, {"factor": 1000.0}, {"seed": 32, "factor": 3000.0}),
+    Spec(
+        "cnn-lr-too-high",
+        "cnn",
+        lr_too_high,
+        {"factor": 1000.0},
+        {"seed": 32, "factor": 3000.0},
+        {"seed": 132, "factor": 2000.0},
+    ),
     Spec(
         "iris-thinned-lr-too-high",
         "iris",
         lr_too_high,
         {"every": 10, "factor": 300.0, "act": nn.ReLU},
         {"seed": 33},
+        {"seed": 133, "every": 5, "factor": 1000.0},
     ),
-    Spec("iris-shuffled-labels", "iris", shuffled_labels, {}, {"seed": 34}),
-    Spec("cnn-shuffled-labels", "cnn", shuffled_labels, {}, {"seed": 35}),
-    Spec("wine-shuffled-labels", "wine", shuffled_labels, {}, {"seed": 36}),
-    Spec("diabetes-bn-batch2", "diabetes", batchnorm_batch2, {}, {"seed": 37}),
-    Spec("diabetes-adam-eps", "diabetes", adam_eps, {"scale": 1e-11}, {"seed": 38, "scale": 3e-12}),
-    Spec("cancer-adam-eps", "cancer", adam_eps, {"scale": 1e-11}, {"seed": 39, "scale": 3e-12}),
+    Spec("iris-shuffled-labels", "iris", shuffled_labels, {}, {"seed": 34}, {"seed": 134}),
+    Spec("cnn-shuffled-labels", "cnn", shuffled_labels, {}, {"seed": 35}, {"seed": 135}),
+    Spec("wine-shuffled-labels", "wine", shuffled_labels, {}, {"seed": 36}, {"seed": 136}),
+    Spec("diabetes-bn-batch2", "diabetes", batchnorm_batch2, {}, {"seed": 37}, {"seed": 137}),
     Spec(
-        "autoencoder-weight-decay", "autoencoder", weight_decay, {"decay": 50.0}, {"seed": 40, "decay": 200.0}
+        "diabetes-adam-eps",
+        "diabetes",
+        adam_eps,
+        {"scale": 1e-11},
+        {"seed": 38, "scale": 3e-12},
+        {"seed": 138, "scale": 5e-12},
     ),
-    Spec("wine-weight-decay", "wine", weight_decay, {"decay": 50.0}, {"seed": 41, "decay": 100.0}),
-    Spec("postln-no-warmup", "postln", no_warmup, {"lr": 1e-1}, {"seed": 42, "lr": 5e-2}),
-    Spec("fp16-underflow", "digits-mlp", fp16_underflow, {"onset": 150}, {"seed": 43, "onset": 100}),
+    Spec(
+        "cancer-adam-eps",
+        "cancer",
+        adam_eps,
+        {"scale": 1e-11},
+        {"seed": 39, "scale": 3e-12},
+        {"seed": 139, "scale": 5e-12},
+    ),
+    Spec(
+        "autoencoder-weight-decay",
+        "autoencoder",
+        weight_decay,
+        {"decay": 50.0},
+        {"seed": 40, "decay": 200.0},
+        {"seed": 140, "decay": 100.0},
+    ),
+    Spec(
+        "wine-weight-decay",
+        "wine",
+        weight_decay,
+        {"decay": 50.0},
+        {"seed": 41, "decay": 100.0},
+        {"seed": 141, "decay": 70.0},
+    ),
+    Spec(
+        "postln-no-warmup",
+        "postln",
+        no_warmup,
+        {"lr": 1e-1},
+        {"seed": 42, "lr": 5e-2},
+        {"seed": 142, "lr": 7e-2},
+    ),
+    Spec(
+        "fp16-underflow",
+        "digits-mlp",
+        fp16_underflow,
+        {"onset": 150},
+        {"seed": 43, "onset": 100},
+        {"seed": 143, "onset": 200},
+    ),
     Spec(
         "rnn-lr-jump",
         "rnn",
         lr_jump,
         {"onset": 150, "factor": 100.0},
         {"seed": 44, "onset": 180, "factor": 300.0},
+        {"seed": 144, "onset": 130, "factor": 200.0},
     ),
-    Spec("wine-lr-jump", "wine", lr_jump, {"onset": 150}, {"seed": 45, "onset": 200, "factor": 100.0}),
+    Spec(
+        "wine-lr-jump",
+        "wine",
+        lr_jump,
+        {"onset": 150},
+        {"seed": 45, "onset": 200, "factor": 100.0},
+        {"seed": 145, "onset": 450, "factor": 50.0, "every": 5},
+    ),
     Spec(
         "bf16-lr-jump",
         "digits-mlp",
         lr_jump,
         {"onset": 150, "factor": 100.0, "dtype": torch.bfloat16, "precision": None},
         {"seed": 46, "onset": 120},
+        {"seed": 146, "onset": 170, "factor": 50.0},
     ),
     Spec(
-        "cancer-thinned-lr-jump", "cancer", lr_jump, {"onset": 500, "every": 10}, {"seed": 47, "onset": 600}
+        "cancer-thinned-lr-jump",
+        "cancer",
+        lr_jump,
+        {"onset": 500, "every": 10},
+        {"seed": 47, "onset": 600},
+        {"seed": 147, "onset": 700, "factor": 50.0},
     ),
-    Spec("iris-lr-negative", "iris", lr_negative, {"onset": 150}, {"seed": 48, "onset": 200}),
-    Spec("cnn-lr-negative", "cnn", lr_negative, {"onset": 150}, {"seed": 49, "onset": 120}),
+    Spec(
+        "iris-lr-negative",
+        "iris",
+        lr_negative,
+        {"onset": 150},
+        {"seed": 48, "onset": 200},
+        {"seed": 148, "onset": 170},
+    ),
+    Spec(
+        "cnn-lr-negative",
+        "cnn",
+        lr_negative,
+        {"onset": 150},
+        {"seed": 49, "onset": 120},
+        {"seed": 149, "onset": 220},
+    ),
     Spec(
         "cancer-explode-then-chance",
         "cancer",
         explode_then_chance,
         {"onset": 150},
         {"seed": 50, "onset": 180},
+        {"seed": 150, "onset": 130, "factor": 3000.0, "length": 3},
     ),
-    Spec("iris-explode-then-chance", "iris", explode_then_chance, {"onset": 150}, {"seed": 51, "onset": 100}),
+    Spec(
+        "iris-explode-then-chance",
+        "iris",
+        explode_then_chance,
+        {"onset": 150},
+        {"seed": 51, "onset": 100},
+        {"seed": 151, "onset": 200},
+    ),
     Spec(
         "diabetes-slow-rise",
         "diabetes",
         slow_rise,
         {"onset": 120},
         {"seed": 52, "onset": 150, "growth": 1.04},
+        {"seed": 152, "onset": 100, "growth": 1.06},
     ),
     Spec(
         "rnn-slow-rise",
@@ -718,6 +832,7 @@ SPECS = [
         slow_rise,
         {"onset": 120, "opt": "sgd", "lr": 0.05},
         {"seed": 53, "onset": 100},
+        {"seed": 153, "onset": 140, "growth": 1.04},
     ),
 ]
 BY_NAME = {s.name: s for s in SPECS}
@@ -789,7 +904,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("names", nargs="*", help="runs to regenerate (default: all of the set)")
     parser.add_argument("--list", action="store_true", help="list the runs")
-    parser.add_argument("--set", choices=SETS, help="only this set (default: both)")
+    parser.add_argument("--set", choices=SETS, help="only this set (default: every one)")
     parser.add_argument("--out", type=Path, default=HERE, help="write under this folder (default: here)")
     args = parser.parse_args(argv)
     if args.list:

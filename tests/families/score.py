@@ -1,6 +1,7 @@
 """Scores the diagnosis on the families corpus: a table of every run, then the goals.
 
     python tests/families/score.py                  # the tuning set
+    python tests/families/score.py --set tuning2    # the first rerun, tuned on since
     python tests/families/score.py --set heldout    # the held-out rerun
     python tests/families/score.py --root DIR       # runs written elsewhere by make_runs.py --out DIR
 
@@ -14,9 +15,11 @@ the run's own window), and every warning it emits is recorded with its step.
 Per run: the verdict against the acceptable ones, the onset against the truth
 (within max(10 steps, 2 logging intervals)), the first action's id against the
 acceptable ones, the online lead time (the loss's blow-up step minus the step of
-the first warning; >= 0 is a warning in time) and, on healthy runs, the online
-warnings and whether the last one was withdrawn by the end. Needs torch (the
-monitor's path), never scikit-learn.
+the first warning given at or after the fault's onset; >= 0 is a warning in
+time) and the online false alarms: every warning on a healthy run (and whether
+the last one was withdrawn by the end), the warnings before the fault on a
+faulty one, which are not a warning of it. Needs torch (the monitor's path),
+never scikit-learn.
 """
 
 from __future__ import annotations
@@ -54,9 +57,9 @@ class Online:
     warnings: list[tuple[int, str]]  # (step, verdict or "recovered")
     final: Diagnosis | None
 
-    @property
-    def first_warning(self) -> int | None:
-        return next((s for s, v in self.warnings if v != "recovered"), None)
+    def first_warning(self, since: int = 0) -> int | None:
+        """The step of the first warning at or after ``since``."""
+        return next((s for s, v in self.warnings if v != "recovered" and s >= since), None)
 
     @property
     def withdrawn(self) -> bool:
@@ -137,8 +140,9 @@ class Row:
 
     @property
     def lead(self) -> int | None:
-        """Steps from the first online warning to the blow-up (>= 0: in time); None without either."""
-        blow, first = self.truth["blowup_step"], self.online.first_warning
+        """Steps from the first online warning since the fault's onset to the blow-up (>= 0: in time); None
+        without either."""
+        blow, first = self.truth["blowup_step"], self.online.first_warning(self.truth["onset"] or 0)
         if not self.faulty or blow is None or first is None:
             return None
         return blow - first
@@ -155,7 +159,9 @@ class Row:
 
     @property
     def false_alarms(self) -> int:
-        return sum(v != "recovered" for _, v in self.online.warnings) if not self.faulty else 0
+        """Online warnings of nothing: all of a healthy run's, those before the fault of a faulty run's."""
+        before = self.truth["onset"] if self.faulty else None
+        return sum(v != "recovered" and (before is None or s < before) for s, v in self.online.warnings)
 
 
 def score(root: Path) -> list[Row]:
@@ -183,7 +189,10 @@ def table(rows: list[Row]) -> str:
         onset = "" if t["onset"] is None else f"{r.offline.onset}/{t['onset']} {_mark(r.onset_ok)}"
         action = "" if not r.faulty else f"{r.first_action} {_mark(r.action_ok)}"
         lead = "" if r.lead_ok is None else f"{r.lead if r.lead is not None else '-'} {_mark(r.lead_ok)}"
-        alarms = "" if r.faulty else f"{r.false_alarms}{'' if r.online.withdrawn else ' XX'}"
+        if r.faulty:
+            alarms = f"{r.false_alarms}" if r.false_alarms else ""
+        else:
+            alarms = f"{r.false_alarms}{'' if r.online.withdrawn else ' XX'}"
         lines.append(
             f"{r.name:28s} {cause:10s} {verdict:22s} {onset:13s} {action:22s} {lead:>6s} {alarms:>6s}"
         )
@@ -229,8 +238,8 @@ def report(rows: list[Row]) -> str:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--set", choices=("tuning", "heldout"), default="tuning")
-    parser.add_argument("--root", type=Path, default=HERE, help="the folder holding tuning/ and heldout/")
+    parser.add_argument("--set", choices=("tuning", "tuning2", "heldout"), default="tuning")
+    parser.add_argument("--root", type=Path, default=HERE, help="the folder holding the sets")
     args = parser.parse_args(argv)
     rows = score(args.root / args.set)
     print(report(rows))

@@ -109,7 +109,7 @@ def _same_way(a: tuple, b: tuple) -> bool:
     return (a[2] > a[1]) == (b[2] > b[1])
 
 
-def _read(step: int, previous: int) -> str:
+def read_at(step: int, previous: int) -> str:
     """Where a change was seen: at a step, or between two readings."""
     return (
         f"at step {step}" if step - previous <= 1 else f"between the readings of steps {previous} and {step}"
@@ -278,7 +278,7 @@ def lr_cause(ev: Evidence, onset: int, reach: int) -> Action | None:
             return Action(
                 "lr_schedule",
                 "Check the learning-rate schedule: the learning rate turned negative "
-                f"{_read(step, previous)} "
+                f"{read_at(step, previous)} "
                 f"({_g(before)} to {_g(after)}), so each step climbs the loss instead of descending it.",
             )
         if ev.ramp(change):
@@ -291,7 +291,7 @@ def lr_cause(ev: Evidence, onset: int, reach: int) -> Action | None:
                 )
             else:
                 how = (
-                    f"jumped {abs(after) / abs(before):.3g}x {_read(step, previous)} ({_g(before)} to "
+                    f"jumped {abs(after) / abs(before):.3g}x {read_at(step, previous)} ({_g(before)} to "
                     f"{_g(after)})"
                 )
             return Action(
@@ -376,7 +376,7 @@ def stall_actions(ev: Evidence, stall: Stall, layer_snapshots: int, layers_vanis
                 "band: the gradients are normal, yet nothing is learned.",
             )
         )
-    if stall.never and stall.noise >= 0.5:
+    if (stall.never or stall.plateau is not None) and stall.noise >= 0.5:
         causes.append(
             Action(
                 "batch_size",

@@ -62,8 +62,16 @@ class Diagnoser:
     the loss thinned to at most 2048 points, the latest per-layer reading. A
     long run costs no more per point than a short one.
 
+    Every rule below that something must hold "for N points" (``warmup``,
+    ``sustain``, ``recover``, ``window``'s new normal, ``max_skip_run``) counts
+    N points or N steps, whichever ends first, over 3 points at least: a log of
+    every 10th step sustains a level in 3 points (30 steps), not in 10 (100
+    steps), and never on one point.
+
     Args:
-        window (int): points in the running baseline. Default: 50.
+        window (int): points in the running baseline; a departure short of an
+            explosion that stays out of the band this long is a new normal.
+            Default: 50.
         warmup (int): points that form the first baseline before the norm
             is judged, or as many steps, whichever ends first (3 points at
             least): a log of every 10th step judges its 4th point, not its
@@ -85,19 +93,23 @@ class Diagnoser:
             higher: at a higher threshold it passed for a new normal.
         vanish_orders (float): the sustained fall that is vanishing.
             Default: 3 (1000x); healthy runs often fall 10-100x early on.
-        sustain (int): points over which a level counts as sustained: a
-            departure's level is the median of its last ``sustain`` points,
-            so shorter excursions never make it. Default: 10.
-        recover (int): consecutive points back in the band that end a
-            departure; a shorter dip belongs to it. Default: 3.
+        sustain (int): points (or steps) over which a level counts as
+            sustained: a departure's level is the median of its last
+            ``sustain`` points or steps, whichever are fewer, so shorter
+            excursions never make it. A loss that held 10x above its level
+            this long just after a jump of the learning rate is a divergence.
+            Default: 10.
+        recover (int): consecutive points (or steps) back in the band that
+            end a departure; a shorter dip belongs to it. Default: 3.
         horizon (int): points over which a slow drift of the baseline itself
             is measured. Default: 1000.
         layer_orders (float): the spread between per-layer norms, in orders
             of magnitude, that is vanishing. Default: 6.
-        max_skip_run (int): the longest run of non-finite norms with a finite
-            loss, still running at the last step, read as skipped steps rather
-            than a collapse (a dynamic loss scaler starting at 2**32 halves its
-            way down for a dozen steps or more). Default: 40.
+        max_skip_run (int): the longest run of non-finite norms (points or
+            steps) with a finite loss, still running at the last step, read as
+            skipped steps rather than a collapse (a dynamic loss scaler
+            starting at 2**32 halves its way down for a dozen steps or more).
+            Default: 40.
         stall_fraction (float): a loss that never improves by this fraction of
             its initial value (and by more than its noise) has stalled. Default: 0.05.
         max_norm (float, optional): the clipping threshold of the run, for the
@@ -312,11 +324,24 @@ class Diagnoser:
         )
         consumed = read.consumed if read is not None else frozenset()
         blowup = loss.early_blowup() if loss is not None and (read is None or read.kind != DIVERGED) else None
+        # A loss that jumped after the learning rate did: a divergence, also where it then reads as a stall
+        # (a blow-up that left the loss at chance).
+        jump = (
+            self._lr_jump(loss, found, last)
+            if loss is not None and blowup is None and (read is None or read.kind == STALLED)
+            else None
+        )
         if blowup is not None:
             # Blown up in the first steps: a divergence (whatever the run learned after), which takes in the
             # norm's own events of those steps (the wild swings, the dead units after).
             consumed = frozenset(range(len(found)))
             events.append(self._early_blowup(blowup, loss, found, last))
+        elif jump is not None:
+            events.append(jump)
+            # The norm's rises from the change on are the divergence's.
+            consumed = frozenset(
+                i for i, f in enumerate(found) if f.side > 0 and f.event.end_step >= jump.start_step
+            )
         elif read is not None:
             events.append(self._loss_event(read, loss, found, last))
         elif loss is not None and loss.plateau() is not None and self._lr.rising_until is None:
@@ -415,6 +440,33 @@ class Diagnoser:
             f"{num(loss.final)} at the end, {last - step} steps later"
         )
         return self._stall(False, self._first_step, detail, loss, found, last)
+
+    def _lr_jump(self, loss: LossView, found: list[Found], last: int | None) -> Event | None:
+        """A loss that jumped 10x over its level just after a jump of the learning rate (more than 2x, or to
+        a negative rate) and is still up: diverged from the change, as soon as ``sustain`` points or steps
+        of the loss hold it, whether or not the norm has left its band yet (a log of every 10th step may
+        hold a norm so noisy that its band spans orders of magnitude)."""
+        for change in self._lr.changes:
+            step, before, after, previous, _ = change
+            if self._ev.ramp(change) or not (after < 0 or abs(after) > 2 * abs(before)):
+                continue
+            jump = loss.jumped(step, self.sustain, self._reach())
+            if jump is None:
+                continue
+            start, low, high = jump
+            onset = self._ev.change_start(change)
+            levels = self._norm.levels.all()
+            before_change = sorted(x for s, x in levels if s <= step)
+            base = median(before_change) if before_change else None
+            peak = max((x for s, x in levels if s > step), default=None)
+            detail = (
+                f"the learning rate went from {num(before)} to {num(after)} "
+                f"{advice.read_at(step, previous)}; the loss held at {num(high)} from step {start}, "
+                f"{high / low:.0f}x its level before ({num(low)}), and had not come back by the last step"
+            )
+            actions = (*self._explode_actions(peak, base, onset, found), advice.resume_action(onset))
+            return Event(DIVERGED, onset, last, detail, actions)
+        return None
 
     def _early_blowup(self, blowup, loss: LossView, found: list[Found], last: int | None) -> Event:
         """A loss that blew up in the run's first steps and never learned after: diverged, not stalled.

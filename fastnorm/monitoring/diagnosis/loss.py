@@ -16,7 +16,7 @@ from typing import NamedTuple
 
 from fastnorm.monitoring.diagnosis.events import DIVERGED, EXPLODING, MIN_POINTS, STALLED, num
 from fastnorm.monitoring.diagnosis.norm import Found
-from fastnorm.monitoring.diagnosis.robust import MAD_TO_SIGMA, Thinned, median, rolling_median
+from fastnorm.monitoring.diagnosis.robust import MAD_TO_SIGMA, Thinned, held, median, rolling_median
 from fastnorm.monitoring.diagnosis.skips import Run, close_run, extend
 
 _LOSS_POINTS = 1024  # the loss is kept at most this finely (pairs averaged beyond)
@@ -123,11 +123,40 @@ class LossView:
                 break
             before = median(sorted(ys[max(0, i - 20) : i]))
             if before > 0 and ys[i] > 5 * before:
-                # Beyond the loss's own step-to-step moves (a batch of 2 moves it 5x), measured without it.
-                rest = ys[:i] + ys[i + 1 :]
+                # Beyond the loss's own step-to-step moves (a batch of 2 moves it 5x), measured outside the
+                # blow-up: without the points still 5x above the level before it, whose way down is its own
+                # (on a log of every 10th step, the only moves its first window holds).
+                j = i + 1
+                while j < len(ys) and ys[j] > 5 * before:
+                    j += 1
+                rest = ys[:i] + ys[j:]
                 moves = sorted(abs(b - a) for a, b in zip(rest, rest[1:]))
                 if not moves or ys[i] - before > 10 * median(moves):
                     return self.steps[i], ys[i], before
+        return None
+
+    def jumped(self, step: int, sustain: int, reach: int) -> tuple[int, float, float] | None:
+        """``(start, before, after)`` where the loss, within ``reach`` steps after ``step``, held at 10x or
+        more its level before (the median of the 20 points up to ``step``) for ``sustain`` points or
+        steps (see :func:`~fastnorm.monitoring.diagnosis.robust.held`), ``after`` the median there, and is
+        still that high at the end; None otherwise."""
+        i = bisect.bisect_right(self.steps, step)
+        if i == 0:
+            return None
+        before = median(sorted(self.ys[max(0, i - 20) : i]))
+        if not self.final >= 10 * before:
+            return None
+        for j in range(i, len(self.ys)):
+            if self.steps[j] - step > reach:
+                break
+            span = []
+            for k in range(j, len(self.ys)):
+                span.append(self.ys[k])
+                if held(len(span), self.steps[k] - self.steps[j] + 1, sustain):
+                    after = median(sorted(span))
+                    if after >= 10 * before and after - before > self.tol:
+                        return self.steps[j], before, after
+                    break
         return None
 
     def plateau(self) -> tuple[int, float] | None:

@@ -12,6 +12,12 @@ sustained level (the median of its last ``sustain`` points) reaches
 is a baseline that drifts that far within ``horizon`` points; a shorter one of
 at least ``spike_orders`` is a spike; one that stays out for ``window`` points
 short of those levels is a new normal.
+
+Every such "for N points" (the warm-up, ``sustain``, ``recover``, ``window``)
+is N points or N steps, whichever ends first, over 3 points at least
+(:func:`~fastnorm.monitoring.diagnosis.robust.held`): a log of every 10th step
+sustains a level over 3 points (30 steps), not 10 (100 steps), and reads the
+same run as a log of every step does.
 """
 
 from __future__ import annotations
@@ -21,10 +27,9 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 
 from fastnorm.monitoring.diagnosis.events import EXPLODING, LOG_ZERO, SPIKE, VANISHING, Event, from_log
-from fastnorm.monitoring.diagnosis.robust import Baseline, Extremes, Thinned, median
+from fastnorm.monitoring.diagnosis.robust import MIN_HELD, Baseline, Extremes, Thinned, held, median
 
 _LEVEL_POINTS = 1024  # the norm's levels are kept at most this finely (pairs averaged beyond)
-_MIN_BASE = 3  # the fewest points a baseline is formed from
 
 
 @dataclass
@@ -34,8 +39,9 @@ class Departure:
     side: int  # +1 above the band, -1 below
     start: int
     origin: float  # the baseline (log10) when it began
-    recent: deque  # the last `sustain` deviations from origin
+    recent: deque  # (step, deviation from origin) of its last `sustain` points
     xs: deque  # the last `window` log10 values, to restart the baseline from
+    first: int | None = None  # the step of its first point (`start` may be walked back before it)
     end: int = 0
     count: int = 0
     peak: float = 0.0  # the largest deviation on its side, in orders of magnitude
@@ -45,13 +51,29 @@ class Departure:
 
     def add(self, step: int, x: float, sustain: int) -> None:
         dev = self.side * (x - self.origin)
+        if self.first is None:
+            self.first = step
         self.end = step
         self.count += 1
         self.peak = max(self.peak, dev)
-        self.recent.append(dev)
+        self.recent.append((step, dev))
         self.xs.append(x)
-        if self.count >= sustain:
-            self.level = max(self.level, median(sorted(self.recent)))
+        if self.held(sustain):
+            self.level = max(self.level, median(sorted(self._tail(sustain))))
+
+    def held(self, n: int) -> bool:
+        """Out of the band for ``n`` points or ``n`` steps, whichever came first (see :func:`held`)."""
+        return held(self.count, self.end - self.first + 1, n)
+
+    def _tail(self, sustain: int) -> list[float]:
+        """The deviations of its last ``sustain`` points or ``sustain`` steps, whichever are fewer
+        (``MIN_HELD`` points at least)."""
+        tail = []
+        for step, dev in reversed(self.recent):
+            if len(tail) >= MIN_HELD and self.end - step + 1 > sustain:
+                break
+            tail.append(dev)
+        return tail
 
 
 @dataclass(frozen=True)
@@ -109,6 +131,7 @@ class NormSignal:
         self.finite = 0
         self.levels = Thinned(_LEVEL_POINTS)  # log10 of the finite norms, for levels around a loss jump
         self._first: int | None = None  # the step of the first finite norm
+        self._previous: int | None = None  # the step of the finite norm before this one
 
     def nonfinite(self) -> None:
         """A non-finite norm came: it marks the open departure."""
@@ -123,7 +146,9 @@ class NormSignal:
         self._recent.append((step, x))
         if self._first is None:
             self._first = step
-        if self._warming(step):
+        warming = self._warming()
+        self._previous = step
+        if warming:
             base.add(x)
             return
         dev = x - base.median
@@ -134,7 +159,7 @@ class NormSignal:
                 for s, px in dep.pending:  # a dip into the band too short to count as a return
                     dep.add(s, px, self.sustain)
                 dep.pending.clear()
-            elif side == 0 and len(dep.pending) + 1 < self.recover:
+            elif side == 0 and not self._returned(dep, step):
                 dep.pending.append((step, x))
                 return
             else:
@@ -157,7 +182,7 @@ class NormSignal:
                 deque(maxlen=self.window),
             )
         dep.add(step, x, self.sustain)
-        if dep.count >= self.window and not self._alarming(dep):
+        if dep.held(self.window) and not self._alarming(dep):
             # Out of the band for a whole window and still short of an explosion: a new normal.
             if dep.side > 0:
                 self._ups.append((dep.start, dep.end, dep.peak))
@@ -165,11 +190,18 @@ class NormSignal:
             self._dep = None
             self._track_drift(step)
 
-    def _warming(self, step: int) -> bool:
+    def _warming(self) -> bool:
         """The baseline is still being formed: ``warmup`` points, or ``warmup`` steps, whichever ends first
-        (a log of every 10th step judges its 3rd point, not its 11th, 100 steps in), and 3 points at least."""
-        n = len(self._base)
-        return n < self.warmup and (n < _MIN_BASE or step - self._first < self.warmup)
+        (a log of every 10th step judges its 4th point, not its 11th, 100 steps in), and 3 points at least.
+        Every point before the warm-up's end is in the baseline: those up to the one before this."""
+        if self._previous is None:
+            return True
+        return not held(len(self._base), self._previous - self._first + 1, self.warmup)
+
+    def _returned(self, dep: Departure, step: int) -> bool:
+        """Back in the band for ``recover`` points or steps, this one included: the departure has ended."""
+        since = dep.pending[0][0] if dep.pending else step
+        return held(len(dep.pending) + 1, step - since + 1, self.recover)
 
     def _walk_back(self, step: int, side: int) -> int:
         """Where a departure began: back over the points already two sigmas out on its side,
@@ -227,7 +259,7 @@ class NormSignal:
                 ending += ", running into non-finite values"
             event = Event(kind, dep.start, dep.end, f"{moved}; {ending}")
             return Found(event, dep.side, dep.origin, extreme, dep.nonfinite, returned)
-        if dep.peak >= self.spike_orders and (returned or dep.count < self.sustain):
+        if dep.peak >= self.spike_orders and (returned or not dep.held(self.sustain)):
             ending = "back in the band" if returned else "not back in the band by the last step"
             event = Event(SPIKE, dep.start, dep.end, f"{moved}, {ending}")
             return Found(event, dep.side, dep.origin, extreme)

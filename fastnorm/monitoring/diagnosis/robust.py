@@ -12,6 +12,9 @@ from collections.abc import Iterable
 from typing import Any
 
 MAD_TO_SIGMA = 1.4826  # MAD of a normal distribution times this is its standard deviation
+# The fewest points a rule counted in steps is judged on: a median of 3 needs two of them to agree, so one
+# point of a log of every 10th step never makes a level, a return or a baseline on its own.
+MIN_HELD = 3
 
 
 def median(ordered: list[float]) -> float:
@@ -28,6 +31,18 @@ def number(value: Any) -> float | None:
         return float(value)
     except (TypeError, ValueError):
         return None
+
+
+def held(points: int, steps: int, n: int) -> bool:
+    """Whether something has held for ``n`` points or ``n`` steps, whichever ends first, over
+    ``min(n, MIN_HELD)`` points at least: a log of every 10th step reads 10 steps in 3 points, not 10.
+
+    Args:
+        points (int): how many points it has held for.
+        steps (int): how many steps those points cover.
+        n (int): the points (or steps) it must hold for.
+    """
+    return points >= n or (points >= MIN_HELD and steps >= n)
 
 
 class Baseline:

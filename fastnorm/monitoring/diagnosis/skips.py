@@ -3,13 +3,13 @@
 Non-finite norms with a finite loss, after which the norm comes back, are steps a
 loss scaler (or an inf check) skipped: counted, not a collapse. A non-finite
 loss, or non-finite norms that persist to the end of the log (with a finite
-loss: for more than ``max_skip_run`` points), are a collapse. Where the
-optimizer's skip flag was logged (``StepClipper.skipped``) it settles the
-question: non-finite norms at steps it skipped are skipped steps, also at the
-end of the log and with a non-finite loss there (a bad batch), unless they
-persist to the end for more than ``max_skip_run`` points (nothing learned
-since); a non-finite norm at the end of the log whose step was applied is a
-collapse, whatever the loss.
+loss: for more than ``max_skip_run`` points or steps, whichever ends first),
+are a collapse. Where the optimizer's skip flag was logged
+(``StepClipper.skipped``) it settles the question: non-finite norms at steps it
+skipped are skipped steps, also at the end of the log and with a non-finite
+loss there (a bad batch), unless they persist to the end for more than
+``max_skip_run`` points or steps (nothing learned since); a non-finite norm at
+the end of the log whose step was applied is a collapse, whatever the loss.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from typing import Any
 
 from fastnorm.monitoring.diagnosis.advice import CHECK_DATA_NAN, CHECKPOINT, INVALID_ACTION, SKIP_NONFINITE
 from fastnorm.monitoring.diagnosis.events import INVALID, NONFINITE, SKIPPED, Event, num
+from fastnorm.monitoring.diagnosis.robust import held
 
 _UNFLAGGED = 4096  # non-finite steps kept waiting for a skip flag that comes after their norm
 
@@ -41,6 +42,10 @@ class Run:
             self.skipped += 1
         else:
             self.applied += 1
+
+    def longer_than(self, n: int) -> bool:
+        """It has held for more than ``n`` points or more than ``n`` steps, whichever came first."""
+        return held(self.count, self.end - self.start + 1, n + 1)
 
     @property
     def all_skipped(self) -> bool:
@@ -144,7 +149,7 @@ class SkipSignal:
         events = []
 
         def skipped(r: Run) -> bool:  # the optimizer skipped every step: the weights are intact
-            return r.all_skipped and not (r.open and r.count > self.max_skip_run)
+            return r.all_skipped and not (r.open and r.longer_than(self.max_skip_run))
 
         collapses = []
         for r in loss_nonfinite:
@@ -174,7 +179,7 @@ class SkipSignal:
                 actions = (CHECKPOINT, CHECK_DATA_NAN, SKIP_NONFINITE)
                 events.append(Event(NONFINITE, r.start, last, detail, actions))
                 continue
-            persists = r.open and (not loss_logged or r.count > self.max_skip_run)
+            persists = r.open and (not loss_logged or r.longer_than(self.max_skip_run))
             if persists:
                 detail = (
                     f"{r.count} non-finite norms from step {r.start} to the last step, the first {r.first}"
@@ -192,7 +197,7 @@ class SkipSignal:
 
     def _skipped_by_optimizer(self, r: Run, last: int | None, loss_nonfinite: list[Run]) -> Event:
         """A run of non-finite norms at steps the optimizer's flag says it skipped."""
-        if r.open and r.count > self.max_skip_run:
+        if r.open and r.longer_than(self.max_skip_run):
             detail = (
                 f"{r.count} non-finite norms from step {r.start} to the last step, the first {r.first}: "
                 "the optimizer skipped every step from there on, so nothing has been learned since"
