@@ -785,3 +785,72 @@ def test_no_warning_while_too_few_points_were_read():
                 monitor.update(torch.tensor(v))
     assert monitor.diagnosis.verdict == "too few points"
     assert not [w for w in caught if w.category is UnstableGradientWarning]
+
+
+def unstable_warnings(values, window=25, diagnose=True):
+    """The monitor's UnstableGradientWarning and RecoveredWarning messages over ``values``, in order."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with GradNormMonitor(window, diagnose=diagnose) as monitor:
+            for v in values:
+                monitor.update(v)
+    kinds = (UnstableGradientWarning, fastnorm.RecoveredWarning)
+    return [(w.category.__name__, str(w.message)) for w in caught if w.category in kinds], monitor
+
+
+def test_a_new_fault_under_the_same_verdict_is_warned_of_again():
+    # The norm explodes 1000x at step 100 for 30 steps and comes back: exploding, warned of at the window
+    # that holds it, and the verdict stays so. A second explosion from step 400 is a fault of its own: it
+    # is warned of too, though the verdict does not change; the windows between, which only see the first
+    # one again, give no warning.
+    values = [(1e3 if 100 <= i < 130 or i >= 400 else 1.0) * (1 + 0.05 * math.sin(i)) for i in range(500)]
+    seen, monitor = unstable_warnings(values)
+    assert [k for k, _ in seen] == ["UnstableGradientWarning", "UnstableGradientWarning"], seen
+    assert "gradient norm is exploding (since step 100)" in seen[0][1]
+    assert "new since the warning of step 124: exploding from step 400" in seen[1][1], seen[1][1]
+    assert monitor.diagnosis.verdict == "exploding"
+
+
+class Scripted(fastnorm.Diagnoser):
+    """A diagnoser that answers each window with the next diagnosis of a script."""
+
+    def __init__(self, script):
+        super().__init__()
+        self.script = list(script)
+
+    def result(self):
+        return self.script.pop(0)
+
+
+def stall(start, cause):
+    from fastnorm.monitoring.diagnosis.advice import Action
+
+    event = fastnorm.Event("stalled", start, 99, "the loss never improved", (Action(cause, cause),))
+    return fastnorm.Diagnosis("stalled", (event,), event.actions, 100)
+
+
+def test_warnings_follow_new_onsets_and_causes_and_are_withdrawn_together():
+    from fastnorm.monitoring.diagnosis import Diagnosis
+
+    stable = Diagnosis("stable", steps=100)
+    later = stall(60, "raise_lr")
+    diverged = fastnorm.Event("diverged", 30, 99, "the loss jumped", ())
+    script = [
+        stall(0, "raise_lr"),  # warned
+        stall(5, "raise_lr"),  # the same stall, its date refined: no news
+        stall(0, "weight_decay"),  # a new cause
+        Diagnosis("stalled", (stall(0, "weight_decay").events[0], later.events[0]), (), 100),  # a new onset
+        Diagnosis("diverged", (diverged,), (), 100),  # another verdict
+        stable,  # every warning withdrawn, once
+        stable,
+        stall(0, "raise_lr"),  # warned of again after the recovery
+    ]
+    seen, _ = unstable_warnings([1.0] * 10 * len(script), window=10, diagnose=Scripted(script))
+    assert [k for k, _ in seen] == [
+        *["UnstableGradientWarning"] * 4,
+        "RecoveredWarning",
+        "UnstableGradientWarning",
+    ]
+    assert "new since the warning of step 9: stalled from step 0" in seen[1][1]
+    assert "new since the warning of step 29: stalled from step 60" in seen[2][1]
+    assert "the 'stalled' and 'diverged' warnings are withdrawn" in seen[4][1]

@@ -36,7 +36,7 @@ import torch
 from torch import Tensor
 
 from fastnorm import checks
-from fastnorm.monitoring.diagnosis import Diagnoser, Diagnosis
+from fastnorm.monitoring.diagnosis import UNSTABLE, Diagnoser, Diagnosis, Event
 from fastnorm.monitoring.loggers import Logger, Window, window_stats
 
 # The per-step quantities, one row of the device buffer each, all crossing in the
@@ -64,6 +64,11 @@ def _warn(message: str, category: type[Warning]) -> None:
     while frame is not None and frame.f_code.co_filename == __file__:
         frame, level = frame.f_back, level + 1
     warnings.warn(message, category, stacklevel=level)
+
+
+def _key(event: Event) -> tuple[str, str]:
+    """An unstable event's kind and cause (its first action's id)."""
+    return event.kind, getattr(event.actions[0], "id", str(event.actions[0])) if event.actions else ""
 
 
 def _name(logger: Any) -> str:
@@ -222,7 +227,11 @@ class _Recorder:
         self.layers_step: int | None = None
         self.in_flight: _InFlight | None = None
         self.warned: set[str] = set()  # the monitor's own warnings given once (a negative norm)
-        self.alarm: str | None = None  # the unstable verdict warned about, until the run recovers
+        # What was warned of, until the run recovers: the verdicts, each unstable event's (kind, cause), the
+        # step of the last warning.
+        self.alarms: list[str] = []
+        self.warned_of: set[tuple[str, str]] = set()
+        self.warned_at: int | None = None
         self.closed = False
 
     # -- recording -------------------------------------------------------------
@@ -397,19 +406,43 @@ class _Recorder:
                 MonitorWarning,
             )
             return
-        d = self.diagnosis
-        if not self.warn:
-            return
-        if d.unstable and d.judged and d.verdict != self.alarm:
-            self.alarm = d.verdict
-            _warn(f"fastnorm: {d.headline()}.\n{d.report()}", UnstableGradientWarning)
-        elif not d.unstable and self.alarm is not None:
+        if self.warn:
+            self.alert(self.diagnosis, steps[-1])
+
+    def alert(self, d: Diagnosis, step: int) -> None:
+        """Warns of what is new in the diagnosis at ``step``; withdraws every warning once the run is stable.
+
+        A warning is given for an unstable event not warned of yet: the first, one that began after the last
+        warning (a new onset: a fault that comes while an earlier alarm stands), or one whose kind and first
+        action were not warned of (a new cause). An earlier event seen again, however its dates are refined
+        window by window, is no news.
+        """
+        if d.unstable and d.judged:
+            unstable = [e for e in d.events if e.kind in UNSTABLE]
+            new = [
+                e
+                for e in unstable
+                if self.warned_at is None or e.start_step > self.warned_at or _key(e) not in self.warned_of
+            ]
+            if not new:
+                return
+            text = f"fastnorm: {d.headline()}"
+            if self.warned_at is not None:
+                news = ", ".join(f"{e.kind} from step {e.start_step}" for e in new)
+                text += f"; new since the warning of step {self.warned_at}: {news}"
+            self.warned_of.update(_key(e) for e in unstable)
+            self.warned_at = step
+            if d.verdict not in self.alarms:
+                self.alarms.append(d.verdict)
+            _warn(f"{text}.\n{d.report()}", UnstableGradientWarning)
+        elif not d.unstable and self.alarms:
+            names = " and ".join(f"'{v}'" for v in self.alarms)
             _warn(
-                f"fastnorm: the run recovered: {d.headline()} at step {steps[-1]}; the '{self.alarm}' "
-                "warning is withdrawn.",
+                f"fastnorm: the run recovered: {d.headline()} at step {step}; the {names} "
+                f"warning{'s are' if len(self.alarms) > 1 else ' is'} withdrawn.",
                 RecoveredWarning,
             )
-            self.alarm = None
+            self.alarms, self.warned_of, self.warned_at = [], set(), None
 
     def failed(self, i: int, exc: Exception, doing: str) -> None:
         self.logger_failures[i] += 1
@@ -474,10 +507,13 @@ class GradNormMonitor:
             (default), with a :class:`~fastnorm.Diagnoser` of your thresholds,
             or not at all (False). A Diagnoser without ``max_norm`` is given the monitor's.
         warn (bool): emit an :class:`UnstableGradientWarning` when the verdict
-            turns unstable (again when it turns to another unstable verdict;
-            never while too few points were read to judge), and a
-            :class:`RecoveredWarning` once when a run warned about is stable
-            again; :attr:`diagnosis` is always the current one. Default: True.
+            turns unstable, and again for each new unstable event, under the
+            same verdict too: one that began after the last warning (a fault
+            that comes while an earlier alarm stands) or of a kind and first
+            action not warned of (a new cause); never while too few points were
+            read to judge. A :class:`RecoveredWarning` once when a run warned
+            about is stable again withdraws them all; :attr:`diagnosis` is
+            always the current one. Default: True.
         precision (str, optional): the run's precision, for the advice:
             ``"fp32"``, ``"bf16"``, ``"fp16"`` (pure), ``"bf16-mixed"``,
             ``"fp16-mixed"`` (autocast), or Lightning's names (``"32-true"``,

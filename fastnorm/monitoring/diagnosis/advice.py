@@ -16,6 +16,7 @@ import math
 from dataclasses import dataclass, field
 
 from fastnorm.checks import PRECISIONS
+from fastnorm.monitoring.diagnosis.robust import NOISY
 
 
 class Action(str):
@@ -145,13 +146,33 @@ class Evidence:
     def lightning(self) -> bool:
         return self.precision is not None and PRECISIONS[self.precision][1]
 
-    def change_near(self, step: int, reach: int) -> tuple[int, float, float, int] | None:
-        """The largest learning-rate change that may have happened within ``reach`` steps of ``step``
-        (a change read at step s happened after the reading before it)."""
-        near = [c for c in self.lr_changes if c[3] < step + reach and c[0] >= step - reach]
-        return max(
-            near, key=lambda c: abs(math.log(abs(c[2]) + 1e-300) - math.log(abs(c[1]) + 1e-300)), default=None
-        )
+    def blowup_cause(self, start: int, reach: int, until: int | None = None) -> tuple | None:
+        """The learning-rate change that may have caused a blow-up from ``start``: one that could (a rate
+        turned negative, or raised more than 2x, a ramp by its whole chain), read within ``reach`` steps of
+        ``start`` or inside the blow-up up to ``until`` (a change read at step s happened after the reading
+        before it). A norm that bursts by itself (a recurrent net's) leaves its band before the change that
+        blows it up, so a change inside the departure is its cause all the same. A sign flip first, then
+        the largest; None when none could.
+        """
+        end = max(start, until if until is not None else start) + reach
+
+        def moved(c: tuple) -> float:  # how far up, in e-foldings, from where its chain began
+            return math.log(max(abs(c[2]), 1e-300) / max(abs(self.chain_first(c)[1]), 1e-300))
+
+        causes = [c for c in self.lr_changes if c[3] < end and c[0] >= start - reach]
+        causes = [c for c in causes if c[2] < 0 or moved(c) > math.log(2.0)]
+        return max(causes, key=lambda c: (c[2] < 0, moved(c)), default=None)
+
+    def cause_start(self, change: tuple, start: int) -> int:
+        """When the fault a learning-rate change caused began, ``start`` the blow-up's own start: a ramp's
+        foot (see :meth:`change_start`); a jump's step, which is the reading that shows it (the monitor logs
+        the rate at every step where it changed; a log read less often holds the jump somewhere after the
+        reading before, and the reading that shows it bounds it), unless the blow-up began inside that gap,
+        after the jump and before its reading."""
+        if self.ramp(change):
+            return self.change_start(change)
+        step, previous = change[0], change[3]
+        return start if previous < start <= step else step
 
     def change_start(self, change: tuple) -> int:
         """The step a learning-rate change began: after the reading before it, for a jump; for a steady
@@ -271,7 +292,7 @@ def clipping(max_norm: float | None, peak: str, base: str) -> Action:
 def lr_cause(ev: Evidence, onset: int, reach: int) -> Action | None:
     """The learning rate as the cause of a blow-up at ``onset``: a change just before it (a jump, a sign
     flip), or a rate that was this high from the first step without a warmup."""
-    change = ev.change_near(onset, reach)
+    change = ev.blowup_cause(onset, reach)
     if change is not None:
         step, before, after, previous, _ = change
         if after < 0:
@@ -283,22 +304,20 @@ def lr_cause(ev: Evidence, onset: int, reach: int) -> Action | None:
             )
         if ev.ramp(change):
             before = ev.chain_first(change)[1]
-        if abs(after) > 2 * abs(before):
-            if ev.ramp(change):
-                how = (
-                    f"kept rising from about step {ev.change_start(change)}, {_g(before)} to {_g(after)} "
-                    f"by step {step},"
-                )
-            else:
-                how = (
-                    f"jumped {abs(after) / abs(before):.3g}x {read_at(step, previous)} ({_g(before)} to "
-                    f"{_g(after)})"
-                )
-            return Action(
-                "lower_lr",
-                f"Lower the learning rate: it {how} as the norm rose; keep it at {_g(before)} "
-                "(check the schedule that raised it).",
+            how = (
+                f"kept rising from about step {ev.change_start(change)}, {_g(before)} to {_g(after)} "
+                f"by step {step},"
             )
+        else:
+            how = (
+                f"jumped {abs(after) / abs(before):.3g}x {read_at(step, previous)} ({_g(before)} to "
+                f"{_g(after)})"
+            )
+        return Action(
+            "lower_lr",
+            f"Lower the learning rate: it {how} as the norm rose; keep it at {_g(before)} "
+            "(check the schedule that raised it).",
+        )
     if ev.lr_first is not None and ev.warmup_until is None and onset <= (ev.lr_first_step or 0) + reach:
         return Action(
             "lower_lr",
@@ -338,7 +357,7 @@ class Stall:
     never: bool  # it never improved (else it went back to its initial level)
     first: float  # its initial level
     start: int  # the step the stall is dated from
-    chance: int | None = None  # k where the initial level is ln k and the loss stayed there
+    chance: int | None = None  # k where the loss began near ln k and ended at it (see LossView.chance)
     noise: float = 0.0  # the loss's step-to-step noise, as a fraction of its level
     plateau: tuple[int, float] | None = None  # (step, level) where an early fall stopped for good
 
@@ -370,13 +389,13 @@ def stall_actions(ev: Evidence, stall: Stall, layer_snapshots: int, layers_vanis
         causes.append(
             Action(
                 "check_labels",
-                f"Check that the labels match the inputs: the loss stayed at {_g(stall.first)} = ln "
-                f"{stall.chance} "
-                f"(chance for {stall.chance} classes) from step {stall.start} while the norm stayed in its "
-                "band: the gradients are normal, yet nothing is learned.",
+                f"Check that the labels match the inputs: the loss stayed at {_g(math.log(stall.chance))} = "
+                f"ln {stall.chance} (chance for {stall.chance} classes) from step {stall.start} "
+                f"({_g(stall.first)} at the start) while the norm stayed in its band: the gradients are "
+                "normal, yet nothing is learned.",
             )
         )
-    if (stall.never or stall.plateau is not None) and stall.noise >= 0.5:
+    if (stall.never or stall.plateau is not None) and stall.noise >= NOISY:
         causes.append(
             Action(
                 "batch_size",

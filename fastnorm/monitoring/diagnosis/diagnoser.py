@@ -384,21 +384,13 @@ class Diagnoser:
             interval=max(1, round(span / (self._count - 1))) if self._count > 1 else 1,
         )
 
-    def _lr_onset(self, start: int) -> int:
-        """A blow-up's start, or the start of the learning-rate change that caused it when that came first:
-        the norm responds steps after a jump, and tens of steps into a ramp."""
-        change = self._ev.change_near(start, self._reach())
-        if change is None:
-            return start
-        before = self._ev.chain_first(change)[1]  # a ramp's factor is the whole chain's
-        if not abs(change[2]) > 2 * abs(before) and change[2] >= 0:
-            return start
-        begun = self._ev.change_start(change)
-        if self._ev.ramp(change):
-            return min(start, begun)  # the norm rises tens of steps into a ramp: its foot dates the blow-up
-        # A jump: it happened after the reading before it (read each step: at its step), and the blow-up
-        # cannot come before its cause.
-        return begun if start <= change[3] else min(start, begun) if change[0] - change[3] <= 1 else start
+    def _lr_onset(self, start: int, until: int | None = None) -> int:
+        """A blow-up's start, or the start of the learning-rate change that caused it (see
+        :meth:`~fastnorm.monitoring.diagnosis.advice.Evidence.blowup_cause`): the norm responds steps after a
+        jump and tens of steps into a ramp, and a bursty norm may have left its band before either; the
+        cause, logged, says when the fault began (a jump's step, a ramp's foot)."""
+        change = self._ev.blowup_cause(start, self._reach(), until)
+        return start if change is None else self._ev.cause_start(change, start)
 
     def _reach(self) -> int:
         """How far (in steps) a cause may lie from what it caused: ``sustain`` points, or two windows of
@@ -411,7 +403,7 @@ class Diagnoser:
     def _loss_event(self, read, loss: LossView, found: list[Found], last: int | None) -> Event:
         if read.kind != DIVERGED:
             return self._stall(read.never, read.start, read.detail, loss, found, last)
-        onset = self._lr_onset(read.start)
+        onset = self._lr_onset(read.start, read.turn)  # a cause logged before the loss turned dates it
         return Event(
             DIVERGED,
             onset,
@@ -454,7 +446,7 @@ class Diagnoser:
             if jump is None:
                 continue
             start, low, high = jump
-            onset = self._ev.change_start(change)
+            onset = self._ev.cause_start(change, start)
             levels = self._norm.levels.all()
             before_change = sorted(x for s, x in levels if s <= step)
             base = median(before_change) if before_change else None

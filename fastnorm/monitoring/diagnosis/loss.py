@@ -16,7 +16,7 @@ from typing import NamedTuple
 
 from fastnorm.monitoring.diagnosis.events import DIVERGED, EXPLODING, MIN_POINTS, STALLED, num
 from fastnorm.monitoring.diagnosis.norm import Found
-from fastnorm.monitoring.diagnosis.robust import MAD_TO_SIGMA, Thinned, held, median, rolling_median
+from fastnorm.monitoring.diagnosis.robust import MAD_TO_SIGMA, NOISY, Thinned, held, median, rolling_median
 from fastnorm.monitoring.diagnosis.skips import Run, close_run, extend
 
 _LOSS_POINTS = 1024  # the loss is kept at most this finely (pairs averaged beyond)
@@ -76,6 +76,11 @@ class LossView:
         w = max(5, n // 25) | 1
         self.w = w
         self.smooth = rolling_median(ys, w)
+        diffs = sorted(abs(b - a) for a, b in zip(ys, ys[1:]))
+        sigma = MAD_TO_SIGMA * median(diffs) / math.sqrt(2.0) if diffs else 0.0
+        level = median(sorted(abs(y) for y in ys))
+        # The step-to-step noise as a fraction of the loss's level: a batch's own noise.
+        self.noise = median(diffs) / level if diffs and level > 0 else 0.0
         # The initial level: the points of the first 5 steps (one, for a log of every 10th step, whose 5th
         # point may be 40 steps into a loss that falls fast).
         head = [y for s, y in points[:5] if s - points[0][0] < 5]
@@ -85,44 +90,59 @@ class LossView:
         if self.first < self.best:  # never below where it began
             self.best, self.best_step, self._best_index = self.first, self.steps[0], 0
         self.final = median(sorted(ys[-w:]))
-        diffs = sorted(abs(b - a) for a, b in zip(ys, ys[1:]))
-        sigma = MAD_TO_SIGMA * median(diffs) / math.sqrt(2.0) if diffs else 0.0
-        self.tol = max(3.0 * sigma / math.sqrt(w), stall_fraction * abs(self.first))
-        # The initial level is itself a median of a few noisy points: progress below its own noise
-        # (two standard errors of a median of len(head) points) is no progress.
-        self.progress_tol = self.tol + 2.0 * 1.25 * sigma / math.sqrt(len(head))
+        self.noise_tol = 3.0 * sigma / math.sqrt(w)  # a smoothed point's noise: three sigmas over sqrt(w)
+        self.tol = max(self.noise_tol, stall_fraction * abs(self.first))
+        # Whether the loss ever improved is read from where it started to its best. A loss whose steps move
+        # by half its level or more (each step follows its batch) is read otherwise at both ends: 5 points
+        # do not pin its start down (their median lies off its level by about the level itself, and a few
+        # high first batches read as learning), and its best is the least of its noise. Its first w points
+        # are read against its last w: whether it ended below where it began.
+        self.noisy = self.noise >= NOISY
+        start = ys[:w] if self.noisy else head
+        self.improvement = median(sorted(start)) - (self.final if self.noisy else self.best)
+        # The start is itself a median of a few noisy points: progress below its own noise (two standard
+        # errors of a median of len(start) points) is no progress.
+        self.progress_tol = self.tol + 2.0 * 1.25 * sigma / math.sqrt(len(start))
         # Above this, the loss is above its initial level: a margin beyond the noise of a smoothed point.
         self.ceiling = self.first + max(self.tol, 0.1 * abs(self.first))
         self.ys = ys
-        level = median(sorted(abs(y) for y in ys))
-        # The step-to-step noise as a fraction of the loss's level: a batch's own noise.
-        self.noise = median(diffs) / level if diffs and level > 0 else 0.0
 
     def chance(self) -> int | None:
-        """k where the loss began at ln k (chance for a classifier of k classes) and ended there too."""
-        if self.first <= 0.5:
+        """k where the loss began at ln k (chance for a classifier of k classes) and ended there.
+
+        k is read from where the loss ended, where a model that learns nothing settles, and each end is
+        held to the bound that fits it. The end is a median of w points: it must lie within the loss's own
+        noise of ln k (``noise_tol``, three sigmas of a step over sqrt(w)), and that noise must be
+        narrower than half the gap from ln k to ln(k + 1), or the loss could as well be at another k's
+        chance (a noisy regression loss near 0.7 is no classifier at ln 2). The start is not noise-bound:
+        a net's first losses sit above ln k by about half the variance of its initial logits, an offset of
+        the initialisation that no averaging removes, so it must only name k: lie within half the gaps to
+        ln(k - 1) and ln(k + 1).
+        """
+        if self.final <= 0.5:
             return None
-        k = round(math.exp(self.first))
-        near = 0.03 * self.first
-        if (
-            2 <= k <= 100_000
-            and abs(self.first - math.log(k)) < near
-            and abs(self.final - math.log(k)) < near
-        ):
+        k = round(math.exp(self.final))
+        if not 2 <= k <= 100_000:
+            return None
+        at, up, down = math.log(k), 0.5 * math.log1p(1 / k), 0.5 * math.log(k / (k - 1))
+        if self.noise_tol < up and abs(self.final - at) <= self.noise_tol and -down <= self.first - at <= up:
             return k
         return None
 
     def early_blowup(self) -> tuple[int, float, float] | None:
         """``(step, loss, level before)`` of the first loss 5x its level before (the median of up to 20
-        points) within the run's first fifth (its first 50 steps while it is shorter), where a healthy loss
-        is at its highest; None if none."""
+        points) and above every loss before it, within the run's first fifth (its first 50 steps while it is
+        shorter), where a healthy loss is at its highest; None if none."""
         early = max((self.steps[-1] - self.steps[0]) / 5, 50)
         ys = self.ys
         for i in range(1, len(ys)):
             if self.steps[i] - self.steps[0] > early:
                 break
             before = median(sorted(ys[max(0, i - 20) : i]))
-            if before > 0 and ys[i] > 5 * before:
+            # Above every loss before it, the run's first included: a healthy loss is highest at its start,
+            # so a batch 5x the level that stays below where the run began has undone nothing (one bad
+            # batch of a loss that fell fast), and a blow-up that lost what the run knew climbs above it.
+            if before > 0 and ys[i] > 5 * before and ys[i] > max(ys[:i]):
                 # Beyond the loss's own step-to-step moves (a batch of 2 moves it 5x), measured outside the
                 # blow-up: without the points still 5x above the level before it, whose way down is its own
                 # (on a log of every 10th step, the only moves its first window holds).
@@ -182,8 +202,13 @@ class LossView:
         )
         regained = self.final - self.best
         above = self.final > self.ceiling
+        never = self.improvement < self.progress_tol and self.judge_start
+        if not above and (self.noisy and never):
+            # A loss that follows its batches ended where it began: how far it went back up from its best,
+            # the least of its noise, says nothing.
+            return Shape(True, self.steps[0], f"the loss never improved: {s}")
         if not above and (progress < self.tol or regained < max(0.5 * progress, self.tol)):
-            if progress < self.progress_tol and self.judge_start:
+            if never:
                 return Shape(True, self.steps[0], f"the loss never improved: {s}")
             return self._relapse(s)
         # Dated where the smoothed loss left the neighbourhood of its best for good.
@@ -276,6 +301,7 @@ class LossEvent(NamedTuple):
     peak: float | None = None  # a divergence: the norm's peak and the level before it (log10)
     base: float | None = None
     consumed: frozenset[int] = frozenset()  # the norm's events (indices in `found`) it takes in
+    turn: int | None = None  # a divergence: where the loss itself turned (its start is the norm's rise)
 
 
 def loss_event(
@@ -335,4 +361,4 @@ def loss_event(
     onset = min(a for a, _ in linked) if linked else start
     peak = max([found[i].extreme for i in ours] + after, default=None)
     base = median(before) if before else None
-    return LossEvent(DIVERGED, onset, end, detail, never, peak, base, frozenset(ours))
+    return LossEvent(DIVERGED, onset, end, detail, never, peak, base, frozenset(ours), start)

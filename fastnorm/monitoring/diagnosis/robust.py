@@ -15,6 +15,9 @@ MAD_TO_SIGMA = 1.4826  # MAD of a normal distribution times this is its standard
 # The fewest points a rule counted in steps is judged on: a median of 3 needs two of them to agree, so one
 # point of a log of every 10th step never makes a level, a return or a baseline on its own.
 MIN_HELD = 3
+# A loss whose step-to-step moves are this fraction of its level or more follows its batches (BatchNorm over
+# 2 samples, a batch of 1): its level is read over more points, and larger batches are asked for first.
+NOISY = 0.5
 
 
 def median(ordered: list[float]) -> float:
