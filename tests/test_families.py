@@ -1,8 +1,8 @@
 """The diagnosis on the families corpus: real runs of six model families, scored against its goals.
 
-tests/families/make_runs.py made every run (a tuning set, a first rerun on other
-seeds, onsets and magnitudes that was held out and has been tuned on since, and
-a held-out rerun) and wrote its truth from what it injected;
+tests/families/make_runs.py made every run (a tuning set, two reruns on other
+seeds, onsets and magnitudes that were held out and have been tuned on since,
+and a held-out rerun) and wrote its truth from what it injected;
 tests/families/score.py diagnoses each run as ``fastnorm diagnose`` does and replays
 its log through the monitor's online path. Nothing is retrained here, and
 scikit-learn (needed only to regenerate) is never imported.
@@ -19,7 +19,7 @@ FAMILIES = Path(__file__).resolve().parent / "families"
 sys.path.insert(0, str(FAMILIES))
 import score  # noqa: E402
 
-SETS = ("tuning", "tuning2", "heldout")
+SETS = ("tuning", "tuning2", "tuning3", "heldout")
 # Every pattern the diagnosis must tell apart, by the generator's cause function.
 CAUSES = {
     "lr_too_high",
@@ -84,7 +84,10 @@ def test_the_corpus_covers_every_family_and_cause_in_every_set():
             t for t in sets[b] if t["onset"] not in (None, 0) and t["onset"] != by_name[t["name"]]["onset"]
         ]
         assert len(moved) >= 10, (a, b)
-    # The held-out set logs some runs, healthy and faulty, every 5th step and some every 10th.
+    # The held-out set runs on seeds no other set used, and logs some runs, healthy and faulty, every 5th
+    # step and some every 10th.
+    used = {t["seed"] for which in SETS[:-1] for t in sets[which]}
+    assert not used & {t["seed"] for t in sets["heldout"]}
     for healthy in (True, False):
         assert {t["every"] for t in sets["heldout"] if t["healthy"] == healthy} == {1, 5, 10}
     for path in FAMILIES.glob("*/*/metrics.csv"):

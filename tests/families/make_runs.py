@@ -3,6 +3,7 @@
     python tests/families/make_runs.py                   # every run of every set
     python tests/families/make_runs.py --set tuning      # the runs the diagnosis is tuned on
     python tests/families/make_runs.py --set tuning2     # a rerun on other seeds and onsets, tuned on too
+    python tests/families/make_runs.py --set tuning3     # a second rerun, held out until looked at
     python tests/families/make_runs.py --set heldout     # the rerun kept out of the tuning
     python tests/families/make_runs.py NAME ...          # some runs (a name of every set)
     python tests/families/make_runs.py --list            # names, family and cause
@@ -16,9 +17,10 @@ breast_cancer and diabetes, a tanh autoencoder of the digits, and precision
 variants (fp16 autocast with and without a GradScaler, pure bf16). Each run is a
 spec: a family, a cause (or none: healthy) and the keyword arguments of its run
 in each set, each set on its own seeds, with other onsets and, where it makes
-sense, other magnitudes and logging intervals. ``tuning`` and ``tuning2`` (a
-first held-out rerun, looked at since) are what the diagnosis is tuned on;
-``heldout`` is scored once the code is final and never tuned on.
+sense, other magnitudes and logging intervals. ``tuning``, ``tuning2`` and
+``tuning3`` (the first and second held-out reruns, each looked at since) are
+what the diagnosis is tuned on; ``heldout`` is scored once the code is final
+and never tuned on.
 
 Each run logs through fastnorm's own path, as a user's loop would: a
 GradNormMonitor told the optimizer (its learning rate and settings read once per
@@ -64,7 +66,7 @@ from torch import nn
 import fastnorm
 
 HERE = Path(__file__).resolve().parent
-SETS = ("tuning", "tuning2", "heldout")
+SETS = ("tuning", "tuning2", "tuning3", "heldout")
 STEPS = 300
 THINNED_STEPS = 1000  # a log of every 10th step: 100 points
 KEEP = ("gradient_norm", "gradient_norm_loss", "gradient_norm_lr")  # and the settings, by prefix
@@ -626,7 +628,8 @@ class Spec:
     family: str
     cause: Callable
     tuning: dict = field(default_factory=dict)
-    tuning2: dict = field(default_factory=dict)  # over the tuning arguments, as is heldout
+    tuning2: dict = field(default_factory=dict)  # over the tuning arguments, as are tuning3 and heldout
+    tuning3: dict = field(default_factory=dict)
     heldout: dict = field(default_factory=dict)
 
     def args(self, which: str) -> dict:
@@ -637,9 +640,9 @@ class Spec:
 
 SPECS = [
     # healthy: a third and more of the runs
-    Spec("rnn-healthy", "rnn", healthy, {}, {"seed": 11}, {"seed": 111}),
-    Spec("cnn-healthy", "cnn", healthy, {}, {"seed": 12}, {"seed": 112}),
-    Spec("cnn-bn-healthy", "cnn", healthy, {"batchnorm": True}, {"seed": 13}, {"seed": 113}),
+    Spec("rnn-healthy", "rnn", healthy, {}, {"seed": 11}, {"seed": 111}, {"seed": 211, "every": 5}),
+    Spec("cnn-healthy", "cnn", healthy, {}, {"seed": 12}, {"seed": 112}, {"seed": 212}),
+    Spec("cnn-bn-healthy", "cnn", healthy, {"batchnorm": True}, {"seed": 13}, {"seed": 113}, {"seed": 213}),
     Spec(
         "postln-healthy",
         "postln",
@@ -647,9 +650,10 @@ SPECS = [
         {"warmup": 50},
         {"seed": 14, "warmup": 80},
         {"seed": 114, "warmup": 60},
+        {"seed": 214, "warmup": 100},
     ),
-    Spec("iris-healthy", "iris", healthy, {}, {"seed": 15}, {"seed": 115}),
-    Spec("wine-healthy", "wine", healthy, {"precision": None}, {"seed": 16}, {"seed": 116}),
+    Spec("iris-healthy", "iris", healthy, {}, {"seed": 15}, {"seed": 115}, {"seed": 215, "every": 10}),
+    Spec("wine-healthy", "wine", healthy, {"precision": None}, {"seed": 16}, {"seed": 116}, {"seed": 216}),
     Spec(
         "cancer-healthy",
         "cancer",
@@ -657,9 +661,12 @@ SPECS = [
         {"opt": "sgd", "lr": 1e-2},
         {"seed": 17},
         {"seed": 117, "lr": 2e-2},
+        {"seed": 217, "lr": 5e-3},
     ),
-    Spec("diabetes-healthy", "diabetes", healthy, {}, {"seed": 18}, {"seed": 118, "every": 10}),
-    Spec("autoencoder-healthy", "autoencoder", healthy, {}, {"seed": 19}, {"seed": 119}),
+    Spec(
+        "diabetes-healthy", "diabetes", healthy, {}, {"seed": 18}, {"seed": 118, "every": 10}, {"seed": 218}
+    ),
+    Spec("autoencoder-healthy", "autoencoder", healthy, {}, {"seed": 19}, {"seed": 119}, {"seed": 219}),
     Spec(
         "fp16-scaler-healthy",
         "digits-mlp",
@@ -667,6 +674,7 @@ SPECS = [
         {"scaler": True, "precision": "fp16-mixed"},
         {"seed": 20},
         {"seed": 120},
+        {"seed": 220},
     ),
     Spec(
         "bf16-healthy",
@@ -675,8 +683,17 @@ SPECS = [
         {"dtype": torch.bfloat16, "precision": None},
         {"seed": 21},
         {"seed": 121},
+        {"seed": 221},
     ),
-    Spec("cnn-thinned-healthy", "cnn", healthy, {"every": 10}, {"seed": 22}, {"seed": 122, "every": 5}),
+    Spec(
+        "cnn-thinned-healthy",
+        "cnn",
+        healthy,
+        {"every": 10},
+        {"seed": 22},
+        {"seed": 122, "every": 5},
+        {"seed": 222, "every": 10},
+    ),
     # faulty
     Spec(
         "wine-lr-too-high",
@@ -685,6 +702,7 @@ SPECS = [
         {"factor": 300.0, "act": nn.ReLU},
         {"seed": 31, "factor": 1000.0},
         {"seed": 131, "factor": 500.0},
+        {"seed": 231, "factor": 2000.0},
     ),
     Spec(
         "cnn-lr-too-high",
@@ -693,6 +711,7 @@ SPECS = [
         {"factor": 1000.0},
         {"seed": 32, "factor": 3000.0},
         {"seed": 132, "factor": 2000.0},
+        {"seed": 232, "factor": 5000.0},
     ),
     Spec(
         "iris-thinned-lr-too-high",
@@ -701,11 +720,12 @@ SPECS = [
         {"every": 10, "factor": 300.0, "act": nn.ReLU},
         {"seed": 33},
         {"seed": 133, "every": 5, "factor": 1000.0},
+        {"seed": 233, "every": 10, "factor": 500.0},
     ),
-    Spec("iris-shuffled-labels", "iris", shuffled_labels, {}, {"seed": 34}, {"seed": 134}),
-    Spec("cnn-shuffled-labels", "cnn", shuffled_labels, {}, {"seed": 35}, {"seed": 135}),
-    Spec("wine-shuffled-labels", "wine", shuffled_labels, {}, {"seed": 36}, {"seed": 136}),
-    Spec("diabetes-bn-batch2", "diabetes", batchnorm_batch2, {}, {"seed": 37}, {"seed": 137}),
+    Spec("iris-shuffled-labels", "iris", shuffled_labels, {}, {"seed": 34}, {"seed": 134}, {"seed": 234}),
+    Spec("cnn-shuffled-labels", "cnn", shuffled_labels, {}, {"seed": 35}, {"seed": 135}, {"seed": 235}),
+    Spec("wine-shuffled-labels", "wine", shuffled_labels, {}, {"seed": 36}, {"seed": 136}, {"seed": 236}),
+    Spec("diabetes-bn-batch2", "diabetes", batchnorm_batch2, {}, {"seed": 37}, {"seed": 137}, {"seed": 255}),
     Spec(
         "diabetes-adam-eps",
         "diabetes",
@@ -713,6 +733,7 @@ SPECS = [
         {"scale": 1e-11},
         {"seed": 38, "scale": 3e-12},
         {"seed": 138, "scale": 5e-12},
+        {"seed": 238, "scale": 2e-12},
     ),
     Spec(
         "cancer-adam-eps",
@@ -721,6 +742,7 @@ SPECS = [
         {"scale": 1e-11},
         {"seed": 39, "scale": 3e-12},
         {"seed": 139, "scale": 5e-12},
+        {"seed": 239, "scale": 8e-12},
     ),
     Spec(
         "autoencoder-weight-decay",
@@ -729,6 +751,7 @@ SPECS = [
         {"decay": 50.0},
         {"seed": 40, "decay": 200.0},
         {"seed": 140, "decay": 100.0},
+        {"seed": 240, "decay": 150.0},
     ),
     Spec(
         "wine-weight-decay",
@@ -737,6 +760,7 @@ SPECS = [
         {"decay": 50.0},
         {"seed": 41, "decay": 100.0},
         {"seed": 141, "decay": 70.0},
+        {"seed": 241, "decay": 150.0},
     ),
     Spec(
         "postln-no-warmup",
@@ -745,6 +769,7 @@ SPECS = [
         {"lr": 1e-1},
         {"seed": 42, "lr": 5e-2},
         {"seed": 142, "lr": 7e-2},
+        {"seed": 242, "lr": 4e-2},
     ),
     Spec(
         "fp16-underflow",
@@ -753,6 +778,7 @@ SPECS = [
         {"onset": 150},
         {"seed": 43, "onset": 100},
         {"seed": 143, "onset": 200},
+        {"seed": 243, "onset": 120},
     ),
     Spec(
         "rnn-lr-jump",
@@ -761,6 +787,7 @@ SPECS = [
         {"onset": 150, "factor": 100.0},
         {"seed": 44, "onset": 180, "factor": 300.0},
         {"seed": 144, "onset": 130, "factor": 200.0},
+        {"seed": 244, "onset": 170, "factor": 150.0},
     ),
     Spec(
         "wine-lr-jump",
@@ -769,6 +796,7 @@ SPECS = [
         {"onset": 150},
         {"seed": 45, "onset": 200, "factor": 100.0},
         {"seed": 145, "onset": 450, "factor": 50.0, "every": 5},
+        {"seed": 245, "onset": 555, "factor": 80.0, "every": 10},
     ),
     Spec(
         "bf16-lr-jump",
@@ -777,6 +805,7 @@ SPECS = [
         {"onset": 150, "factor": 100.0, "dtype": torch.bfloat16, "precision": None},
         {"seed": 46, "onset": 120},
         {"seed": 146, "onset": 170, "factor": 50.0},
+        {"seed": 246, "onset": 210, "factor": 70.0},
     ),
     Spec(
         "cancer-thinned-lr-jump",
@@ -785,6 +814,7 @@ SPECS = [
         {"onset": 500, "every": 10},
         {"seed": 47, "onset": 600},
         {"seed": 147, "onset": 700, "factor": 50.0},
+        {"seed": 247, "onset": 643, "factor": 40.0, "every": 5},
     ),
     Spec(
         "iris-lr-negative",
@@ -793,6 +823,7 @@ SPECS = [
         {"onset": 150},
         {"seed": 48, "onset": 200},
         {"seed": 148, "onset": 170},
+        {"seed": 248, "onset": 230},
     ),
     Spec(
         "cnn-lr-negative",
@@ -801,6 +832,7 @@ SPECS = [
         {"onset": 150},
         {"seed": 49, "onset": 120},
         {"seed": 149, "onset": 220},
+        {"seed": 249, "onset": 180},
     ),
     Spec(
         "cancer-explode-then-chance",
@@ -809,6 +841,7 @@ SPECS = [
         {"onset": 150},
         {"seed": 50, "onset": 180},
         {"seed": 150, "onset": 130, "factor": 3000.0, "length": 3},
+        {"seed": 250, "onset": 170, "factor": 2000.0, "length": 4},
     ),
     Spec(
         "iris-explode-then-chance",
@@ -817,6 +850,7 @@ SPECS = [
         {"onset": 150},
         {"seed": 51, "onset": 100},
         {"seed": 151, "onset": 200},
+        {"seed": 251, "onset": 120, "factor": 1500.0},
     ),
     Spec(
         "diabetes-slow-rise",
@@ -825,6 +859,7 @@ SPECS = [
         {"onset": 120},
         {"seed": 52, "onset": 150, "growth": 1.04},
         {"seed": 152, "onset": 100, "growth": 1.06},
+        {"seed": 252, "onset": 130, "growth": 1.045},
     ),
     Spec(
         "rnn-slow-rise",
@@ -833,6 +868,7 @@ SPECS = [
         {"onset": 120, "opt": "sgd", "lr": 0.05},
         {"seed": 53, "onset": 100},
         {"seed": 153, "onset": 140, "growth": 1.04},
+        {"seed": 253, "onset": 110, "growth": 1.06},
     ),
 ]
 BY_NAME = {s.name: s for s in SPECS}

@@ -2,6 +2,7 @@
 
     python tests/families/score.py                  # the tuning set
     python tests/families/score.py --set tuning2    # the first rerun, tuned on since
+    python tests/families/score.py --set tuning3    # the second rerun, tuned on since
     python tests/families/score.py --set heldout    # the held-out rerun
     python tests/families/score.py --root DIR       # runs written elsewhere by make_runs.py --out DIR
 
@@ -238,7 +239,7 @@ def report(rows: list[Row]) -> str:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--set", choices=("tuning", "tuning2", "heldout"), default="tuning")
+    parser.add_argument("--set", choices=("tuning", "tuning2", "tuning3", "heldout"), default="tuning")
     parser.add_argument("--root", type=Path, default=HERE, help="the folder holding the sets")
     args = parser.parse_args(argv)
     rows = score(args.root / args.set)
