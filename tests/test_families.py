@@ -96,11 +96,12 @@ def test_the_corpus_covers_every_family_and_cause_in_every_set():
 
 GOALS = ["first_action", "verdict", "onset", "offline_false_alarms", "online_warnings_kept", "late_warnings"]
 # Goals measured unmet on the held-out set, left so rather than tuned on it. Strict, so that an entry goes
-# once its goal holds. onset: 19 of 23 within tolerance (an RNN's bursty norm dates a jump and a ramp from
-# before them, a thinned log's divergence is dated 240 steps late), and BatchNorm on batches of 2 read as
-# stable. late_warnings: a thinned log's noisy loss raised a divergence at step 440 that stayed in place, so
-# the learning-rate jump of step 700 was never warned of.
-UNMET = {("heldout", "onset"), ("heldout", "late_warnings")}
+# once its goal holds. verdict: 33 of 35; a healthy diabetes regression, whose loss fell to its floor (0.46,
+# above half its start) by step 18 and held it, reads as a plateau (stalled), and a thinned log of wine whose
+# loss, near 1e-4 when the learning rate jumped 80x at step 555, only fell further at the logged steps reads
+# as vanishing. offline_false_alarms and online_warnings_kept: that healthy diabetes run, warned of online
+# as stalled to the end.
+UNMET = {("heldout", "verdict"), ("heldout", "offline_false_alarms"), ("heldout", "online_warnings_kept")}
 
 
 def row(onset, warnings, healthy=False):
