@@ -933,10 +933,10 @@ MUTANTS = [
     {
         "name": "diagnosis-noisy-plateau-asks-for-warmup",
         "path": "fastnorm/monitoring/diagnosis/advice.py",
-        "old": "    if (stall.never or stall.plateau is not None) and stall.noise >= 0.5:",
-        "new": "    if stall.never and stall.noise >= 0.5:",
+        "old": "    if (stall.never or stall.plateau is not None) and stall.noise >= NOISY:",
+        "new": "    if stall.never and stall.noise >= NOISY:",
         "tests": [
-            "tests/test_diagnosis.py::test_a_plateau_of_a_loss_that_follows_its_batches_asks_for_larger_batches"
+            "tests/test_diagnosis.py::test_larger_batches_come_before_the_warmup_for_a_plateau_that_follows_its_batches"
         ],
         "what": "a plateau whose loss follows its batches asks for a warmup first",
     },
@@ -967,8 +967,8 @@ MUTANTS = [
     {
         "name": "diagnosis-early-blowup-missed",
         "path": "fastnorm/monitoring/diagnosis/loss.py",
-        "old": "            if before > 0 and ys[i] > 5 * before:",
-        "new": "            if before > 0 and ys[i] > 50 * before:",
+        "old": "            if before > 0 and ys[i] > 5 * before and ys[i] > max(ys[:i]):",
+        "new": "            if before > 0 and ys[i] > 50 * before and ys[i] > max(ys[:i]):",
         "tests": [
             "tests/test_diagnosis.py::test_a_blowup_in_the_first_steps_then_a_loss_at_chance_is_diverged_not_stalled"
         ],
@@ -988,12 +988,88 @@ MUTANTS = [
     {
         "name": "diagnosis-lr-jump-not-named",
         "path": "fastnorm/monitoring/diagnosis/advice.py",
-        "old": "        if abs(after) > 2 * abs(before):",
-        "new": "        if abs(after) > 200 * abs(before):",
+        "old": "        causes = [c for c in causes if c[2] < 0 or moved(c) > math.log(2.0)]",
+        "new": "        causes = [c for c in causes if c[2] < 0 or moved(c) > math.log(200.0)]",
         "tests": [
             "tests/test_diagnosis.py::test_a_learning_rate_change_that_causes_a_blowup_is_named_and_dates_it"
         ],
         "what": "a 30x learning-rate jump before a blow-up is not named as its cause",
+    },
+    {
+        "name": "diagnosis-cause-only-near-the-rise",
+        "path": "fastnorm/monitoring/diagnosis/advice.py",
+        "old": "        end = max(start, until if until is not None else start) + reach\n",
+        "new": "        end = start + reach\n",
+        "tests": [
+            "tests/test_diagnosis.py::test_a_learning_rate_jump_inside_a_bursty_departure_dates_the_divergence"
+        ],
+        "what": "a jump inside a bursty norm's departure, before the loss turned, neither dates nor names it",
+    },
+    {
+        "name": "diagnosis-jump-dated-after-the-reading-before",
+        "path": "fastnorm/monitoring/diagnosis/advice.py",
+        "old": "        return start if previous < start <= step else step\n",
+        "new": "        return previous + 1\n",
+        "tests": [
+            "tests/test_diagnosis.py::test_a_loss_that_jumps_just_after_the_learning_rate_is_diverged_from_the_jump"
+        ],
+        "what": "a jump read between two readings is dated after the first, not at the reading that shows it",
+    },
+    {
+        "name": "diagnosis-chance-named-by-a-noisy-loss",
+        "path": "fastnorm/monitoring/diagnosis/loss.py",
+        "old": "        if self.noise_tol < up and abs(self.final - at)",
+        "new": "        if abs(self.final - at)",
+        "tests": ["tests/test_diagnosis.py::test_a_loss_too_noisy_to_name_its_classes_is_not_at_chance"],
+        "what": "a loss whose noise spans more than the gap to ln(k+1) is read as at chance for k classes",
+    },
+    {
+        "name": "diagnosis-chance-start-within-3-percent",
+        "path": "fastnorm/monitoring/diagnosis/loss.py",
+        "old": "and -down <= self.first - at <= up:",
+        "new": "and abs(self.first - at) < 0.03 * at:",
+        "tests": [
+            "tests/test_diagnosis.py::test_a_loss_at_chance_after_its_initial_offset_checks_the_labels"
+        ],
+        "what": "a start lifted 4% above ln k by the initial logits is not at chance",
+    },
+    {
+        "name": "diagnosis-noisy-start-over-5-points",
+        "path": "fastnorm/monitoring/diagnosis/loss.py",
+        "old": "        start = ys[:w] if self.noisy else head\n",
+        "new": "        start = head\n",
+        "tests": [
+            "tests/test_diagnosis.py::test_a_loss_that_follows_its_batches_and_starts_high_never_improved"
+        ],
+        "what": "a loss that follows its batches is judged from 5 points: a few high first ones look learned",
+    },
+    {
+        "name": "diagnosis-noisy-loss-judged-by-its-best",
+        "path": "fastnorm/monitoring/diagnosis/loss.py",
+        "old": "(self.final if self.noisy else self.best)",
+        "new": "self.best",
+        "tests": [
+            "tests/test_diagnosis.py::test_a_loss_that_follows_its_batches_and_starts_high_never_improved"
+        ],
+        "what": "a loss that follows its batches is judged by its best, the least of its noise",
+    },
+    {
+        "name": "diagnosis-noisy-loss-went-back-up-from-its-noise",
+        "path": "fastnorm/monitoring/diagnosis/loss.py",
+        "old": "        if not above and self.noisy and never:\n",
+        "new": "        if False:\n",
+        "tests": [
+            "tests/test_diagnosis.py::test_a_loss_that_follows_its_batches_and_starts_high_never_improved"
+        ],
+        "what": "a loss that follows its batches and ends high is read as gone back up from its least batch",
+    },
+    {
+        "name": "diagnosis-one-batch-below-the-start-blows-up",
+        "path": "fastnorm/monitoring/diagnosis/loss.py",
+        "old": " and ys[i] > max(ys[:i]):",
+        "new": ":",
+        "tests": ["tests/test_diagnosis.py::test_one_bad_batch_below_the_runs_start_is_no_early_blowup"],
+        "what": "one batch 25x its level but below the run's start is read as an early blow-up",
     },
     {
         "name": "diagnosis-negative-lr-read-as-a-jump",
@@ -1048,7 +1124,7 @@ MUTANTS = [
     {
         "name": "monitor-never-withdraws",
         "path": "fastnorm/monitoring/monitor.py",
-        "old": "        elif not d.unstable and self.alarm is not None:",
+        "old": "        elif not d.unstable and self.alarms:",
         "new": "        elif False:",
         "tests": ["tests/test_monitor.py::test_a_warning_is_withdrawn_once_when_the_run_recovers"],
         "what": "a run that recovers keeps its warning: no recovered notice",
@@ -1056,10 +1132,50 @@ MUTANTS = [
     {
         "name": "monitor-warns-on-too-few-points",
         "path": "fastnorm/monitoring/monitor.py",
-        "old": "        if d.unstable and d.judged and d.verdict != self.alarm:",
-        "new": "        if d.unstable and d.verdict != self.alarm:",
+        "old": "            if not new:\n                return\n",
+        "new": "",
         "tests": ["tests/test_monitor.py::test_no_warning_while_too_few_points_were_read"],
-        "what": "the monitor warns that a run is unstable when too few points were read to judge it",
+        "what": "the monitor warns at every unstable window, with nothing new: also on too few points",
+    },
+    {
+        "name": "monitor-warns-only-when-the-verdict-changes",
+        "path": "fastnorm/monitoring/monitor.py",
+        "old": "if self.warned_at is None or e.start_step > self.warned_at or _key(e) not in self.warned_of",
+        "new": "if d.verdict not in self.alarms",
+        "tests": ["tests/test_monitor.py::test_a_new_fault_under_the_same_verdict_is_warned_of_again"],
+        "what": "a fault that comes while an earlier alarm of the same verdict stands is never warned of",
+    },
+    {
+        "name": "monitor-a-refined-date-is-news",
+        "path": "fastnorm/monitoring/monitor.py",
+        "old": "e.start_step > self.warned_at or",
+        "new": "e.start_step != self.warned_at or",
+        "tests": [
+            "tests/test_monitor.py::test_warnings_follow_new_onsets_and_causes_and_are_withdrawn_together"
+        ],
+        "what": "an event warned of is warned of again each time its onset is refined",
+    },
+    {
+        "name": "monitor-a-new-cause-is-no-news",
+        "path": "fastnorm/monitoring/monitor.py",
+        "old": " or _key(e) not in self.warned_of",
+        "new": "",
+        "tests": [
+            "tests/test_monitor.py::test_warnings_follow_new_onsets_and_causes_and_are_withdrawn_together"
+        ],
+        "what": "a new cause of the same stall (another first action) brings no warning",
+    },
+    {
+        "name": "monitor-withdraws-only-the-last-verdict",
+        "path": "fastnorm/monitoring/monitor.py",
+        "old": (
+            "            if d.verdict not in self.alarms:\n                self.alarms.append(d.verdict)\n"
+        ),
+        "new": "            self.alarms = [d.verdict]\n",
+        "tests": [
+            "tests/test_monitor.py::test_warnings_follow_new_onsets_and_causes_and_are_withdrawn_together"
+        ],
+        "what": "the recovered notice names only the last verdict warned of, not every warning it withdraws",
     },
     {
         "name": "families-score-lead-from-before-the-fault",

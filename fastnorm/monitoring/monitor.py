@@ -417,7 +417,7 @@ class _Recorder:
         action were not warned of (a new cause). An earlier event seen again, however its dates are refined
         window by window, is no news.
         """
-        if d.unstable and d.judged:
+        if d.unstable:  # too few points to judge are unstable too, with no event to warn of
             unstable = [e for e in d.events if e.kind in UNSTABLE]
             new = [
                 e

@@ -203,7 +203,7 @@ class LossView:
         regained = self.final - self.best
         above = self.final > self.ceiling
         never = self.improvement < self.progress_tol and self.judge_start
-        if not above and (self.noisy and never):
+        if not above and self.noisy and never:
             # A loss that follows its batches ended where it began: how far it went back up from its best,
             # the least of its noise, says nothing.
             return Shape(True, self.steps[0], f"the loss never improved: {s}")
