@@ -18,8 +18,33 @@ if not torch.cuda.is_available():
 
 from helpers import use_backend  # noqa: E402  (reads TRITON_INTERPRET)
 
+# Whole modules that are slow by nature; with the cases that run on the triton
+# backend in Triton's interpreter, they are marked ``slow``, so that
+# ``pytest -m "not slow"`` is a fast inner loop. The full suite runs everything.
+SLOW_MODULES = {
+    "test_triton_kernels": "the Triton kernels, in Triton's interpreter",
+    "test_kernels_compile": "ahead-of-time compiles for real GPU targets",
+    "test_distributed": "gloo process groups of 2 and 4 ranks",
+    "test_examples": "the examples under torchrun",
+    "test_source_tree": "a copy of the checkout and a child process",
+    "test_stacks_hf": "importing transformers and accelerate, and training in them",
+    "test_stacks_lightning": "training inside Lightning and Fabric",
+    "test_stacks_torchtitan": "importing torchtitan, and training in it",
+    "test_stacks_vision": "timm and LightlyTrain, in their own environment",
+    "test_compile": "torch.compile (inductor)",
+}
+
+
+def _interpreted(item) -> bool:
+    """A case on the triton backend with CPU tensors: Triton's interpreter."""
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    return any(isinstance(v, str) and v.split("-")[-1] == "triton" for v in params.values())
+
 
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.module.__name__ in SLOW_MODULES or (not torch.cuda.is_available() and _interpreted(item)):
+            item.add_marker(pytest.mark.slow)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device")

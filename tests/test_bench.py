@@ -189,6 +189,7 @@ def test_a_wrong_contender_aborts_before_timing(registered, kind, make, message)
         )
 
 
+@pytest.mark.slow
 def test_cli_reports_a_wrong_contender(registered, tmp_path, capsys):
     registered(C.Contender("broken", "norm", _broken_norm))
     argv = ["bench", "--quick", "--workloads", "tiny", "--dtypes", "fp32", "--contenders", "broken"]
@@ -212,6 +213,7 @@ def test_the_correct_contenders_pass_in_bf16():
 # ----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_bench_quick_writes_json_csv_markdown_png(tmp_path, capsys):
     argv = ["bench", "--quick", "--workloads", "tiny,resnet50", "--dtypes", "fp32,bf16", "--repeats", "3"]
     assert main(argv + ["--out", str(tmp_path)]) == 0
@@ -265,6 +267,7 @@ def test_bench_quick_writes_json_csv_markdown_png(tmp_path, capsys):
         assert len(list(csv.DictReader(f))) == 5 * len(names) - 2
 
 
+@pytest.mark.slow
 def test_plot_redraws_from_json(tmp_path):
     argv = ["bench", "--quick", "--workloads", "tiny", "--dtypes", "fp32", "--repeats", "1", "--warmup", "0"]
     assert main(argv + ["--no-plot", "--out", str(tmp_path)]) == 0
@@ -409,6 +412,7 @@ def test_a_workload_that_does_not_fit_is_skipped(monkeypatch, tmp_path, capsys):
     assert run["workloads"] == [] and run["skipped_workloads"][0]["workload"] == "tiny"
 
 
+@pytest.mark.slow
 def test_distributed_workload_runs_on_two_ranks_in_lockstep(tmp_path, capsys):
     argv = [
         "bench",
@@ -527,6 +531,7 @@ def _interrupting(w, max_norm):
     return call
 
 
+@pytest.mark.slow
 def test_results_are_written_after_each_workload_and_ctrl_c_keeps_them(registered, tmp_path, capsys):
     registered(C.Contender("interrupts", "norm", _interrupting))
     argv = [
@@ -552,6 +557,7 @@ def test_results_are_written_after_each_workload_and_ctrl_c_keeps_them(registere
     assert "| tiny | fp32 |" in (tmp_path / "cpu.md").read_text()
 
 
+@pytest.mark.slow
 def test_rounds_taken_under_load_are_marked_disturbed_not_printed(monkeypatch, tmp_path, capsys):
     _fake_load(monkeypatch, [2.0] * 1000)
     argv = ["bench", "--quick", "--workloads", "tiny", "--dtypes", "fp32", "--no-plot"]
@@ -590,6 +596,7 @@ def test_faster_than_the_roofline_is_disturbed():
     assert one["results"][0]["roofline_pct"] == pytest.approx(200) and "disturbed" not in one["results"][0]
 
 
+@pytest.mark.slow
 def test_the_single_core_workload_runs_every_instruction_set(tmp_path):
     from fastnorm.backends import cpp
 
@@ -608,6 +615,7 @@ def test_the_single_core_workload_runs_every_instruction_set(tmp_path):
     assert "| bf16 | " + cpp._C.isa() + " |" in (tmp_path / "cpu.md").read_text()
 
 
+@pytest.mark.slow
 def test_per_group_clipping_is_one_call_per_group(tmp_path):
     argv = ["bench", "--quick", "--workloads", "tiny-groups-24", "--dtypes", "fp32", "--no-plot"]
     assert main(argv + ["--out", str(tmp_path)]) == 0
@@ -673,6 +681,7 @@ def busy_processes():
             spinner.wait()
 
 
+@pytest.mark.slow
 def test_a_run_on_a_busy_machine_says_so_and_judges_no_time(busy_processes, tmp_path, capsys):
     pytest.importorskip("matplotlib")
     argv = ["bench", "--workloads", "tiny", "--dtypes", "fp32", "--repeats", "3", "--out", str(tmp_path)]
@@ -728,6 +737,7 @@ def test_while_rounds_run_the_time_left_comes_from_them():
     assert "0/2 a fp32 (round 4: 2 of 10 quiet) · 0:00 elapsed, about 1:" in out.getvalue()
 
 
+@pytest.mark.slow
 def test_a_step_the_budget_cannot_hold_is_not_run_and_says_why(tmp_path, capsys):
     argv = ["bench", "--quick", "--workloads", "tiny,many-small", "--dtypes", "fp32", "--budget", "0.5"]
     assert main(argv + ["--contenders", "fastnorm.total", "--no-plot", "--out", str(tmp_path)]) == 0
@@ -827,6 +837,7 @@ def test_rounds_stop_at_their_time_budget_and_the_table_says_so(monkeypatch, reg
     )
 
 
+@pytest.mark.slow
 def test_a_step_whose_setup_outlasts_the_budget_is_left_out(monkeypatch, tmp_path, capsys):
     from fastnorm.bench.cli import Estimate
 

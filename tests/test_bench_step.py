@@ -50,6 +50,7 @@ def test_a_prepared_step_has_real_parameters_and_the_optimizers_state():
         w.clipper(0.25)
 
 
+@pytest.mark.slow
 def test_staged_work_is_not_timed():
     clock = harness.Clock(CPU)
     calls = []
@@ -68,6 +69,7 @@ class QuietMeter:
         return {"other_cores_busy": 0.0, "steal_cores": 0.0}
 
 
+@pytest.mark.slow
 def test_step_rows_in_a_quick_run(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(harness, "LoadMeter", QuietMeter)
     argv = ["bench", "--full", "--quick", "--workloads", "step-gpt2-small", "--repeats", "3", "--no-plot"]

@@ -93,6 +93,7 @@ def test_no_clip_leaves_gradients_bitwise_unchanged(backend):
 
 
 @pytest.mark.parametrize("name", ["cpp", "triton"])
+@pytest.mark.slow
 def test_no_clip_touches_no_memory(name, tmp_path):
     # The gradients live in read-only memory: any write would crash the process,
     # so the check runs in a child process.

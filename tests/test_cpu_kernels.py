@@ -319,6 +319,7 @@ print(json.dumps(sums))
 
 
 @pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="mprotect through libc: Linux")
+@pytest.mark.slow
 def test_bf16_words_read_nothing_outside_the_tensor(tmp_path):
     """A tensor that starts and ends next to a page that cannot be read: the word
     loop reads one element before each block but the piece's first. Run in a
@@ -408,6 +409,7 @@ print(json.dumps(out))
 
 @pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="glibc's fenv through ctypes: Linux")
 @pytest.mark.parametrize("pool", ["openmp", "own"])
+@pytest.mark.slow
 def test_the_callers_floating_point_modes_rule_every_thread(pool):
     """torch.set_flush_denormal(True) (and fesetround) set the calling thread's
     modes only; the helper threads run each call's tasks under the caller's, so
@@ -453,6 +455,7 @@ print(json.dumps(out))
 
 
 @pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="glibc's fenv through ctypes: Linux")
+@pytest.mark.slow
 def test_bf16_words_raise_no_exception_of_their_own(tmp_path):
     """The float32 word of an inf and its neighbour is a signalling NaN, that of
     a zero and its neighbour a subnormal: converting them must neither trap
@@ -552,6 +555,7 @@ print(json.dumps({"isa": _C.isa(), "norm": fastnorm.total_norm([x]).double().ite
 """
 
 
+@pytest.mark.slow
 def test_fastnorm_isa_is_read_once_per_process():
     """The variable (or its older name) picks the kernels of a new process; the
     others are compared in this one (use_isa), bit for bit, above."""
@@ -574,6 +578,7 @@ except ValueError as exc:
 
 
 @pytest.mark.parametrize("variable", ["FASTNORM_ISA", "FASTNORM_CPU_ISA"])
+@pytest.mark.slow
 def test_an_unknown_instruction_set_raises_naming_the_known_ones(variable):
     """A mistyped value raises at every use of the CPU backend, as a mistyped
     FASTNORM_BACKEND does; the torch backend does not silently take over."""
@@ -622,7 +627,8 @@ def _cpu_flags() -> set[str] | None:
     return set(match.group(1).split()) if match else None
 
 
-def test_info_reports_the_widest_instruction_set_the_cpu_has():
+@pytest.mark.slow
+def test_info_reports_the_widest_instruction_set_the_cpu_has(capsys):
     flags = _cpu_flags()
     if flags is None or "sse2" not in flags:
         pytest.skip("checks the x86 flags Linux reports")
@@ -632,8 +638,10 @@ def test_info_reports_the_widest_instruction_set_the_cpu_has():
         if {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= flags:
             expected.append("avx512")
     assert ISAS == expected
-    result = run_python(["-m", "fastnorm", "info"], TRITON_INTERPRET="0")
-    assert f"C++ kernels: {expected[-1]} (this CPU supports {', '.join(expected)})" in result.stdout
+    from fastnorm.cli import main
+
+    assert main(["info"]) == 0
+    assert f"C++ kernels: {expected[-1]} (this CPU supports {', '.join(expected)})" in capsys.readouterr().out
 
 
 def test_clock_is_measured():

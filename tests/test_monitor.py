@@ -124,6 +124,7 @@ def test_exception_in_the_loop_loses_nothing(tmp_path):
     monitor.close()  # twice is harmless
 
 
+@pytest.mark.slow
 def test_unclosed_monitor_is_flushed_at_exit(tmp_path):
     path = tmp_path / "metrics.jsonl"
     code = (
@@ -487,6 +488,7 @@ def test_an_unclosed_monitor_delivers_when_collected(tmp_path):
     assert [line["gradient_norm"] for line in lines] == [float(i) for i in range(7)]
 
 
+@pytest.mark.slow
 def test_one_exit_hook_for_every_monitor():
     import atexit
     import tracemalloc

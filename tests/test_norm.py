@@ -256,6 +256,7 @@ def test_nan_and_inf_propagate(backend, p, bad):
     assert math.isnan(fastnorm.total_norm(tensors, p).item())
 
 
+@pytest.mark.slow
 def test_accuracy_at_scale_beats_naive_float32():
     # Positive values make a float32 running sum drift by percents at this size;
     # float64 accumulation must stay within 5e-6 of the oracle, and within

@@ -352,6 +352,7 @@ print(json.dumps(results))
 @pytest.mark.skipif(cpp._C is None, reason="the C++ kernels are not built")
 @pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="mprotect through libc: Linux")
 @pytest.mark.parametrize("pool", ["openmp", "own"])
+@pytest.mark.slow
 def test_a_gradient_that_moved_is_never_read_at_its_old_address(pool):
     """The kernel starts on the cached plan while the check runs: a gradient
     that failed the check (the first, one in the middle, the last) or lies
@@ -401,6 +402,7 @@ print(json.dumps(results))
 @pytest.mark.skipif(cpp._C is None, reason="the C++ kernels are not built")
 @pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="mprotect through libc: Linux")
 @pytest.mark.parametrize("pool", ["openmp", "own"])
+@pytest.mark.slow
 def test_a_moved_gradient_that_shares_its_task_is_never_read_at_its_old_address(pool):
     """Several small gradients share each task: a task waits for the last
     gradient it reads, so one that moved in the middle of its task (not its
@@ -449,6 +451,7 @@ print("done")
 
 @pytest.mark.skipif(cpp._C is None, reason="the C++ kernels are not built")
 @pytest.mark.parametrize("pool", ["openmp", "own"])
+@pytest.mark.slow
 def test_two_threads_reading_through_a_torch_function_mode_do_not_deadlock(pool):
     """The check of a cached plan may run Python code (here a TorchFunctionMode
     on every attribute read), and so hand the GIL to another thread that calls
@@ -508,6 +511,7 @@ print(json.dumps(results))
 @pytest.mark.skipif(cpp._C is None, reason="the C++ kernels are not built")
 @pytest.mark.parametrize("pool", ["openmp", "own"])
 @pytest.mark.parametrize("numel", [1 << 12, 1 << 20], ids=["reused", "unmapped"])
+@pytest.mark.slow
 def test_a_gradient_dropped_during_the_check_is_read_as_it_was(pool, numel):
     """Python code that runs while a cached plan is checked, or a new one reads
     the gradients (a TorchFunctionMode), drops a gradient read already: the
@@ -575,6 +579,7 @@ print(json.dumps(results))
 @pytest.mark.skipif(cpp._C is None, reason="the C++ kernels are not built")
 @pytest.mark.parametrize("pool", ["openmp", "own"])
 @pytest.mark.parametrize("numel", [1 << 12, 1 << 18], ids=["one-thread", "overlapped"])
+@pytest.mark.slow
 def test_an_exception_raised_during_the_check_propagates_with_nothing_written(pool, numel):
     """A KeyboardInterrupt (or any exception but those a changed gradient raises)
     from Python code the cached plan's check runs propagates from total_norm,
