@@ -47,7 +47,8 @@ _ROWS = 3
 
 
 class UnstableGradientWarning(UserWarning):
-    """The gradient-norm diagnosis turned unstable (diverged, exploding, vanishing, nonfinite or stalled)."""
+    """The gradient-norm diagnosis turned unstable (diverged, exploding, vanishing, nonfinite or stalled), or
+    found a new unstable event: one that began after the last warning, or a new kind and first action."""
 
 
 class RecoveredWarning(UserWarning):
