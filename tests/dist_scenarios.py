@@ -14,7 +14,7 @@ import traceback
 
 import torch
 import torch.distributed as dist
-from torch.distributed.tensor import Replicate, Shard, distribute_tensor, init_device_mesh
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor, init_device_mesh
 from torch.distributed.tensor.placement_types import Partial
 
 import fastnorm
@@ -119,8 +119,6 @@ def nan_on_one_rank(rank: int, world: int) -> dict:
 
 def partial_is_rejected(rank: int, world: int) -> dict:
     mesh = init_device_mesh("cpu", (world,))
-    from torch.distributed.tensor import DTensor
-
     pending = DTensor.from_local(torch.randn(4), mesh, [Partial()])
     try:
         fastnorm.total_norm([pending])
@@ -183,7 +181,7 @@ def dtensor_norm_given_to_clip(rank: int, world: int) -> dict:
     params = []
     for t, pl in zip(full, [Shard(0), Shard(1), Replicate(), Shard(0), Shard(0)]):
         param = torch.nn.Parameter(distribute_tensor(torch.zeros_like(t), mesh, [pl]))
-        param.grad = distribute_tensor(t, mesh, [pl])
+        param.grad = distribute_tensor(t.clone(), mesh, [pl])  # Replicate() would share t's memory
         params.append(param)
     grads = [q.grad for q in params]
     norm = torch.nn.utils.get_total_norm(grads)
@@ -193,6 +191,15 @@ def dtensor_norm_given_to_clip(rank: int, world: int) -> dict:
     expected = [t * min(1.0, 1.0 / (norm.full_tensor().item() + 1e-6)) for t in full]
     fastnorm.clip_(params, 1.0, total_norm=norm)
     out["max_grad_diff"] = max(
+        (q.grad.full_tensor() - e).abs().max().item() for q, e in zip(params, expected)
+    )
+    # A norm still in partial sums (each rank holds a share): its full value is the sum.
+    share = torch.tensor(norm.full_tensor().item() / world)
+    partial = DTensor.from_local(share, mesh, [Partial()])
+    for q, t in zip(params, full):
+        q.grad = distribute_tensor(t.clone(), mesh, q.grad.placements)
+    fastnorm.clip_(params, 1.0, total_norm=partial)
+    out["partial_max_grad_diff"] = max(
         (q.grad.full_tensor() - e).abs().max().item() for q, e in zip(params, expected)
     )
     return out

@@ -127,6 +127,7 @@ def test_a_dtensor_norm_given_to_clip_is_its_full_value(ranks):
         got, expected = record["total_norm"]
         assert got == pytest.approx(expected, rel=1e-6)
         assert record["max_grad_diff"] <= 1e-6
+        assert record["partial_max_grad_diff"] <= 1e-6  # a Partial norm: its sum, not the local share
 
 
 def test_cached_plan_follows_dtensor_gradients(ranks):
