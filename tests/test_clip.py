@@ -11,7 +11,7 @@ import torch
 
 import fastnorm
 import reference
-from helpers import refused, run_python, serves, use_backend
+from helpers import NoMemoryWrapper, refused, run_python, serves, use_backend
 
 
 def make_params(shapes, dtype=torch.float32, seed=0, scale=1.0):
@@ -541,22 +541,6 @@ def test_compiled_clip_follows_the_item_rule():
     assert norm.item() > 1.0 and shard_norm.item() > 1.0
 
 
-class _Wrapper(torch.Tensor):
-    """A wrapper subclass: a tensor with no memory of its own, as some frameworks pass."""
-
-    @staticmethod
-    def __new__(cls, inner):
-        return torch.Tensor._make_wrapper_subclass(cls, inner.shape, dtype=inner.dtype, device=inner.device)
-
-    def __init__(self, inner):
-        self.inner = inner
-
-    @classmethod
-    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        unwrap = lambda t: t.inner if isinstance(t, _Wrapper) else t  # noqa: E731
-        return func(*map(unwrap, args), **{k: unwrap(v) for k, v in (kwargs or {}).items()})
-
-
 @pytest.mark.parametrize(
     "norm, error, match",
     [
@@ -574,7 +558,7 @@ def test_a_total_norm_that_cannot_be_a_norm_raises_before_anything_is_written(ba
     params = make_params(SHAPES, seed=3)
     before = [q.grad.clone() for q in params]
     if isinstance(norm, str):
-        norm = _Wrapper(torch.tensor(1.0))
+        norm = NoMemoryWrapper(torch.tensor(1.0))
     with pytest.raises(error, match=match):
         fastnorm.clip_(params, 0.1, total_norm=norm)
     assert all(torch.equal(q.grad, b) for q, b in zip(params, before))

@@ -14,6 +14,7 @@ import torch
 import fastnorm
 import reference
 from fastnorm.integrations import patch as patching
+from helpers import NoMemoryWrapper
 from stack_harness import TORCH, Monitor, one_rank
 
 ORIGINALS = {
@@ -226,29 +227,13 @@ def test_the_replacements_record_no_autograd_graph():
 # -- no tensor a framework passes crashes the process --------------------------------------------------
 
 
-class Wrapper(torch.Tensor):
-    """A wrapper subclass with no memory of its own."""
-
-    @staticmethod
-    def __new__(cls, inner):
-        return torch.Tensor._make_wrapper_subclass(cls, inner.shape, dtype=inner.dtype, device=inner.device)
-
-    def __init__(self, inner):
-        self.inner = inner
-
-    @classmethod
-    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        unwrap = lambda t: t.inner if isinstance(t, Wrapper) else t  # noqa: E731
-        return func(*map(unwrap, args), **{k: unwrap(v) for k, v in (kwargs or {}).items()})
-
-
 BAD_NORMS = {
     "meta": (lambda: torch.empty((), device="meta"), ValueError, "meta"),
     "sparse": (lambda: torch.tensor([[5.0]]).to_sparse(), TypeError, "dense"),
     "integer": (lambda: torch.tensor(5), TypeError, "floating-point"),
     "two-values": (lambda: torch.tensor([5.0, 5.0]), ValueError, "one value"),
     "complex": (lambda: torch.tensor(5.0 + 0j), TypeError, "floating-point"),
-    "wrapper-subclass": (lambda: Wrapper(torch.tensor(5.0)), TypeError, "torch.Tensor or a DTensor"),
+    "wrapper-subclass": (lambda: NoMemoryWrapper(torch.tensor(5.0)), TypeError, "torch.Tensor or a DTensor"),
     "a-float": (lambda: 5.0, TypeError, "must be a Tensor"),
 }
 
