@@ -55,7 +55,7 @@ def _inside(module: str) -> bool:
     return module.partition(".")[0] == "fastnorm" or module == "torch.utils._contextlib"
 
 
-def _warn_if_no_gradient(fn: str, count: int, plan: Plan | None) -> None:
+def warn_if_no_gradient(fn: str, count: int, plan: Plan | None) -> None:
     """The traps that return 0 silently in torch: parameters before ``backward()``,
     or tensors that ``clip_`` skips (a ``state_dict()``'s values, a list of ``.grad``)."""
     if count == 0:
@@ -203,7 +203,7 @@ def total_norm(
         custom_ops.check_compilable("total_norm", group, error_if_nonfinite)
         return torch.ops.fastnorm.total_norm(custom_ops.traced_gradients(items, "total_norm"), p)
     norm, plan = _eager.total_norm(items, p, group, error_if_nonfinite)
-    _warn_if_no_gradient("total_norm", len(items), plan)
+    warn_if_no_gradient("total_norm", len(items), plan)
     return norm
 
 
@@ -278,7 +278,7 @@ def clip_(
         torch.ops.fastnorm.scale_(grads, total_norm, bound)
         return total_norm
     norm, plan = _eager.clip(targets, bound, p, group, error_if_nonfinite, given)
-    _warn_if_no_gradient("clip_", len(items), plan if targets else None)
+    warn_if_no_gradient("clip_", len(items), plan if targets else None)
     return norm if total_norm is None else total_norm
 
 
@@ -327,5 +327,5 @@ def tensor_norms(
         grads = custom_ops.traced_gradients(items, "tensor_norms", keep_missing=True)
         return torch.ops.fastnorm.tensor_norms(grads, p)
     total, per_item, plan = _eager.tensor_norms(items, p, group)
-    _warn_if_no_gradient("tensor_norms", len(items), plan)
+    warn_if_no_gradient("tensor_norms", len(items), plan)
     return total, per_item

@@ -266,7 +266,7 @@ class StepClipper:
             norm = wide = _norm.total_norm(params, self.norm_type, group=self.group)
         else:
             wide, plan = _eager.total_norm(params, self.norm_type, self.group, False, torch.float64)
-            _norm._warn_if_no_gradient("StepClipper.arm", len(params), plan)
+            _norm.warn_if_no_gradient("StepClipper.arm", len(params), plan)
             norm = wide.to(plan.result_dtype)
         if self.skip_nonfinite:
             self._nonfinite = torch.isfinite(norm).logical_not_().to(torch.float32)
