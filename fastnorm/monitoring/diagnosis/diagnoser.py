@@ -404,11 +404,18 @@ class Diagnoser:
         if read.kind != DIVERGED:
             return self._stall(read.never, read.start, read.detail, loss, found, last)
         onset = self._lr_onset(read.start, read.turn)  # a cause logged before the loss turned dates it
+        if read.norm_rose:
+            detail = f"the norm rose from step {onset} (from {level(read.base)} to {level(read.peak)}); "
+        else:
+            detail = (
+                f"the loss lost all it had learned from step {onset}, while the norm stayed within its band "
+                f"({level(read.base)} before, {level(read.peak)} at most after); "
+            )
         return Event(
             DIVERGED,
             onset,
             last if read.end is None else read.end,
-            f"the norm rose from step {onset} (from {level(read.base)} to {level(read.peak)}); {read.detail}",
+            detail + read.detail,
             (*self._explode_actions(read.peak, read.base, onset, found), advice.resume_action(onset)),
         )
 
