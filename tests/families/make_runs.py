@@ -782,7 +782,7 @@ SPECS = [
         {"seed": 31, "factor": 1000.0},
         {"seed": 131, "factor": 500.0},
         {"seed": 231, "factor": 2000.0},
-        {"seed": 331, "factor": 800.0},
+        {"seed": 331, "factor": 1200.0},
     ),
     Spec(
         "cnn-lr-too-high",
@@ -802,7 +802,7 @@ SPECS = [
         {"seed": 33},
         {"seed": 133, "every": 5, "factor": 1000.0},
         {"seed": 233, "every": 10, "factor": 500.0},
-        {"seed": 333, "every": 5, "factor": 700.0},
+        {"seed": 333, "every": 5, "factor": 5000.0},
     ),
     Spec(
         "iris-shuffled-labels",
@@ -872,7 +872,7 @@ SPECS = [
         {"seed": 40, "decay": 200.0},
         {"seed": 140, "decay": 100.0},
         {"seed": 240, "decay": 150.0},
-        {"seed": 340, "decay": 80.0},
+        {"seed": 340, "decay": 120.0},
     ),
     Spec(
         "wine-weight-decay",
