@@ -5,7 +5,8 @@ exploding > vanishing > stalled > stable ("too few points" below 5 norms). Every
 event carries its own actions, the first chosen from :class:`~fastnorm.monitoring.
 diagnosis.advice.Evidence`: what the log showed of the learning rate, the
 optimizer's settings, the precision and the loss (see ``advice``). A blow-up in
-the loss's first steps is a divergence from the run's start, not a stall; a
+the loss's first steps is a divergence from the run's start, not a stall (one
+outlier batch, the next step's loss back at its level, is no blow-up); a
 blow-up that follows a learning-rate change is dated from the change (a jump's
 step, a ramp's foot); a burst of the norm that came back while the loss held is
 a spike the run rode out.
@@ -408,8 +409,8 @@ class Diagnoser:
             detail = f"the norm rose from step {onset} (from {level(read.base)} to {level(read.peak)}); "
         else:
             detail = (
-                f"the loss lost all it had learned from step {onset}, while the norm stayed within its band "
-                f"({level(read.base)} before, {level(read.peak)} at most after); "
+                f"the loss lost all it had learned from step {onset}, without a rise of the norm to go with "
+                f"it ({level(read.base)} before, {level(read.peak)} at most after); "
             )
         return Event(
             DIVERGED,

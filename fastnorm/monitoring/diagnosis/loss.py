@@ -2,10 +2,13 @@
 
 The loss, when logged, is a second signal: a norm departure followed by a loss
 that jumps and stays up, or that climbs above its initial level and has to learn
-again, is a divergence; a loss that never improves (over at least 200 steps), or
-returns to its initial level, is a stall; a norm that rises (or falls) by orders
-of magnitude while the loss falls is healthy (a model leaving a small
-initialisation; a loss approaching its minimum).
+again, is a divergence, as is a loss that climbs above its initial level and
+stays there above chance, whatever the norm did; a loss that never improves
+(over at least 200 steps), returns to its initial level or settles at chance, or
+stops early far above where it can go (a plateau), is a stall; a norm that rises
+(or falls) by orders of magnitude while the loss falls is healthy (a model
+leaving a small initialisation; a loss approaching its minimum, also one that
+falls by fractions of its own level near 0).
 """
 
 from __future__ import annotations
