@@ -1000,3 +1000,98 @@ def test_one_bad_batch_below_the_runs_start_is_no_early_blowup():
     assert d.verdict == "stable", d.report()
     loss[8] = 0.9  # above the start: a blow-up in the run's first steps
     assert diagnose(steps, noise(3, n=len(steps), sigma=0.3), loss=(steps, loss)).verdict == "diverged"
+
+
+# ----------------------------------------------------------------------------
+# Outlier batches, losses near 0, losses that lost all, rises while the loss still learns
+# ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_one_outlier_batch_in_a_log_of_every_step_is_no_early_blowup(seed):
+    # A healthy regression, logged every step: the batch of step 50 holds one gross outlier target, its
+    # loss 800x the level and above the run's start; the next step's loss, another batch through the
+    # updated model, is back at the level. That batch, not the model: a spike, never an early blow-up.
+    steps, values, loss = series_with(learning, n=400, seed=seed, sigma=0.2)
+    loss[50], values[50] = 800 * loss[49], 30 * values[50]
+    d = diagnose(steps, values, loss=(steps, loss))
+    assert d.verdict == "stable" and kinds(d) == ["spike"], d.report()
+    loss[51] = 600 * loss[49]  # the next step as high: the model blew up, not one batch
+    assert diagnose(steps, values, loss=(steps, loss)).verdict == "diverged"
+
+
+def test_a_loss_near_zero_that_falls_further_as_the_norm_shrinks_is_a_healthy_decay():
+    # A log of every 10th step of a classifier that fell from 1.1 to 0.002 by step 100, then on to 4e-7 as
+    # its norm shrank 4.7 orders of magnitude. Falling 0.002 is less than 5% of the run's start, yet it is
+    # the loss's whole level: a loss approaching its minimum, a healthy decay, not vanishing gradients.
+    steps = list(range(0, 1000, 10))
+
+    def level(s):
+        return 1.1 * math.exp(-s / 15) + 2e-3 * 10 ** (-3.7 * max(0, s - 100) / 900)
+
+    rng = random.Random(5)
+    loss = [level(s) * 10 ** rng.gauss(0.0, 0.15) for s in steps]
+    values = [v * 10 ** (-4.7 * max(0, s - 100) / 900) for s, v in zip(steps, noise(5, n=len(steps)))]
+    d = diagnose(steps, values, loss=(steps, loss), lr={0: 0.01})
+    assert d.verdict == "stable" and kinds(d) == ["decay"], d.report()
+    assert "while the loss fell" in d.events[0].detail
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_loss_that_climbs_above_its_start_and_chance_is_diverged_whatever_the_norm(seed):
+    # A recurrent net learned from 0.69 (ln 2) to 0.13; at K its learning rate jumps 150x and its loss goes
+    # to 0.83, above its start and above chance, while its norm, bursting 0.4 orders a step, stays within
+    # the band its bursts widened. Worse than a model that predicts nothing: diverged, from the jump.
+    values = noise(seed, sigma=0.4)
+    loss = losses(seed, lambda i: 0.13 + 0.56 * math.exp(-i / 40) if i < K else 0.83, sigma=0.05)
+    lr = {i: 0.003 if i < K else 0.45 for i in range(N)}
+    d = diagnose(range(N), values, loss=loss, lr=lr)
+    assert d.verdict == "diverged" and d.onset == K, d.report()
+    assert "without a rise of the norm to go with it" in only(d, "diverged").detail
+    assert first_action(d) == "lower_lr" and f"jumped 150x at step {K}" in d.actions[0]
+
+
+def test_a_loss_that_settles_at_chance_above_its_start_is_a_stall():
+    # Four classes: the loss fell from 1.45 within its first 5 points (their median 1.2), learned to 0.13,
+    # then went back to ln 4 as a weight decay held the weights at 0: its outputs uniform. Above its start,
+    # but at chance: it predicts nothing, no worse. A stall, not a divergence.
+    def level(i):
+        return 1.45 * math.exp(-i / 12) + 0.13 if i < K else math.log(4)
+
+    steps, values, loss = series_with(level, sigma=0.002)
+    d = diagnose(steps, values, loss=(steps, loss))
+    assert d.verdict == "stalled" and d.onset == K, d.report()
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_rise_while_the_loss_still_learns_does_not_date_its_divergence(seed):
+    # A recurrent net's norm grows tenfold as it learns, bursting out of its band from K - 70 while its loss
+    # falls on from 0.23 to its best (0.18, at K); at K its learning rate jumps (not logged): its loss blows
+    # up to about 3, moving by its whole level from step to step, and its norm to 1e4. The departure began
+    # while the run still learned: the loss's turn dates the divergence, not the departure's start (a burst
+    # that left the band within a smoothed loss point of the turn, 25 points, may: the norm is read every
+    # step).
+    def norm(i):
+        if i >= K + 3:
+            return 1e4
+        return 10.0 if i >= K - 70 and i % 4 else 1.0
+
+    rng = random.Random(seed)
+    loss = [
+        0.1 + 0.6 * math.exp(-i / 150) + 0.01 * rng.random() if i < K else 3 * rng.random() for i in range(N)
+    ]
+    d = diagnose(range(N), scaled(seed, norm), loss=(range(N), loss))
+    assert d.verdict == "diverged" and K - 25 <= d.onset <= K + 3, d.report()
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_loss_that_follows_its_batches_ends_above_its_start_only_above_its_first_points(seed):
+    # BatchNorm on batches of 2: each step's loss is its batch's (an exponential around a level of 0.7), and
+    # the first five happen to be low, their median 0.3. The end, at 0.7, lies above that start, but not
+    # above the loss's first 25 points: the start was its noise. It lost nothing it had learned: no
+    # divergence.
+    rng = random.Random(seed)
+    n = 300
+    loss = [0.3, 0.35, 0.25, 0.4, 0.3] + [0.7 * rng.expovariate(1.0) / math.log(2) for _ in range(n - 5)]
+    d = diagnose(range(n), noise(seed, n=n), loss=(range(n), loss), lr={0: 0.01})
+    assert d.verdict == "stalled", d.report()

@@ -882,7 +882,7 @@ MUTANTS = [
     {
         "name": "diagnosis-early-blowup-moves-with-its-way-down",
         "path": "fastnorm/monitoring/diagnosis/loss.py",
-        "old": "                while j < len(ys) and ys[j] > 5 * before:\n                    j += 1\n",
+        "old": "            while j < len(ys) and ys[j] > 5 * before:\n                j += 1\n",
         "new": "",
         "tests": ["tests/test_diagnosis.py::test_a_blowup_in_a_thinned_logs_first_window_is_seen_there"],
         "what": "an early blow-up is measured against moves that hold its own way down",
@@ -967,8 +967,8 @@ MUTANTS = [
     {
         "name": "diagnosis-early-blowup-missed",
         "path": "fastnorm/monitoring/diagnosis/loss.py",
-        "old": "            if before > 0 and ys[i] > 5 * before and ys[i] > max(ys[:i]):",
-        "new": "            if before > 0 and ys[i] > 50 * before and ys[i] > max(ys[:i]):",
+        "old": "            if not (before > 0 and ys[i] > 5 * before and ys[i] > max(ys[:i])):",
+        "new": "            if not (before > 0 and ys[i] > 50 * before and ys[i] > max(ys[:i])):",
         "tests": [
             "tests/test_diagnosis.py::test_a_blowup_in_the_first_steps_then_a_loss_at_chance_is_diverged_not_stalled"
         ],
@@ -1018,16 +1018,16 @@ MUTANTS = [
     {
         "name": "diagnosis-chance-named-by-a-noisy-loss",
         "path": "fastnorm/monitoring/diagnosis/loss.py",
-        "old": "        if self.noise_tol < up and abs(self.final - at)",
-        "new": "        if abs(self.final - at)",
+        "old": "        return k if self.noise_tol < up and abs(self.final - at)",
+        "new": "        return k if abs(self.final - at)",
         "tests": ["tests/test_diagnosis.py::test_a_loss_too_noisy_to_name_its_classes_is_not_at_chance"],
         "what": "a loss whose noise spans more than the gap to ln(k+1) is read as at chance for k classes",
     },
     {
         "name": "diagnosis-chance-start-within-3-percent",
         "path": "fastnorm/monitoring/diagnosis/loss.py",
-        "old": "and -down <= self.first - at <= up:",
-        "new": "and abs(self.first - at) < 0.03 * at:",
+        "old": "        return k if -down <= self.first - at <= up else None",
+        "new": "        return k if abs(self.first - at) < 0.03 * at else None",
         "tests": [
             "tests/test_diagnosis.py::test_a_loss_at_chance_after_its_initial_offset_checks_the_labels"
         ],
@@ -1066,8 +1066,8 @@ MUTANTS = [
     {
         "name": "diagnosis-one-batch-below-the-start-blows-up",
         "path": "fastnorm/monitoring/diagnosis/loss.py",
-        "old": " and ys[i] > max(ys[:i]):",
-        "new": ":",
+        "old": " and ys[i] > max(ys[:i])):",
+        "new": "):",
         "tests": ["tests/test_diagnosis.py::test_one_bad_batch_below_the_runs_start_is_no_early_blowup"],
         "what": "one batch 25x its level but below the run's start is read as an early blow-up",
     },
@@ -1112,6 +1112,105 @@ MUTANTS = [
         "new": "        if False:\n            return",
         "tests": ["tests/test_monitor.py::test_the_offline_diagnosis_sees_what_the_online_one_saw"],
         "what": "the window's last learning rate, read again beside its changes, ends a warmup online only",
+    },
+    {
+        "name": "diagnosis-early-blowup-of-one-batch",
+        "path": "fastnorm/monitoring/diagnosis/loss.py",
+        "old": "if nxt < len(ys) and self.steps[nxt] - self.steps[i] <= 1 and not ys[nxt] > 5 * before:",
+        "new": "if False:",
+        "tests": [
+            "tests/test_diagnosis.py::test_one_outlier_batch_in_a_log_of_every_step_is_no_early_blowup"
+        ],
+        "what": "one outlier batch, the next step's loss back at its level, reads as an early blow-up",
+    },
+    {
+        "name": "diagnosis-early-blowup-needs-the-next-point-of-a-thinned-log",
+        "path": "fastnorm/monitoring/diagnosis/loss.py",
+        "old": "if nxt < len(ys) and self.steps[nxt] - self.steps[i] <= 1 and not ys[nxt] > 5 * before:",
+        "new": "if nxt < len(ys) and not ys[nxt] > 5 * before:",
+        "tests": [
+            "tests/test_diagnosis.py::test_one_bad_batch_below_the_runs_start_is_no_early_blowup",
+            "tests/test_families.py",
+        ],
+        "what": "a thinned log's blow-up must still show at its next point, steps later, after it recovered",
+    },
+    {
+        "name": "diagnosis-plateau-of-a-loss-still-falling",
+        "path": "fastnorm/monitoring/diagnosis/loss.py",
+        "old": "        if earlier - later >= self.stall_fraction * abs(earlier):",
+        "new": "        if False:",
+        "tests": [
+            "tests/test_families.py::test_a_floor_reached_early_that_the_loss_keeps_falling_from_is_no_plateau"
+        ],
+        "what": "a loss that fell to its floor early and kept falling 9% over the rest reads as a plateau",
+    },
+    {
+        "name": "diagnosis-decay-near-zero-by-its-start",
+        "path": "fastnorm/monitoring/diagnosis/loss.py",
+        "old": "        return b < a - self.tol or (b <= 0.5 * a and b < a - self.noise_tol)",
+        "new": "        return b < a - self.tol",
+        "tests": [
+            "tests/test_diagnosis.py::"
+            "test_a_loss_near_zero_that_falls_further_as_the_norm_shrinks_is_a_healthy_decay"
+        ],
+        "what": "a loss near 0 that falls 100x further is held to 5% of its start: its decay reads vanishing",
+    },
+    {
+        "name": "diagnosis-lost-all-only-with-the-norm",
+        "path": "fastnorm/monitoring/diagnosis/loss.py",
+        "old": "    lost = shape.above and end is None and loss.ended_at_chance() is None",
+        "new": "    lost = False",
+        "tests": [
+            "tests/test_diagnosis.py::test_a_loss_that_climbs_above_its_start_and_chance_is_diverged_whatever_the_norm"
+        ],
+        "what": "a loss above its start and chance is a stall unless the norm left its band with it",
+    },
+    {
+        "name": "diagnosis-lost-all-at-chance",
+        "path": "fastnorm/monitoring/diagnosis/loss.py",
+        "old": "    lost = shape.above and end is None and loss.ended_at_chance() is None",
+        "new": "    lost = shape.above and end is None",
+        "tests": ["tests/test_diagnosis.py::test_a_loss_that_settles_at_chance_above_its_start_is_a_stall"],
+        "what": "a loss back at ln k, above a start that had already fallen, reads as a divergence",
+    },
+    {
+        "name": "diagnosis-lost-all-above-a-noisy-start",
+        "path": "fastnorm/monitoring/diagnosis/loss.py",
+        "old": "robust = not self.noisy or self.final > start_level + max(self.tol, 0.1 * abs(start_level))",
+        "new": "robust = True",
+        "tests": [
+            "tests/test_diagnosis.py::"
+            "test_a_loss_that_follows_its_batches_ends_above_its_start_only_above_its_first_points"
+        ],
+        "what": "a loss that follows its batches ends above its start whenever its first 5 points were low",
+    },
+    {
+        "name": "diagnosis-rise-while-learning-dates-the-divergence",
+        "path": "fastnorm/monitoring/diagnosis/loss.py",
+        "old": " or loss.improved_after(a, start)",
+        "new": "",
+        "tests": [
+            "tests/test_diagnosis.py::test_a_rise_while_the_loss_still_learns_does_not_date_its_divergence"
+        ],
+        "what": "a bursty rise under way while the loss went on to its best dates the divergence",
+    },
+    {
+        "name": "diagnosis-improved-after-by-the-whole-runs-noise",
+        "path": "fastnorm/monitoring/diagnosis/loss.py",
+        "old": "        part = self.ys[i:j]\n",
+        "new": "        part = self.ys\n",
+        "tests": [
+            "tests/test_diagnosis.py::test_a_rise_while_the_loss_still_learns_does_not_date_its_divergence"
+        ],
+        "what": "whether the loss still learned is read against the whole run's noise, its blow-up included",
+    },
+    {
+        "name": "diagnosis-chance-overflows-on-a-blowup",
+        "path": "fastnorm/monitoring/diagnosis/loss.py",
+        "old": "        if not 0.5 < self.final < math.log(100_000.5):",
+        "new": "        if not 0.5 < self.final:",
+        "tests": ["tests/test_families.py"],
+        "what": "the chance level of a loss that blew up to 1e6 overflows exp and the diagnosis raises",
     },
     {
         "name": "monitoring-imports-the-compute-core",
@@ -1184,6 +1283,14 @@ MUTANTS = [
         "new": '        return next((s for s, v in self.warnings if v != "recovered"), None)',
         "tests": ["tests/test_families.py::test_a_warning_before_the_fault_is_a_false_alarm_not_a_lead"],
         "what": "the families scorer counts a warning given before the fault as a warning of it, in time",
+    },
+    {
+        "name": "families-blowup-of-one-batch",
+        "path": "tests/families/make_runs.py",
+        "old": "            if level(losses, i, i + HOLD) > 10 * before[len(before) // 2]:",
+        "new": "            if True:",
+        "tests": ["tests/test_families.py::test_the_generator_counts_a_blowup_only_where_it_holds"],
+        "what": "the generator's blow-up (and its check that a cause acted) takes one batch 10x its level",
     },
     # ------------------------------------------------------------------
     # The HF Trainer callback (fastnorm/integrations/hf.py)

@@ -4,6 +4,7 @@
     python tests/families/make_runs.py --set tuning      # the runs the diagnosis is tuned on
     python tests/families/make_runs.py --set tuning2     # a rerun on other seeds and onsets, tuned on too
     python tests/families/make_runs.py --set tuning3     # a second rerun, held out until looked at
+    python tests/families/make_runs.py --set tuning4     # a third rerun, held out until looked at
     python tests/families/make_runs.py --set heldout     # the rerun kept out of the tuning
     python tests/families/make_runs.py NAME ...          # some runs (a name of every set)
     python tests/families/make_runs.py --list            # names, family and cause
@@ -17,10 +18,10 @@ breast_cancer and diabetes, a tanh autoencoder of the digits, and precision
 variants (fp16 autocast with and without a GradScaler, pure bf16). Each run is a
 spec: a family, a cause (or none: healthy) and the keyword arguments of its run
 in each set, each set on its own seeds, with other onsets and, where it makes
-sense, other magnitudes and logging intervals. ``tuning``, ``tuning2`` and
-``tuning3`` (the first and second held-out reruns, each looked at since) are
-what the diagnosis is tuned on; ``heldout`` is scored once the code is final
-and never tuned on.
+sense, other magnitudes and logging intervals. ``tuning`` and ``tuning2`` to
+``tuning4`` (the first three held-out reruns, each looked at since) are what
+the diagnosis is tuned on; ``heldout`` is scored once the code is final and
+never tuned on.
 
 Each run logs through fastnorm's own path, as a user's loop would: a
 GradNormMonitor told the optimizer (its learning rate and settings read once per
@@ -34,12 +35,14 @@ log is kept as ``metrics.csv`` (values to 4 significant digits, a few KB) beside
 * ``verdicts``: the acceptable verdicts; ``onset``: the step the fault was
   injected (None when healthy); ``actions``: the acceptable first actions (ids);
   ``abrupt``: the fault is a one-step change;
-* ``blowup_step``: the first step whose loss is not finite or 10x its running
-  level (the median of the 20 losses before it), from every step's loss; None if none.
+* ``blowup_step``: the first step whose loss is not finite, or 10x its running
+  level (the median of the 20 losses before it) and held there (the median of
+  the 10 steps from it 10x that level too), from every step's loss; None if none.
 
 A spec whose injected cause does not do what it should (a learning-rate jump the
-run survives, labels that still teach something) stops the script with the
-measurement, rather than writing a truth that the run does not bear out.
+run survives, or whose loss only blips for a batch; labels that still teach
+something) stops the script with the measurement, rather than writing a truth
+that the run does not bear out.
 """
 
 from __future__ import annotations
@@ -66,7 +69,7 @@ from torch import nn
 import fastnorm
 
 HERE = Path(__file__).resolve().parent
-SETS = ("tuning", "tuning2", "tuning3", "heldout")
+SETS = ("tuning", "tuning2", "tuning3", "tuning4", "heldout")
 STEPS = 300
 THINNED_STEPS = 1000  # a log of every 10th step: 100 points
 KEEP = ("gradient_norm", "gradient_norm_loss", "gradient_norm_lr")  # and the settings, by prefix
@@ -298,14 +301,21 @@ def reconstruction(model, x, y):
 # ----------------------------------------------------------------------------
 
 
+HOLD = 10  # steps a blow-up holds for: the diagnosis's sustain, over which a level counts as sustained
+
+
 def blowup_step(losses: list[float], start: int = 0) -> int | None:
-    """The first step from ``start`` whose loss is not finite, or 10x the median of the 20 before it."""
+    """The first step from ``start`` whose loss is not finite, or 10x the median of the 20 before it and held
+    there: the median of the ``HOLD`` steps from it 10x that level too (non-finite losses counted as
+    infinite). One batch 10x a loss near 0, the next steps back at its level, is that batch, not a blow-up:
+    a learning-rate jump whose run only went on learning would otherwise pass for one that acted."""
     for i, v in enumerate(losses[start:], start):
         if not math.isfinite(v):
             return i
         before = sorted(losses[max(0, i - 20) : i])
         if len(before) >= 3 and v > 10 * before[len(before) // 2]:
-            return i
+            if level(losses, i, i + HOLD) > 10 * before[len(before) // 2]:
+                return i
     return None
 
 
@@ -560,7 +570,9 @@ def lr_jump(family, seed=0, onset=150, factor=30.0, every=1, dtype=torch.float32
     if every > 1:
         loop.steps, loop.window = THINNED_STEPS, 5
     trained, _ = family_run(family, seed, loop, **kw)
-    require(undone(trained.losses, onset) or blowup_step(trained.losses) is not None, "the run survived")
+    require(
+        undone(trained.losses, onset) or blowup_step(trained.losses, onset) is not None, "the run survived"
+    )
     return trained, {
         "cause": f"the learning rate multiplied by {factor:g} at step {onset}",
         "verdicts": ["diverged", "nonfinite", "exploding"],
@@ -574,7 +586,7 @@ def lr_negative(family, seed=0, onset=150, **kw):
     """The learning rate turns negative at ``onset`` (a schedule that overshoots zero): gradient ascent."""
     loop = Loop(lr_factor=jump(onset, -1.0), precision="fp32")
     trained, _ = family_run(family, seed, loop, **kw)
-    require(undone(trained.losses, onset) or blowup_step(trained.losses) is not None, "the loss held")
+    require(undone(trained.losses, onset) or blowup_step(trained.losses, onset) is not None, "the loss held")
     return trained, {
         "cause": f"the learning rate turned negative at step {onset}",
         "verdicts": ["diverged", "nonfinite", "exploding"],
@@ -606,7 +618,7 @@ def slow_rise(family, seed=0, onset=120, growth=1.05, **kw):
     before the loss turns."""
     loop = Loop(lr_factor=lambda s: growth ** max(0, s - onset), precision="fp32")
     trained, _ = family_run(family, seed, loop, **kw)
-    blew = blowup_step(trained.losses)
+    blew = blowup_step(trained.losses, onset)
     require(blew is not None and blew > onset + 10, f"blow-up at {blew}")
     return trained, {
         "cause": f"the learning rate grows {growth:g}x per step from step {onset}",
@@ -628,8 +640,9 @@ class Spec:
     family: str
     cause: Callable
     tuning: dict = field(default_factory=dict)
-    tuning2: dict = field(default_factory=dict)  # over the tuning arguments, as are tuning3 and heldout
+    tuning2: dict = field(default_factory=dict)  # over the tuning arguments, as are the other sets
     tuning3: dict = field(default_factory=dict)
+    tuning4: dict = field(default_factory=dict)
     heldout: dict = field(default_factory=dict)
 
     def args(self, which: str) -> dict:
@@ -640,9 +653,36 @@ class Spec:
 
 SPECS = [
     # healthy: a third and more of the runs
-    Spec("rnn-healthy", "rnn", healthy, {}, {"seed": 11}, {"seed": 111}, {"seed": 211, "every": 5}),
-    Spec("cnn-healthy", "cnn", healthy, {}, {"seed": 12}, {"seed": 112}, {"seed": 212}),
-    Spec("cnn-bn-healthy", "cnn", healthy, {"batchnorm": True}, {"seed": 13}, {"seed": 113}, {"seed": 213}),
+    Spec(
+        "rnn-healthy",
+        "rnn",
+        healthy,
+        {},
+        {"seed": 11},
+        {"seed": 111},
+        {"seed": 211, "every": 5},
+        {"seed": 311},
+    ),
+    Spec(
+        "cnn-healthy",
+        "cnn",
+        healthy,
+        {},
+        {"seed": 12},
+        {"seed": 112},
+        {"seed": 212},
+        {"seed": 312, "every": 5},
+    ),
+    Spec(
+        "cnn-bn-healthy",
+        "cnn",
+        healthy,
+        {"batchnorm": True},
+        {"seed": 13},
+        {"seed": 113},
+        {"seed": 213},
+        {"seed": 313},
+    ),
     Spec(
         "postln-healthy",
         "postln",
@@ -651,9 +691,28 @@ SPECS = [
         {"seed": 14, "warmup": 80},
         {"seed": 114, "warmup": 60},
         {"seed": 214, "warmup": 100},
+        {"seed": 314, "warmup": 70},
     ),
-    Spec("iris-healthy", "iris", healthy, {}, {"seed": 15}, {"seed": 115}, {"seed": 215, "every": 10}),
-    Spec("wine-healthy", "wine", healthy, {"precision": None}, {"seed": 16}, {"seed": 116}, {"seed": 216}),
+    Spec(
+        "iris-healthy",
+        "iris",
+        healthy,
+        {},
+        {"seed": 15},
+        {"seed": 115},
+        {"seed": 215, "every": 10},
+        {"seed": 315, "every": 5},
+    ),
+    Spec(
+        "wine-healthy",
+        "wine",
+        healthy,
+        {"precision": None},
+        {"seed": 16},
+        {"seed": 116},
+        {"seed": 216},
+        {"seed": 316, "every": 10},
+    ),
     Spec(
         "cancer-healthy",
         "cancer",
@@ -662,11 +721,28 @@ SPECS = [
         {"seed": 17},
         {"seed": 117, "lr": 2e-2},
         {"seed": 217, "lr": 5e-3},
+        {"seed": 317, "lr": 1.5e-2},
     ),
     Spec(
-        "diabetes-healthy", "diabetes", healthy, {}, {"seed": 18}, {"seed": 118, "every": 10}, {"seed": 218}
+        "diabetes-healthy",
+        "diabetes",
+        healthy,
+        {},
+        {"seed": 18},
+        {"seed": 118, "every": 10},
+        {"seed": 218},
+        {"seed": 318, "every": 5},
     ),
-    Spec("autoencoder-healthy", "autoencoder", healthy, {}, {"seed": 19}, {"seed": 119}, {"seed": 219}),
+    Spec(
+        "autoencoder-healthy",
+        "autoencoder",
+        healthy,
+        {},
+        {"seed": 19},
+        {"seed": 119},
+        {"seed": 219},
+        {"seed": 319, "every": 10},
+    ),
     Spec(
         "fp16-scaler-healthy",
         "digits-mlp",
@@ -675,6 +751,7 @@ SPECS = [
         {"seed": 20},
         {"seed": 120},
         {"seed": 220},
+        {"seed": 320},
     ),
     Spec(
         "bf16-healthy",
@@ -684,6 +761,7 @@ SPECS = [
         {"seed": 21},
         {"seed": 121},
         {"seed": 221},
+        {"seed": 321},
     ),
     Spec(
         "cnn-thinned-healthy",
@@ -693,6 +771,7 @@ SPECS = [
         {"seed": 22},
         {"seed": 122, "every": 5},
         {"seed": 222, "every": 10},
+        {"seed": 322, "every": 10},
     ),
     # faulty
     Spec(
@@ -703,6 +782,7 @@ SPECS = [
         {"seed": 31, "factor": 1000.0},
         {"seed": 131, "factor": 500.0},
         {"seed": 231, "factor": 2000.0},
+        {"seed": 331, "factor": 1200.0},
     ),
     Spec(
         "cnn-lr-too-high",
@@ -712,6 +792,7 @@ SPECS = [
         {"seed": 32, "factor": 3000.0},
         {"seed": 132, "factor": 2000.0},
         {"seed": 232, "factor": 5000.0},
+        {"seed": 332, "factor": 4000.0, "every": 5},
     ),
     Spec(
         "iris-thinned-lr-too-high",
@@ -721,11 +802,48 @@ SPECS = [
         {"seed": 33},
         {"seed": 133, "every": 5, "factor": 1000.0},
         {"seed": 233, "every": 10, "factor": 500.0},
+        {"seed": 333, "every": 5, "factor": 5000.0},
     ),
-    Spec("iris-shuffled-labels", "iris", shuffled_labels, {}, {"seed": 34}, {"seed": 134}, {"seed": 234}),
-    Spec("cnn-shuffled-labels", "cnn", shuffled_labels, {}, {"seed": 35}, {"seed": 135}, {"seed": 235}),
-    Spec("wine-shuffled-labels", "wine", shuffled_labels, {}, {"seed": 36}, {"seed": 136}, {"seed": 236}),
-    Spec("diabetes-bn-batch2", "diabetes", batchnorm_batch2, {}, {"seed": 37}, {"seed": 137}, {"seed": 255}),
+    Spec(
+        "iris-shuffled-labels",
+        "iris",
+        shuffled_labels,
+        {},
+        {"seed": 34},
+        {"seed": 134},
+        {"seed": 234},
+        {"seed": 334},
+    ),
+    Spec(
+        "cnn-shuffled-labels",
+        "cnn",
+        shuffled_labels,
+        {},
+        {"seed": 35},
+        {"seed": 135},
+        {"seed": 235},
+        {"seed": 335},
+    ),
+    Spec(
+        "wine-shuffled-labels",
+        "wine",
+        shuffled_labels,
+        {},
+        {"seed": 36},
+        {"seed": 136},
+        {"seed": 236},
+        {"seed": 336},
+    ),
+    Spec(
+        "diabetes-bn-batch2",
+        "diabetes",
+        batchnorm_batch2,
+        {},
+        {"seed": 37},
+        {"seed": 137},
+        {"seed": 255},
+        {"seed": 337},
+    ),
     Spec(
         "diabetes-adam-eps",
         "diabetes",
@@ -734,6 +852,7 @@ SPECS = [
         {"seed": 38, "scale": 3e-12},
         {"seed": 138, "scale": 5e-12},
         {"seed": 238, "scale": 2e-12},
+        {"seed": 338, "scale": 4e-12},
     ),
     Spec(
         "cancer-adam-eps",
@@ -743,6 +862,7 @@ SPECS = [
         {"seed": 39, "scale": 3e-12},
         {"seed": 139, "scale": 5e-12},
         {"seed": 239, "scale": 8e-12},
+        {"seed": 339, "scale": 2e-12},
     ),
     Spec(
         "autoencoder-weight-decay",
@@ -752,6 +872,7 @@ SPECS = [
         {"seed": 40, "decay": 200.0},
         {"seed": 140, "decay": 100.0},
         {"seed": 240, "decay": 150.0},
+        {"seed": 340, "decay": 120.0},
     ),
     Spec(
         "wine-weight-decay",
@@ -761,6 +882,7 @@ SPECS = [
         {"seed": 41, "decay": 100.0},
         {"seed": 141, "decay": 70.0},
         {"seed": 241, "decay": 150.0},
+        {"seed": 341, "decay": 120.0},
     ),
     Spec(
         "postln-no-warmup",
@@ -770,6 +892,7 @@ SPECS = [
         {"seed": 42, "lr": 5e-2},
         {"seed": 142, "lr": 7e-2},
         {"seed": 242, "lr": 4e-2},
+        {"seed": 342, "lr": 6e-2},
     ),
     Spec(
         "fp16-underflow",
@@ -779,6 +902,7 @@ SPECS = [
         {"seed": 43, "onset": 100},
         {"seed": 143, "onset": 200},
         {"seed": 243, "onset": 120},
+        {"seed": 343, "onset": 160},
     ),
     Spec(
         "rnn-lr-jump",
@@ -788,6 +912,7 @@ SPECS = [
         {"seed": 44, "onset": 180, "factor": 300.0},
         {"seed": 144, "onset": 130, "factor": 200.0},
         {"seed": 244, "onset": 170, "factor": 150.0},
+        {"seed": 344, "onset": 140, "factor": 250.0},
     ),
     Spec(
         "wine-lr-jump",
@@ -797,6 +922,7 @@ SPECS = [
         {"seed": 45, "onset": 200, "factor": 100.0},
         {"seed": 145, "onset": 450, "factor": 50.0, "every": 5},
         {"seed": 245, "onset": 555, "factor": 80.0, "every": 10},
+        {"seed": 345, "onset": 380, "factor": 60.0, "every": 5},
     ),
     Spec(
         "bf16-lr-jump",
@@ -806,6 +932,7 @@ SPECS = [
         {"seed": 46, "onset": 120},
         {"seed": 146, "onset": 170, "factor": 50.0},
         {"seed": 246, "onset": 210, "factor": 70.0},
+        {"seed": 346, "onset": 190, "factor": 60.0},
     ),
     Spec(
         "cancer-thinned-lr-jump",
@@ -815,6 +942,7 @@ SPECS = [
         {"seed": 47, "onset": 600},
         {"seed": 147, "onset": 700, "factor": 50.0},
         {"seed": 247, "onset": 643, "factor": 40.0, "every": 5},
+        {"seed": 347, "onset": 577, "factor": 60.0, "every": 10},
     ),
     Spec(
         "iris-lr-negative",
@@ -824,6 +952,7 @@ SPECS = [
         {"seed": 48, "onset": 200},
         {"seed": 148, "onset": 170},
         {"seed": 248, "onset": 230},
+        {"seed": 348, "onset": 190},
     ),
     Spec(
         "cnn-lr-negative",
@@ -833,6 +962,7 @@ SPECS = [
         {"seed": 49, "onset": 120},
         {"seed": 149, "onset": 220},
         {"seed": 249, "onset": 180},
+        {"seed": 349, "onset": 160},
     ),
     Spec(
         "cancer-explode-then-chance",
@@ -842,6 +972,7 @@ SPECS = [
         {"seed": 50, "onset": 180},
         {"seed": 150, "onset": 130, "factor": 3000.0, "length": 3},
         {"seed": 250, "onset": 170, "factor": 2000.0, "length": 4},
+        {"seed": 350, "onset": 140, "factor": 2500.0, "length": 5},
     ),
     Spec(
         "iris-explode-then-chance",
@@ -851,6 +982,7 @@ SPECS = [
         {"seed": 51, "onset": 100},
         {"seed": 151, "onset": 200},
         {"seed": 251, "onset": 120, "factor": 1500.0},
+        {"seed": 351, "onset": 170, "factor": 1200.0},
     ),
     Spec(
         "diabetes-slow-rise",
@@ -860,6 +992,7 @@ SPECS = [
         {"seed": 52, "onset": 150, "growth": 1.04},
         {"seed": 152, "onset": 100, "growth": 1.06},
         {"seed": 252, "onset": 130, "growth": 1.045},
+        {"seed": 352, "onset": 140, "growth": 1.055},
     ),
     Spec(
         "rnn-slow-rise",
@@ -869,6 +1002,7 @@ SPECS = [
         {"seed": 53, "onset": 100},
         {"seed": 153, "onset": 140, "growth": 1.04},
         {"seed": 253, "onset": 110, "growth": 1.06},
+        {"seed": 353, "onset": 130, "growth": 1.05},
     ),
 ]
 BY_NAME = {s.name: s for s in SPECS}

@@ -3,6 +3,7 @@
     python tests/families/score.py                  # the tuning set
     python tests/families/score.py --set tuning2    # the first rerun, tuned on since
     python tests/families/score.py --set tuning3    # the second rerun, tuned on since
+    python tests/families/score.py --set tuning4    # the third rerun, tuned on since
     python tests/families/score.py --set heldout    # the held-out rerun
     python tests/families/score.py --root DIR       # runs written elsewhere by make_runs.py --out DIR
 
@@ -38,6 +39,7 @@ from fastnorm.monitoring.diagnosis import STABLE, Diagnosis
 from fastnorm.monitoring.monitor import RecoveredWarning, UnstableGradientWarning
 
 HERE = Path(__file__).resolve().parent
+SETS = ("tuning", "tuning2", "tuning3", "tuning4", "heldout")
 
 GOALS = {
     "first_action": 0.90,
@@ -165,12 +167,14 @@ class Row:
         return sum(v != "recovered" and (before is None or s < before) for s, v in self.online.warnings)
 
 
+def score_run(folder: Path) -> Row:
+    """One run, offline and online."""
+    truth = json.loads((folder / "truth.json").read_text())
+    return Row(folder.name, truth, diagnose_series(read_series(folder)), replay(folder, truth))
+
+
 def score(root: Path) -> list[Row]:
-    rows = []
-    for folder in sorted(p for p in root.iterdir() if (p / "truth.json").is_file()):
-        truth = json.loads((folder / "truth.json").read_text())
-        rows.append(Row(folder.name, truth, diagnose_series(read_series(folder)), replay(folder, truth)))
-    return rows
+    return [score_run(p) for p in sorted(root.iterdir()) if (p / "truth.json").is_file()]
 
 
 def _mark(ok: bool | None) -> str:
@@ -239,7 +243,7 @@ def report(rows: list[Row]) -> str:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--set", choices=("tuning", "tuning2", "tuning3", "heldout"), default="tuning")
+    parser.add_argument("--set", choices=SETS, default="tuning")
     parser.add_argument("--root", type=Path, default=HERE, help="the folder holding the sets")
     args = parser.parse_args(argv)
     rows = score(args.root / args.set)

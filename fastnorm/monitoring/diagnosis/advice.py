@@ -315,7 +315,7 @@ def lr_cause(ev: Evidence, onset: int, reach: int) -> Action | None:
             )
         return Action(
             "lower_lr",
-            f"Lower the learning rate: it {how} as the norm rose; keep it at {_g(before)} "
+            f"Lower the learning rate: it {how} just before the blow-up; keep it at {_g(before)} "
             "(check the schedule that raised it).",
         )
     if ev.lr_first is not None and ev.warmup_until is None and onset <= (ev.lr_first_step or 0) + reach:

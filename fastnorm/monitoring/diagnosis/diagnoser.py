@@ -5,7 +5,8 @@ exploding > vanishing > stalled > stable ("too few points" below 5 norms). Every
 event carries its own actions, the first chosen from :class:`~fastnorm.monitoring.
 diagnosis.advice.Evidence`: what the log showed of the learning rate, the
 optimizer's settings, the precision and the loss (see ``advice``). A blow-up in
-the loss's first steps is a divergence from the run's start, not a stall; a
+the loss's first steps is a divergence from the run's start, not a stall (one
+outlier batch, the next step's loss back at its level, is no blow-up); a
 blow-up that follows a learning-rate change is dated from the change (a jump's
 step, a ramp's foot); a burst of the norm that came back while the loss held is
 a spike the run rode out.
@@ -404,11 +405,18 @@ class Diagnoser:
         if read.kind != DIVERGED:
             return self._stall(read.never, read.start, read.detail, loss, found, last)
         onset = self._lr_onset(read.start, read.turn)  # a cause logged before the loss turned dates it
+        if read.norm_rose:
+            detail = f"the norm rose from step {onset} (from {level(read.base)} to {level(read.peak)}); "
+        else:
+            detail = (
+                f"the loss lost all it had learned from step {onset}, without a rise of the norm to go with "
+                f"it ({level(read.base)} before, {level(read.peak)} at most after); "
+            )
         return Event(
             DIVERGED,
             onset,
             last if read.end is None else read.end,
-            f"the norm rose from step {onset} (from {level(read.base)} to {level(read.peak)}); {read.detail}",
+            detail + read.detail,
             (*self._explode_actions(read.peak, read.base, onset, found), advice.resume_action(onset)),
         )
 

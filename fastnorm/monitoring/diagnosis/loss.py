@@ -2,10 +2,13 @@
 
 The loss, when logged, is a second signal: a norm departure followed by a loss
 that jumps and stays up, or that climbs above its initial level and has to learn
-again, is a divergence; a loss that never improves (over at least 200 steps), or
-returns to its initial level, is a stall; a norm that rises (or falls) by orders
-of magnitude while the loss falls is healthy (a model leaving a small
-initialisation; a loss approaching its minimum).
+again, is a divergence, as is a loss that climbs above its initial level and
+stays there above chance, whatever the norm did; a loss that never improves
+(over at least 200 steps), returns to its initial level or settles at chance, or
+stops early far above where it can go (a plateau), is a stall; a norm that rises
+(or falls) by orders of magnitude while the loss falls is healthy (a model
+leaving a small initialisation; a loss approaching its minimum, also one that
+falls by fractions of its own level near 0).
 """
 
 from __future__ import annotations
@@ -63,6 +66,7 @@ class Shape(NamedTuple):
     start: int  # the step it started
     detail: str
     end: int | None = None  # where a relapse ended; None for a loss that stayed there
+    above: bool = False  # it ended above where it began (read over its first points too, when noisy)
 
 
 class LossView:
@@ -91,6 +95,7 @@ class LossView:
             self.best, self.best_step, self._best_index = self.first, self.steps[0], 0
         self.final = median(sorted(ys[-w:]))
         self.noise_tol = 3.0 * sigma / math.sqrt(w)  # a smoothed point's noise: three sigmas over sqrt(w)
+        self.stall_fraction = stall_fraction
         self.tol = max(self.noise_tol, stall_fraction * abs(self.first))
         # Whether the loss ever improved is read from where it started to its best. A loss whose steps move
         # by half its level or more (each step follows its batch) is read otherwise at both ends: 5 points
@@ -110,29 +115,38 @@ class LossView:
     def chance(self) -> int | None:
         """k where the loss began at ln k (chance for a classifier of k classes) and ended there.
 
-        k is read from where the loss ended, where a model that learns nothing settles, and each end is
-        held to the bound that fits it. The end is a median of w points: it must lie within the loss's own
-        noise of ln k (``noise_tol``, three sigmas of a step over sqrt(w)), and that noise must be
-        narrower than half the gap from ln k to ln(k + 1), or the loss could as well be at another k's
-        chance (a noisy regression loss near 0.7 is no classifier at ln 2). The start is not noise-bound:
-        a net's first losses sit above ln k by about half the variance of its initial logits, an offset of
+        k is read from where the loss ended (see :meth:`ended_at_chance`). The start is not noise-bound: a
+        net's first losses sit above ln k by about half the variance of its initial logits, an offset of
         the initialisation that no averaging removes, so it must only name k: lie within half the gaps to
         ln(k - 1) and ln(k + 1).
         """
-        if self.final <= 0.5:
+        k = self.ended_at_chance()
+        if k is None:
+            return None
+        at, up, down = math.log(k), 0.5 * math.log1p(1 / k), 0.5 * math.log(k / (k - 1))
+        return k if -down <= self.first - at <= up else None
+
+    def ended_at_chance(self) -> int | None:
+        """k where the loss ended at ln k, where a model that predicts nothing (uniform outputs) settles.
+
+        The end is a median of w points: it must lie within the loss's own noise of ln k (``noise_tol``,
+        three sigmas of a step over sqrt(w)), and that noise must be narrower than half the gap from ln k
+        to ln(k + 1), or the loss could as well be at another k's chance (a noisy regression loss near 0.7
+        is no classifier at ln 2).
+        """
+        if not 0.5 < self.final < math.log(100_000.5):  # past ln 100000, exp would overflow on a blow-up
             return None
         k = round(math.exp(self.final))
         if not 2 <= k <= 100_000:
             return None
-        at, up, down = math.log(k), 0.5 * math.log1p(1 / k), 0.5 * math.log(k / (k - 1))
-        if self.noise_tol < up and abs(self.final - at) <= self.noise_tol and -down <= self.first - at <= up:
-            return k
-        return None
+        at, up = math.log(k), 0.5 * math.log1p(1 / k)
+        return k if self.noise_tol < up and abs(self.final - at) <= self.noise_tol else None
 
     def early_blowup(self) -> tuple[int, float, float] | None:
         """``(step, loss, level before)`` of the first loss 5x its level before (the median of up to 20
-        points) and above every loss before it, within the run's first fifth (its first 50 steps while it is
-        shorter), where a healthy loss is at its highest; None if none."""
+        points) and above every loss before it, still 5x at the next step where that is logged, within the
+        run's first fifth (its first 50 steps while it is shorter), where a healthy loss is at its highest;
+        None if none."""
         early = max((self.steps[-1] - self.steps[0]) / 5, 50)
         ys = self.ys
         for i in range(1, len(ys)):
@@ -142,17 +156,25 @@ class LossView:
             # Above every loss before it, the run's first included: a healthy loss is highest at its start,
             # so a batch 5x the level that stays below where the run began has undone nothing (one bad
             # batch of a loss that fell fast), and a blow-up that lost what the run knew climbs above it.
-            if before > 0 and ys[i] > 5 * before and ys[i] > max(ys[:i]):
-                # Beyond the loss's own step-to-step moves (a batch of 2 moves it 5x), measured outside the
-                # blow-up: without the points still 5x above the level before it, whose way down is its own
-                # (on a log of every 10th step, the only moves its first window holds).
-                j = i + 1
-                while j < len(ys) and ys[j] > 5 * before:
-                    j += 1
-                rest = ys[:i] + ys[j:]
-                moves = sorted(abs(b - a) for a, b in zip(rest, rest[1:]))
-                if not moves or ys[i] - before > 10 * median(moves):
-                    return self.steps[i], ys[i], before
+            if not (before > 0 and ys[i] > 5 * before and ys[i] > max(ys[:i])):
+                continue
+            # The model's, not one batch's: the next step's loss, another batch through the updated model, is
+            # 5x the level too (one outlier batch, 900x, is followed by a normal loss; a rate far too high
+            # leaves the next steps as high). A thinned log, whose next point comes steps later, when a
+            # model that blew up may have recovered already, cannot tell the two apart: its point stands.
+            nxt = i + 1
+            if nxt < len(ys) and self.steps[nxt] - self.steps[i] <= 1 and not ys[nxt] > 5 * before:
+                continue
+            # Beyond the loss's own step-to-step moves (a batch of 2 moves it 5x), measured outside the
+            # blow-up: without the points still 5x above the level before it, whose way down is its own
+            # (on a log of every 10th step, the only moves its first window holds).
+            j = i + 1
+            while j < len(ys) and ys[j] > 5 * before:
+                j += 1
+            rest = ys[:i] + ys[j:]
+            moves = sorted(abs(b - a) for a, b in zip(rest, rest[1:]))
+            if not moves or ys[i] - before > 10 * median(moves):
+                return self.steps[i], ys[i], before
         return None
 
     def jumped(self, step: int, sustain: int, reach: int) -> tuple[int, float, float] | None:
@@ -181,16 +203,30 @@ class LossView:
 
     def plateau(self) -> tuple[int, float] | None:
         """``(step, level)`` where the loss, after falling early (within the first tenth of the run), stopped
-        for good far above its start's half: a plateau of two thirds of the run and 200 steps or more."""
+        for good far above its start's half: a plateau of two thirds of the run and 200 steps or more, over
+        which it no longer falls.
+
+        "Stopped" is read on the plateau's two halves, each the median of its points: a loss whose later half
+        lies ``stall_fraction`` (5%) or more of its level below its earlier half is still learning, however
+        early it came near where it ended. One smoothed point says less: a loss whose batches move it by a
+        quarter of its level (a regression near its floor) comes within 5% of its end by noise alone, 250
+        steps before it gets there (a diabetes regression, 0.46 over steps 18-159 and 0.42 over the rest,
+        read as a post-LN plateau, whose halves lie within 2% of each other).
+        """
         span = self.steps[-1] - self.steps[0]
         if self.first - self.final <= self.tol or self.final < 0.5 * self.first:
             return None
         # Where it came within 5% of where it ended: a converging run gets there late, still learning.
         i = next(i for i, y in enumerate(self.smooth) if y <= 1.05 * self.final)
         flat = self.steps[-1] - self.steps[i]
-        if self.steps[i] - self.steps[0] <= span / 10 and flat >= max(200, 2 * span / 3):
-            return self.steps[i], self.smooth[i]
-        return None
+        if self.steps[i] - self.steps[0] > span / 10 or flat < max(200, 2 * span / 3):
+            return None
+        rest = self.ys[i:]
+        half = len(rest) // 2
+        earlier, later = median(sorted(rest[:half])), median(sorted(rest[half:]))
+        if earlier - later >= self.stall_fraction * abs(earlier):
+            return None
+        return self.steps[i], self.smooth[i]
 
     def shape(self) -> Shape | None:
         """How the loss failed: it never improved, went back up and stayed there, or climbed above its
@@ -225,7 +261,11 @@ class LossView:
                 f"the loss left its best from step {start} and rose above its initial level "
                 f"({num(self.first)}) from step {self.steps[k]} and stayed there: {s}"
             )
-            return Shape(False, start, detail)
+            # A loss that follows its batches has a start its first 5 points do not pin down (see
+            # ``improvement``): it ended above where it began only when above its first w points too.
+            start_level = median(sorted(self.ys[: self.w]))
+            robust = not self.noisy or self.final > start_level + max(self.tol, 0.1 * abs(start_level))
+            return Shape(False, start, detail, above=robust)
         if self.final >= self.first - 0.1 * progress:
             what = "returned to its initial level"
         else:
@@ -285,9 +325,32 @@ class LossView:
         """``"a to b"`` when the loss fell over ``[start, end]`` (and, with ``stayed``, stayed below
         where it began to the end)."""
         a, b = self.at(start), self.at(end)
-        if b < a - self.tol and (not stayed or self.final < a - self.tol):
+        if self._below(b, a) and (not stayed or self._below(self.final, a)):
             return f"{a:.3g} to {b:.3g}"
         return None
+
+    def improved_after(self, step: int, until: int) -> bool:
+        """The loss reached its best after ``step`` and by ``until``, below where it stood at ``step`` by more
+        than its tolerance there: 5% of its start, or its noise over those steps (three sigmas of a step
+        over sqrt(w)). Read there, not over the whole run, whose blow-up, later, moves the loss by its
+        whole level from step to step and would bury a fall of a few hundredths before it."""
+        if not step < self.best_step <= until:
+            return False
+        i, j = bisect.bisect_left(self.steps, step), bisect.bisect_right(self.steps, until)
+        part = self.ys[i:j]
+        diffs = sorted(abs(b - a) for a, b in zip(part, part[1:]))
+        if not diffs:
+            return False
+        sigma = MAD_TO_SIGMA * median(diffs) / math.sqrt(2.0)
+        tol = max(3.0 * sigma / math.sqrt(self.w), self.stall_fraction * abs(self.first))
+        return self.at(step) - self.best > tol
+
+    def _below(self, b: float, a: float) -> bool:
+        """``b`` lies below ``a`` by more than the loss's tolerance (5% of its start, or its noise), or,
+        beyond its noise, by half of ``a`` or more. A loss already near its minimum (0 for a cross-entropy
+        or a squared error) moves by fractions of where it stands, not of where it began: one at 0.2% of
+        its start that falls 100x more has fallen, although by less than 5% of its start."""
+        return b < a - self.tol or (b <= 0.5 * a and b < a - self.noise_tol)
 
 
 class LossEvent(NamedTuple):
@@ -302,6 +365,7 @@ class LossEvent(NamedTuple):
     base: float | None = None
     consumed: frozenset[int] = frozenset()  # the norm's events (indices in `found`) it takes in
     turn: int | None = None  # a divergence: where the loss itself turned (its start is the norm's rise)
+    norm_rose: bool = True  # a divergence: the norm rose with the loss (else the loss alone shows it)
 
 
 def loss_event(
@@ -315,7 +379,7 @@ def loss_event(
     shape = loss.shape()
     if shape is None:
         return None
-    never, start, detail, end = shape
+    never, start, detail, end, _ = shape
     near = max(10, loss.w)
     # The norm's rises that go with the loss's: around its jump, or sustained while it stayed up.
     ours = {
@@ -327,23 +391,19 @@ def loss_event(
             or (f.event.kind == EXPLODING and f.event.end_step >= start - near)
         )
     }
-    # A rise long under way while the loss still fell (a model leaving a small initialisation, then
-    # blowing up for another reason) goes into the divergence but does not date it.
-    dating = [
-        i
-        for i in ours
-        if not (
-            found[i].event.start_step < start - near
-            and loss.fell(found[i].event.start_step, start - near, stayed=False)
+
+    # A rise long under way while the loss still fell, or went on to its best (a model leaving a small
+    # initialisation; a recurrent net whose norm grows tenfold as it learns, then blowing up for another
+    # reason) goes into the divergence but does not date it: the run was still learning after it began.
+    def under_way(a: int) -> bool:
+        return a < start - near and (
+            loss.fell(a, start - near, stayed=False) or loss.improved_after(a, start)
         )
-    ]
+
+    dating = [i for i in ours if not under_way(found[i].event.start_step)]
     linked = [(found[i].event.start_step, found[i].extreme - found[i].base) for i in dating]
     linked += [
-        (a, peak)
-        for a, b, peak in ups
-        if a <= start + near
-        and b >= start - near
-        and not (a < start - near and loss.fell(a, start - near, stayed=False))
+        (a, peak) for a, b, peak in ups if a <= start + near and b >= start - near and not under_way(a)
     ]
     before = sorted(x for s, x in levels if start - 4 * near <= s < start) or sorted(
         x for _, x in levels[: 4 * near]
@@ -351,7 +411,14 @@ def loss_event(
     after = [x for s, x in levels if s >= start]
     rise = median(sorted(after[: 4 * near])) - median(before) if after and before else 0.0
     strong = max((peak for _, peak in linked), default=0.0) >= spike_orders or rise >= 0.5
-    if never or not strong:
+    # A loss that climbed above where the run began, and stayed there above chance, does worse than a model
+    # that predicts nothing: a divergence, also where the norm stayed within its band (a recurrent net's
+    # bursts widen that band until it holds the rise a learning-rate jump brings). One that settled at ln k
+    # (outputs collapsed to uniform as the weights decayed to nothing, above a start that had already
+    # fallen within its first 5 points) or returned to its initial level (a data pipeline that changed) is
+    # a stall.
+    lost = shape.above and end is None and loss.ended_at_chance() is None
+    if never or not (strong or lost):
         if end is not None:  # a relapse without the norm is no stall: the loss came down again
             return None
         return LossEvent(STALLED, start, None, detail, never)
@@ -361,4 +428,4 @@ def loss_event(
     onset = min(a for a, _ in linked) if linked else start
     peak = max([found[i].extreme for i in ours] + after, default=None)
     base = median(before) if before else None
-    return LossEvent(DIVERGED, onset, end, detail, never, peak, base, frozenset(ours), start)
+    return LossEvent(DIVERGED, onset, end, detail, never, peak, base, frozenset(ours), start, strong)
