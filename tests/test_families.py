@@ -1,6 +1,6 @@
 """The diagnosis on the families corpus: real runs of six model families, scored against its goals.
 
-tests/families/make_runs.py made every run (a tuning set, three reruns on other
+tests/families/make_runs.py made every run (a tuning set, four reruns on other
 seeds, onsets and magnitudes that were held out and have been tuned on since,
 and a held-out rerun) and wrote its truth from what it injected;
 tests/families/score.py diagnoses each run as ``fastnorm diagnose`` does and replays
