@@ -16,7 +16,10 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from helpers import use_backend  # noqa: E402  (reads TRITON_INTERPRET)
+from helpers import patch_triton_language_once_per_launch, use_backend  # noqa: E402  (reads TRITON_INTERPRET)
+
+if not torch.cuda.is_available():
+    patch_triton_language_once_per_launch()
 
 # Whole modules that are slow by nature; with the cases that run on the triton
 # backend in Triton's interpreter, they are marked ``slow``, so that

@@ -3,6 +3,7 @@ what each backend serves, child processes."""
 
 from __future__ import annotations
 
+import inspect
 import os
 import subprocess
 import sys
@@ -12,6 +13,41 @@ import torch
 
 # conftest.py decides this before triton is imported.
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def patch_triton_language_once_per_launch() -> bool:
+    """Makes Triton's interpreter patch ``triton.language`` once per kernel launch.
+
+    The interpreter replaces the language's builtins with NumPy ones when a kernel
+    is launched and puts them back when it returns; it also does so again at every
+    call of a ``@triton.jit`` device function inside the kernel, where they are
+    replaced already (and never puts those back: the launch does). That second
+    patching reads every member of the language modules and was half of the time
+    the interpreted kernels took. Here a device call whose language modules hold
+    no builtin any more (each module's ``load`` replaced) skips it; a launch, or a
+    device function seeing a module the launch did not patch, patches as before.
+    The kernels run the same code either way. False (and nothing changed) when
+    this Triton's interpreter is not laid out as expected.
+    """
+    try:
+        from triton.runtime import interpreter
+    except ImportError:
+        return False
+    original = getattr(interpreter, "_patch_lang", None)
+    scope = getattr(interpreter, "_LangPatchScope", None)
+    tl = getattr(interpreter, "tl", None)
+    if original is None or scope is None or tl is None or getattr(original, "once_per_launch", False):
+        return False
+
+    def patch_lang(fn):
+        langs = [v for v in fn.__globals__.values() if inspect.ismodule(v) and v in (tl, tl.core)]
+        if langs and not any(tl.core.is_builtin(getattr(lang, "load", None)) for lang in langs):
+            return scope()  # inside a launch: already patched
+        return original(fn)
+
+    patch_lang.once_per_launch = True
+    interpreter._patch_lang = patch_lang
+    return True
 
 
 def use_backend(name: str, monkeypatch: pytest.MonkeyPatch) -> str:

@@ -399,3 +399,25 @@ def test_float64_scaled_partials_keep_inf_and_nan(small):
         for tensors in ([big, spoiled], [tiny, spoiled], [spoiled, tiny, big]):
             _, root, _ = l2_partial(tensors)
             assert check(root.item()), (bad, root.item())
+
+
+# ----------------------------------------------------------------------------
+# The interpreter as the tests run it (helpers.patch_triton_language_once_per_launch)
+# ----------------------------------------------------------------------------
+
+
+def test_the_language_is_patched_within_a_launch_only():
+    # conftest makes device calls skip patching triton.language again inside a launch; a launch still
+    # patches it and puts it back, so that a kernel sees NumPy builtins and nothing outside one does.
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    from helpers import patch_triton_language_once_per_launch
+
+    assert getattr(interpreter._patch_lang, "once_per_launch", False)
+    assert patch_triton_language_once_per_launch() is False  # once only
+    assert tl.core.is_builtin(tl.load)
+    x = random(1000, torch.float32, 15)
+    got = fastnorm.total_norm([x]).item()
+    assert reference.rel_err(got, reference.norm([x], 2.0)) <= TOLERANCE[torch.float32]
+    assert tl.core.is_builtin(tl.load)
