@@ -1201,7 +1201,6 @@ MUTANTS = [
         "new": "        part = self.ys\n",
         "tests": [
             "tests/test_diagnosis.py::test_a_rise_while_the_loss_still_learns_does_not_date_its_divergence",
-            "tests/test_diagnosis.py::test_whether_the_loss_still_learned_is_read_on_its_own_steps_not_on_the_blowups_noise",
         ],
         "what": "whether the loss still learned is read against the whole run's noise, its blow-up included",
     },
