@@ -201,8 +201,8 @@ class Evidence:
         )
 
     def decay_steps(self) -> float | None:
-        """How many e-foldings the weight decay alone shrinks the weights by over the run (lr * wd * "
-        "steps)."""
+        """How many e-foldings the weight decay alone shrinks the weights by over the run (lr * wd *
+        steps)."""
         if self.weight_decay is None or self.lr_first is None or self.weight_decay <= 0:
             return None
         return abs(self.lr_first) * self.weight_decay * max(self.span, 1)
@@ -362,19 +362,25 @@ class Stall:
     plateau: tuple[int, float] | None = None  # (step, level) where an early fall stopped for good
 
 
+def weight_decay_action(ev: Evidence, consequence: str = "") -> Action | None:
+    """Lower the weight decay, when it alone shrinks the weights by e^3 or more over the steps logged
+    (``consequence`` says what that did, for the verdict at hand); None otherwise."""
+    decay = ev.decay_steps()
+    if decay is None or decay < 3.0:
+        return None
+    return Action(
+        "weight_decay",
+        f"Lower the weight decay: {_g(ev.weight_decay)} at a learning rate of {_g(ev.lr_first)} shrinks the "
+        f"weights by e^{decay:.0f} over the {ev.span} steps logged{consequence}.",
+    )
+
+
 def stall_actions(ev: Evidence, stall: Stall, layer_snapshots: int, layers_vanished: bool, norm_steady: bool):
     """What to do about a stalled loss, the action the evidence points at first."""
     causes = []
-    decay = ev.decay_steps()
-    if decay is not None and decay >= 3.0:
-        causes.append(
-            Action(
-                "weight_decay",
-                f"Lower the weight decay: {_g(ev.weight_decay)} at a learning rate of {_g(ev.lr_first)} "
-                "shrinks "
-                f"the weights by e^{decay:.0f} over the {ev.span} steps logged, holding them near zero.",
-            )
-        )
+    decay = weight_decay_action(ev, ", holding them near zero")
+    if decay is not None:
+        causes.append(decay)
     if ev.adam and ev.eps is not None and ev.norm_level is not None and ev.norm_level < 100 * ev.eps:
         causes.append(
             Action(
@@ -463,16 +469,9 @@ def vanish_actions(ev: Evidence, zeros_at: int | None) -> tuple[Action, ...]:
             else "the norm fell by orders of magnitude in an fp16 run with no loss scale logged"
         )
         actions.append(grad_scaler_action(ev, where + ": the gradients underflow fp16"))
-    decay = ev.decay_steps()
-    if decay is not None and decay >= 3.0:
-        actions.append(
-            Action(
-                "weight_decay",
-                f"Lower the weight decay: {_g(ev.weight_decay)} at a learning rate of {_g(ev.lr_first)} "
-                "shrinks "
-                f"the weights by e^{decay:.0f} over the {ev.span} steps logged.",
-            )
-        )
+    decay = weight_decay_action(ev)
+    if decay is not None:
+        actions.append(decay)
     return (*actions, RAISE_LR, NORMALISATION)
 
 
