@@ -58,6 +58,12 @@ def use_backend(name: str, monkeypatch: pytest.MonkeyPatch) -> str:
     return name
 
 
+def cpp_env(pool: str) -> dict[str, str]:
+    """The environment of a child process on the C++ backend, on OpenMP's threads (``"openmp"``) or on
+    fastnorm's own pool (``"own"``)."""
+    return {"FASTNORM_BACKEND": "cpp"} | ({"FASTNORM_OWN_THREADS": "1"} if pool == "own" else {})
+
+
 def run_python(args: list[str], **env: str) -> subprocess.CompletedProcess:
     """``python ARGS`` in a child process, from this folder: a child started in the
     repository root would import the source tree instead of the installed package."""

@@ -17,7 +17,7 @@ import fastnorm
 import reference
 from fastnorm._partial import Mode
 from fastnorm.backends import cpp
-from helpers import run_python
+from helpers import cpp_env, run_python
 
 pytestmark = pytest.mark.skipif(cpp._C is None, reason="the C++ kernels are not built")
 ISAS = cpp._C.supported_isas() if cpp._C is not None else []
@@ -416,7 +416,7 @@ def test_the_callers_floating_point_modes_rule_every_thread(pool):
     that any thread count gives one answer, call after call: the issue's 48
     tensors of 65,536 values of 1e-39 read as 0 under flush-to-zero, exactly
     otherwise, and clipping that makes subnormals flushes them alike."""
-    env = {"FASTNORM_BACKEND": "cpp"} | ({"FASTNORM_OWN_THREADS": "1"} if pool == "own" else {})
+    env = cpp_env(pool)
     result = run_python(["-c", _FLOAT_MODES], **env)
     assert result.returncode == 0, result.stderr[-2000:]
     out = json.loads(result.stdout)

@@ -16,7 +16,7 @@ import reference
 from fastnorm import _plan
 from fastnorm._partial import Mode
 from fastnorm.backends import cpp
-from helpers import refused, run_python
+from helpers import cpp_env, refused, run_python
 
 
 @pytest.fixture(params=["extension", "python"])
@@ -358,7 +358,7 @@ def test_a_gradient_that_moved_is_never_read_at_its_old_address(pool):
     that failed the check (the first, one in the middle, the last) or lies
     after one that did must not be read. Its old memory is made unreadable; run
     in a child process, which a read kills."""
-    env = {"FASTNORM_BACKEND": "cpp"} | ({"FASTNORM_OWN_THREADS": "1"} if pool == "own" else {})
+    env = cpp_env(pool)
     result = run_python(["-c", _STALE], **env)
     assert result.returncode == 0, result.stderr[-2000:]
     for case, (got, want) in json.loads(result.stdout).items():
@@ -407,7 +407,7 @@ def test_a_moved_gradient_that_shares_its_task_is_never_read_at_its_old_address(
     """Several small gradients share each task: a task waits for the last
     gradient it reads, so one that moved in the middle of its task (not its
     first) is not read at its old, unreadable address either."""
-    env = {"FASTNORM_BACKEND": "cpp"} | ({"FASTNORM_OWN_THREADS": "1"} if pool == "own" else {})
+    env = cpp_env(pool)
     result = run_python(["-c", _SHARED_TASKS], **env)
     assert result.returncode == 0, (result.returncode, result.stderr[-2000:])
     for case, (got, want) in json.loads(result.stdout).items():
@@ -456,7 +456,7 @@ def test_two_threads_reading_through_a_torch_function_mode_do_not_deadlock(pool)
     """The check of a cached plan may run Python code (here a TorchFunctionMode
     on every attribute read), and so hand the GIL to another thread that calls
     fastnorm meanwhile: neither may then wait for the other."""
-    env = {"FASTNORM_BACKEND": "cpp"} | ({"FASTNORM_OWN_THREADS": "1"} if pool == "own" else {})
+    env = cpp_env(pool)
     result = run_python(["-c", _TWO_THREADS], **env)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip() == "done"
@@ -518,7 +518,7 @@ def test_a_gradient_dropped_during_the_check_is_read_as_it_was(pool, numel):
     kernel reads it as it was, as torch's get_total_norm, which holds its list,
     does. Its freed memory is reused by a new tensor (16 KiB) or given back to
     the system (4 MiB, so that a read kills the child process this runs in)."""
-    env = {"FASTNORM_BACKEND": "cpp"} | ({"FASTNORM_OWN_THREADS": "1"} if pool == "own" else {})
+    env = cpp_env(pool)
     result = run_python(["-c", _DROPPED, str(numel)], **env)
     assert result.returncode == 0, (result.returncode, result.stderr[-2000:])
     want = float(16 * numel) ** 0.5
@@ -586,7 +586,7 @@ def test_an_exception_raised_during_the_check_propagates_with_nothing_written(po
     clip_ and tensor_norms, before anything is written. A RuntimeError, what torch
     raises for a gradient whose facts cannot be read, makes the check a miss:
     the plan is rebuilt and the norm is right."""
-    env = {"FASTNORM_BACKEND": "cpp"} | ({"FASTNORM_OWN_THREADS": "1"} if pool == "own" else {})
+    env = cpp_env(pool)
     result = run_python(["-c", _RAISED, str(numel)], **env)
     assert result.returncode == 0, (result.returncode, result.stderr[-2000:])
     for case, (outcome, untouched) in json.loads(result.stdout).items():
