@@ -16,9 +16,9 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from helpers import patch_triton_language_once_per_launch, use_backend  # noqa: E402  (reads TRITON_INTERPRET)
+from helpers import INTERPRETED, patch_triton_language_once_per_launch, use_backend  # noqa: E402
 
-if not torch.cuda.is_available():
+if INTERPRETED:  # helpers read TRITON_INTERPRET, set above
     patch_triton_language_once_per_launch()
 
 # Whole modules that are slow by nature; with the cases that run on the triton
