@@ -8,7 +8,7 @@ compared with the exact norm (NumPy, float64 on the concatenated values: no
 code shared with either). Writes ``benchmarks/results/cpu/accuracy.json`` and
 prints the table the docs quote::
 
-    python benchmarks/accuracy.py            # needs transformers (pip install 'fastnorm[hf]')
+    python benchmarks/accuracy.py            # needs transformers (pip install 'torch-fastnorm[hf]')
 """
 
 from __future__ import annotations

@@ -20,12 +20,12 @@ def test_missing_lightning_names_the_extra(monkeypatch):
     for module in ("lightning", "lightning.pytorch", "lightning.pytorch.callbacks"):
         monkeypatch.setitem(sys.modules, module, None)  # import raises ImportError
     monkeypatch.delitem(sys.modules, "fastnorm.integrations.lightning", raising=False)
-    with pytest.raises(ImportError, match=r"pip install 'fastnorm\[lightning\]'"):
+    with pytest.raises(ImportError, match=r"pip install 'torch-fastnorm\[lightning\]'"):
         importlib.import_module("fastnorm.integrations.lightning")
 
 
 def test_missing_transformers_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "transformers", None)  # import raises ImportError
     monkeypatch.delitem(sys.modules, "fastnorm.integrations.hf", raising=False)
-    with pytest.raises(ImportError, match=r"pip install 'fastnorm\[hf\]'"):
+    with pytest.raises(ImportError, match=r"pip install 'torch-fastnorm\[hf\]'"):
         importlib.import_module("fastnorm.integrations.hf")

@@ -196,7 +196,7 @@ def test_mlflow_logs_every_step(tmp_path, monkeypatch):
 )
 def test_missing_package_names_the_extra(monkeypatch, make, module, extra):
     monkeypatch.setitem(sys.modules, module, None)  # import raises ImportError
-    with pytest.raises(ImportError, match=rf"pip install 'fastnorm\[{extra}\]'"):
+    with pytest.raises(ImportError, match=rf"pip install 'torch-fastnorm\[{extra}\]'"):
         make()
 
 

@@ -301,7 +301,7 @@ class TritonBackend:
     def _device_reasons(self, device: torch.device) -> list[str]:
         reasons = []
         if not _TRITON_FOUND:
-            reasons.append("triton is not installed (pip install 'fastnorm[triton]')")
+            reasons.append("triton is not installed (pip install 'torch-fastnorm[triton]')")
         if device.type == "cuda":
             if not torch.cuda.is_available():
                 reasons.append("torch.cuda is not available")

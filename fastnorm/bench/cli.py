@@ -440,7 +440,7 @@ def _draw(run: dict[str, Any], out: Path, device: str) -> list[Path]:
         return [plot.draw(run, out / f"{device}.png")]
     except ImportError:  # matplotlib comes with the bench extra
         print(
-            "(no plot: matplotlib is not installed; pip install 'fastnorm[bench]', then "
+            "(no plot: matplotlib is not installed; pip install 'torch-fastnorm[bench]', then "
             f"python -m fastnorm.bench.plot {out / device}.json)"
         )
         return []

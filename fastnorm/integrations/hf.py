@@ -1,6 +1,6 @@
 """HF Trainer: clip with fastnorm and log every step's norm, with the loss and learning rate the Trainer has.
 
-Needs transformers (``pip install 'fastnorm[hf]'``); ``import fastnorm``
+Needs transformers (``pip install 'torch-fastnorm[hf]'``); ``import fastnorm``
 never imports this module.
 """
 
@@ -15,7 +15,9 @@ from torch import Tensor
 try:
     from transformers import TrainerCallback
 except ImportError as exc:
-    raise ImportError("fastnorm.integrations.hf needs transformers: pip install 'fastnorm[hf]'") from exc
+    raise ImportError(
+        "fastnorm.integrations.hf needs transformers: pip install 'torch-fastnorm[hf]'"
+    ) from exc
 
 from fastnorm import checks
 from fastnorm.integrations.patch import Patch, patch

@@ -1,6 +1,6 @@
 """Lightning: clip with fastnorm and log every step's norm through the trainer's loggers.
 
-Needs Lightning (``pip install 'fastnorm[lightning]'``); ``import fastnorm``
+Needs Lightning (``pip install 'torch-fastnorm[lightning]'``); ``import fastnorm``
 never imports this module.
 """
 
@@ -15,7 +15,7 @@ try:
     from lightning.pytorch.callbacks import Callback
 except ImportError as exc:
     raise ImportError(
-        "fastnorm.integrations.lightning needs Lightning: pip install 'fastnorm[lightning]'"
+        "fastnorm.integrations.lightning needs Lightning: pip install 'torch-fastnorm[lightning]'"
     ) from exc
 
 from fastnorm import checks

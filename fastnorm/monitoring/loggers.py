@@ -133,7 +133,7 @@ def _require(module: str, logger: str, extra: str) -> Any:
         return importlib.import_module(module)
     except ImportError as exc:
         raise ImportError(
-            f"{logger} needs the '{module.split('.')[0]}' package: pip install 'fastnorm[{extra}]'"
+            f"{logger} needs the '{module.split('.')[0]}' package: pip install 'torch-fastnorm[{extra}]'"
         ) from exc
 
 
@@ -219,7 +219,7 @@ class TensorBoardLogger(Logger):
             flushed but not closed, since its owner may still use it.
 
     Raises:
-        ImportError: tensorboard is not installed (``pip install 'fastnorm[tensorboard]'``).
+        ImportError: tensorboard is not installed (``pip install 'torch-fastnorm[tensorboard]'``).
     """
 
     def __init__(self, log_dir: str | None = None, *, writer: Any = None) -> None:
@@ -258,7 +258,7 @@ class MLflowLogger(Logger):
             or a new one started here (and ended by :meth:`close`).
 
     Raises:
-        ImportError: mlflow is not installed (``pip install 'fastnorm[mlflow]'``).
+        ImportError: mlflow is not installed (``pip install 'torch-fastnorm[mlflow]'``).
     """
 
     _BATCH = 1000  # MLflow's limit on metrics per log_batch request
@@ -313,7 +313,7 @@ class WandbLogger(Logger):
             or a new one from ``wandb.init()`` (finished by :meth:`close`).
 
     Raises:
-        ImportError: wandb is not installed (``pip install 'fastnorm[wandb]'``).
+        ImportError: wandb is not installed (``pip install 'torch-fastnorm[wandb]'``).
     """
 
     def __init__(self, run: Any = None) -> None:

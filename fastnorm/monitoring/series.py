@@ -342,7 +342,8 @@ def _read_tensorboard(folder: Path, key: str | None) -> Series:
         from tensorboard.backend.event_processing import event_accumulator
     except ImportError as exc:
         raise ImportError(
-            "reading TensorBoard files needs the 'tensorboard' package: pip install 'fastnorm[tensorboard]'"
+            "reading TensorBoard files needs the 'tensorboard' package: "
+            "pip install 'torch-fastnorm[tensorboard]'"
         ) from exc
     acc = event_accumulator.EventAccumulator(str(folder), size_guidance={event_accumulator.SCALARS: 0})
     acc.Reload()
