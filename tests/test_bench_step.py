@@ -73,7 +73,7 @@ class QuietMeter:
 def test_step_rows_in_a_quick_run(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(harness, "LoadMeter", QuietMeter)
     argv = ["bench", "--full", "--quick", "--workloads", "step-gpt2-small", "--repeats", "3", "--no-plot"]
-    assert main(argv + ["--out", str(tmp_path)]) == 0
+    assert main(argv + ["--details", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     header = next(line for line in out.splitlines() if line.lstrip().startswith("contender"))
     assert header.split()[:6] == ["contender", "time", "spread", "x", "step", "GB/s"]

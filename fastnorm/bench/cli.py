@@ -79,9 +79,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         f"{RUN_BUDGET_S / 60:.0f} minutes on 2 cores, less on an idle machine, and on a busy one leaves "
         "out, costliest first, the workloads the budget cannot hold. --full runs every "
         "workload (many minutes). Before the run the machine's load is measured: other processes' "
-        "work marks figures as disturbed, and the run says so at once. Prints a table per workload "
-        "and writes DEVICE.json, DEVICE.md and results.csv under --out after each one, and DEVICE.png "
-        "at the end; Ctrl-C keeps what is done and draws it."
+        "work marks figures as disturbed, and the run says so at once. Ends with a verdict of a few "
+        "lines (what was compared, where, how much faster than torch, at what share of the memory "
+        "limit, whether the load left the figures trustworthy, the peak memory); --details adds a "
+        "table per workload and every target. Writes DEVICE.json, DEVICE.md (the tables and "
+        "targets) and results.csv under --out after each workload, and DEVICE.png at the end; "
+        "Ctrl-C keeps what is done and draws it."
     )
     parser.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda when present, else cpu")
     parser.add_argument(
@@ -129,6 +132,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--out", type=Path, default=Path("bench-results"), help="results folder (default: bench-results)"
     )
     parser.add_argument("--no-plot", action="store_true", help="do not draw the PNG")
+    parser.add_argument(
+        "--details", action="store_true", help="after the verdict, print every table and every target"
+    )
     parser.add_argument("--list", action="store_true", help="list the workloads and contenders, and exit")
     parser.set_defaults(func=main)
 
@@ -450,13 +456,15 @@ def main(args: argparse.Namespace) -> int:
     import torch
 
     from fastnorm.backends import cpp, requested
-    from fastnorm.bench import distributed, goals, report
+    from fastnorm.bench import distributed, goals, report, verdict
     from fastnorm.bench.contenders import by_prefix, default_wanted, for_workload
     from fastnorm.bench.harness import (
         MIN_TIMING_S,
         CorrectnessError,
         OutOfTime,
         measure_load,
+        memory_needed,
+        peak_memory_bytes,
         run_workload,
         too_big,
     )
@@ -583,7 +591,15 @@ def main(args: argparse.Namespace) -> int:
     first = progress.elapsed + estimate.left(0, progress.elapsed)
     limit = f"; its budget is {_clock(run_budget)}, from the command on" if run_budget is not None else ""
     what = f"{len(steps)} step{'s' * (len(steps) != 1)} (a workload in one dtype each)"
-    print(f"{what}: about {_clock(first)} in all{limit}.\n", flush=True)
+    sizes = [(memory_needed(WORKLOADS[n], DTYPES[d], args.quick), f"{n} {d}") for n, d, _, _ in steps]
+    need, largest = max(sizes)
+    now = peak_memory_bytes() or 0
+    print(
+        f"{what}: about {_clock(first)} in all{limit}. It holds up to about "
+        f"{report.fmt_bytes(now + need)} of memory ({largest}'s arrays, {report.fmt_bytes(need)}, beside "
+        f"the {report.fmt_bytes(now)} of torch and this process).\n",
+        flush=True,
+    )
     written: list[Path] = []
     try:
         for index, (name, dtype, chosen, skipped) in enumerate(steps):
@@ -630,7 +646,6 @@ def main(args: argparse.Namespace) -> int:
             if run_budget is not None:
                 record["rounds"]["run_budget_s"] = run_budget
             run["workloads"].append(record)
-            print(report.table(record) + "\n", flush=True)
             run["goals"] = goals.evaluate(run)
             written = report.write(run, args.out, [record])
             progress.end(record)
@@ -650,14 +665,21 @@ def main(args: argparse.Namespace) -> int:
         return 130
     progress.close()
     run["seconds"] = round(progress.elapsed, 1)
+    run["peak_memory_bytes"] = peak_memory_bytes()
     run["goals"] = goals.evaluate(run)
     written = report.write(run, args.out, [])
 
+    print(verdict.verdict(run) + "\n")
     if run["skipped_workloads"]:
         names = ", ".join(f"{s['workload']} {s['dtype']}" for s in run["skipped_workloads"])
         print(f"Not run: {names} (the reason is under each one's name above).\n")
-    if run["goals"]:
-        print(goals.summary(run["goals"]) + "\n")
+    if args.details:
+        for record in run["workloads"]:
+            print(report.table(record) + "\n")
+        if run["goals"]:
+            print(goals.summary(run["goals"]) + "\n")
+    else:
+        print(f"Every workload's table and every target: {args.out / device.type}.md, or --details.\n")
     if not args.no_plot and run["workloads"]:
         written += _draw(run, args.out, device.type)
     if written:

@@ -136,6 +136,17 @@ def _status_kib(field: str) -> int:
     raise OSError(f"no {field} in /proc/self/status")
 
 
+_PEAK_KIB = 0  # the peak resident set before peak_extra_bytes last reset VmHWM (and ru_maxrss)
+
+
+def peak_memory_bytes() -> int | None:
+    """The most resident memory this process has held so far (None without Linux's /proc)."""
+    try:
+        return max(_PEAK_KIB, _status_kib("VmHWM")) * 1024
+    except OSError:
+        return None
+
+
 def peak_extra_bytes(call: Call, device: torch.device) -> tuple[Any, int | None, str]:
     """Runs ``call`` once; returns (its result, the peak memory it added, the method).
 
@@ -151,7 +162,9 @@ def peak_extra_bytes(call: Call, device: torch.device) -> tuple[Any, int | None,
         result = call()
         torch.cuda.synchronize(device)
         return result, torch.cuda.max_memory_allocated(device) - base, "cuda.max_memory_allocated"
+    global _PEAK_KIB
     try:
+        _PEAK_KIB = max(_PEAK_KIB, _status_kib("VmHWM"))
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")  # resets VmHWM to the current resident set
         base = _status_kib("VmRSS")
@@ -249,8 +262,9 @@ class MachineLoad:
         average = f"load average {self.load_average:.1f}" if self.load_average is not None else ""
         if not self.busy:
             return (
-                f"The machine is quiet: other processes keep {self.other_cores_busy:.2f} of its "
-                f"{self.cores} cores busy ({average})."
+                f"Before the run, other processes kept {self.other_cores_busy:.2f} of the "
+                f"{self.cores} cores busy ({average}); a round during which they keep more than "
+                f"{QUIET_CORES:g} busy is timed again, and the end of the run says how many were."
             )
         n = len(self.processes)
         who = {0: "other processes keep", 1: "1 other process keeps"}.get(n, f"{n} other processes keep")
@@ -751,7 +765,10 @@ def _record(
             and torch.get_num_threads() > 1
         )
         if impossible and not c.roofline:
-            result["disturbed"] = f"{roofline_pct:.0f}% of the roofline measured in the same rounds"
+            result["disturbed"] = (
+                f"timed faster than memory allows ({roofline_pct:.0f}% of the fastest plain read of the "
+                "same bytes, in the same rounds)"
+            )
         results.append(result)
 
     def roof_entry(found: tuple[str, float] | None, factor: int) -> dict[str, Any] | None:
