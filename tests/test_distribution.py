@@ -1,8 +1,11 @@
-"""Every install hint names this project's distribution: the package named ``fastnorm`` on the index
-is another project, and a hint that says ``pip install 'fastnorm[hf]'`` would install it."""
+"""This project's distribution and what the README says of installing it: every install hint names
+the distribution (the package named ``fastnorm`` on the index is another project, and a hint that says
+``pip install 'fastnorm[hf]'`` would install it), the torch every figure comes from, the extras' sizes."""
 
 import re
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PYPROJECT = (ROOT / "pyproject.toml").read_text()
@@ -93,3 +96,77 @@ def test_every_install_hint_names_this_distribution_never_a_bare_fastnorm():
     assert len(ours) >= 8, ours
     for where, extra in ours:
         assert extra.startswith("{") or extra in extras(), (where, extra)
+
+
+def test_the_readme_installs_the_torch_ci_runs_and_every_figure_comes_from():
+    ci = (ROOT / ".ci" / "run").read_text()
+    (pinned,) = re.findall(r"^python -m pip install -q torch==([\d.]+)$", ci, flags=re.M)
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert f"pip install torch=={pinned} --index-url" in readme
+    assert f"Every figure and test result here comes from torch {pinned}" in readme
+    assert set(re.findall(r"torch (\d+\.\d+\.\d+)\+cpu", readme)) == {pinned}  # each figure's torch
+    (floor,) = re.findall(r'^dependencies = \["torch>=([\d.]+)"\]$', PYPROJECT, flags=re.M)
+    assert f"asks only for `torch>={floor}`" in readme
+
+
+def _pulled(requirements: list[str]) -> tuple[set[str], set[str]]:
+    """The installed distributions ``requirements`` pull, transitively; and the ones not installed."""
+    from importlib import metadata
+
+    from packaging.requirements import Requirement
+
+    dists = {normalized(d.metadata["Name"]): d for d in metadata.distributions()}
+    seen, missing, stack = set(), set(), [Requirement(r) for r in requirements]
+    while stack:
+        req = stack.pop()
+        name = normalized(req.name)
+        if name in seen or name in missing:
+            continue
+        if name not in dists:
+            missing.add(name)
+            continue
+        seen.add(name)
+        for line in dists[name].requires or []:
+            sub = Requirement(line)
+            if sub.marker is None or any(sub.marker.evaluate({"extra": e}) for e in req.extras or {""}):
+                stack.append(sub)
+    return seen, missing
+
+
+def _bytes(names: set[str]) -> int:
+    from importlib import metadata
+
+    dists = {normalized(d.metadata["Name"]): d for d in metadata.distributions()}
+    return sum(f.size or 0 for name in names for f in dists[name].files or [])
+
+
+def _extra(name: str) -> list[str]:
+    """An extra's requirements, this project's own extras expanded, those whose marker fails dropped."""
+    from packaging.requirements import Requirement
+
+    found = []
+    for line in re.findall(r'"([^"]+)"', extras()[name]):
+        req = Requirement(line)
+        if normalized(req.name) == normalized(distribution()):
+            found += [r for extra in sorted(req.extras) for r in _extra(extra)]
+        elif req.marker is None or req.marker.evaluate():
+            found.append(line)
+    return found
+
+
+@pytest.mark.parametrize(
+    "extra, said",
+    [
+        ("test", r"\.\[test\] adds about ([\d.]+) GB beside torch"),
+        ("bench", r"`\.\[bench\]` about ([\d.]+) GB"),
+    ],
+)
+def test_the_readme_says_how_much_the_extras_install_beside_torch(extra, said):
+    pytest.importorskip("packaging")
+    pulled, missing = _pulled(_extra(extra))
+    if missing:
+        pytest.skip(f"the {extra} extra is not installed here: {sorted(missing)}")
+    beside = _bytes(pulled - _pulled(["torch"])[0])
+    (gb,) = set(re.findall(said, " ".join((ROOT / "README.md").read_text().split())))
+    # said roughly: within a quarter (the wheels differ by platform and version)
+    assert abs(beside / 1e9 - float(gb)) <= 0.25 * float(gb) + 0.05, (extra, beside, gb)
