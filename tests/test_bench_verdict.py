@@ -24,8 +24,9 @@ def result(name, *, speedup=None, roofline_pct=None, paired_ratio=None, disturbe
     return r | ({"disturbed": disturbed} if disturbed else {})
 
 
-def record(workload, dtype, results, timed=7, kept=7, disturbed=None):
-    rec = {"workload": workload, "dtype": dtype, "results": results, "rounds": {"timed": timed, "kept": kept}}
+def record(workload, dtype, results, timed=7, quiet=7, disturbed=None):
+    rounds = {"timed": timed, "kept": quiet, "quiet": quiet}
+    rec = {"workload": workload, "dtype": dtype, "results": results, "rounds": rounds}
     return rec | ({"disturbed": disturbed} if disturbed else {})
 
 
@@ -82,9 +83,9 @@ def test_a_quiet_run_says_what_it_compared_where_how_fast_and_at_what_share_of_m
 
 def test_replaced_rounds_are_said_and_a_disturbed_figure_is_counted_never_quoted():
     replaced = quiet_run()
-    replaced["workloads"][0]["rounds"] = {"timed": 14, "kept": 7}
+    replaced["workloads"][0]["rounds"] = {"timed": 14, "kept": 7, "quiet": 7}
     flat = " ".join(verdict.verdict(replaced).split())
-    assert "Trust: good: other processes kept more than 0.25 cores busy in 7 of 35 timed rounds" in flat
+    assert "Trust: good: other processes kept more than 0.25 cores busy in 7 of 35 rounds" in flat
     assert "timed again" in flat
 
     one = quiet_run()
@@ -96,7 +97,9 @@ def test_replaced_rounds_are_said_and_a_disturbed_figure_is_counted_never_quoted
     whole = quiet_run()
     for rec in whole["workloads"][:3]:
         rec["disturbed"] = "other processes kept up to 2.00 cores busy in 7 of 7 rounds"
+        rec["rounds"] = {"timed": 7, "kept": 7, "quiet": 0}  # too few quiet: every round kept
     flat = " ".join(verdict.verdict(whole).split())
+    assert "busy in 21 of 28 rounds" in flat
     assert "Trust: poor:" in flat and "3 of the 4 workloads got too few quiet rounds" in flat
     assert "no figure of total_norm against torch's get_total_norm is a result" in flat
     assert "Rerun on an idle machine" in flat and "good" not in flat

@@ -1380,4 +1380,38 @@ MUTANTS = [
         "tests": ["tests/test_optim.py::test_unsupported_optimizers_fall_back_with_one_note"],
         "what": "an optimizer built without fused=True (fused=None) is taken to fold the clip",
     },
+    {
+        "name": "hint-names-the-other-fastnorm",
+        "path": "fastnorm/integrations/hf.py",
+        "old": "needs transformers: pip install 'torch-fastnorm[hf]'",
+        "new": "needs transformers: pip install 'fastnorm[hf]'",
+        "tests": [
+            "tests/test_distribution.py::test_every_install_hint_names_this_distribution_never_a_bare_fastnorm"
+        ],
+        "what": "an install hint names the index's fastnorm, another project",
+    },
+    {
+        "name": "bench-peak-memory-lost-at-each-reset",
+        "path": "fastnorm/bench/harness.py",
+        "old": '        _PEAK_KIB = max(_PEAK_KIB, _status_kib("VmHWM"))\n',
+        "new": "",
+        "tests": ["tests/test_bench_verdict.py::test_the_peak_memory_outlives_the_resets_of_the_per_call_measure"],
+        "what": "the run's peak memory forgets what came before each per-call measure reset VmHWM",
+    },
+    {
+        "name": "bench-verdict-trusts-a-figure-faster-than-memory",
+        "path": "fastnorm/bench/verdict.py",
+        "old": "    if not whole and not single:",
+        "new": "    if not whole:",
+        "tests": ["tests/test_bench_verdict.py"],
+        "what": "the verdict calls a run trustworthy although a figure was faster than memory allows",
+    },
+    {
+        "name": "bench-verdict-quotes-disturbed-figures",
+        "path": "fastnorm/bench/verdict.py",
+        "old": "    return None if r is None or disturbed(record, r) else r",
+        "new": "    return r",
+        "tests": ["tests/test_bench_verdict.py"],
+        "what": "the verdict quotes a disturbed figure as a result",
+    },
 ]

@@ -283,7 +283,7 @@ def table(record: dict[str, Any]) -> str:
         lines.append("  " + "  ".join(cells).rstrip())
     for r in record["results"]:
         if r.get("disturbed") and not record.get("disturbed"):
-            lines.append(f"  ({r['contender']} disturbed: {r['disturbed']})")
+            lines.append(f"  ({r['contender']}: not a result, {r['disturbed']})")
     for name, reasons in record.get("skipped", {}).items():
         lines.append(f"  (skipped {name}: {'; '.join(reasons)})")
     if steps:

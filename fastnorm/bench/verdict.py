@@ -115,7 +115,8 @@ def _trust(run: dict[str, Any]) -> str:
     before = (run.get("load_before") or {}).get("other_cores_busy")
     rounds = [rec.get("rounds") or {} for rec in records]
     timed = sum(r.get("timed", 0) for r in rounds)
-    replaced = sum(r.get("timed", 0) - r.get("kept", 0) for r in rounds)
+    # Not quiet: left out and timed again, or, where too few were quiet, kept (the figures disturbed).
+    busy_rounds = sum(r.get("timed", 0) - r.get("quiet", r.get("kept", 0)) for r in rounds)
     whole = [rec for rec in records if rec.get("disturbed")]
     single = [
         (rec, r)
@@ -129,9 +130,9 @@ def _trust(run: dict[str, Any]) -> str:
         quick = " These are --quick shapes, a smoke test: their figures say little about real models."
     if before is None and not timed:
         return "Trust: unknown: this machine's load cannot be read (no /proc/stat): no round checked." + quick
-    busy = f"other processes kept more than {QUIET_CORES:g} cores busy in {replaced} of {timed} timed rounds"
+    busy = f"other processes kept more than {QUIET_CORES:g} cores busy in {busy_rounds} of {timed} rounds"
     if not whole and not single:
-        if replaced == 0:
+        if busy_rounds == 0:
             return (
                 f"Trust: good: other processes kept at most {QUIET_CORES:g} cores busy in every one of the "
                 f"{timed} timed rounds, so every figure is a result." + quick
@@ -143,7 +144,9 @@ def _trust(run: dict[str, Any]) -> str:
     parts = []
     if whole:
         names = ", ".join(f"{rec['workload']} {rec['dtype']}" for rec in whole)
-        parts.append(f"{len(whole)} of the {len(records)} workloads got too few quiet rounds ({names})")
+        share = f"all {len(records)}" if len(whole) == len(records) else f"{len(whole)} of the {len(records)}"
+        listed = f" ({names})" if len(whole) <= 4 else ""
+        parts.append(f"{share} workloads got too few quiet rounds{listed}")
     if single:
         plural = "s" * (len(single) != 1)
         parts.append(f"{len(single)} other figure{plural} came out faster than memory allows")
