@@ -21,7 +21,7 @@ from typing import Any
 from fastnorm.checks import InputError, number_argument
 from fastnorm.monitoring import plot
 from fastnorm.monitoring.diagnosis import Diagnosis, diagnose
-from fastnorm.monitoring.series import Series, read_series
+from fastnorm.monitoring.series import NoGradientNorm, Series, read_series
 
 PROG = "fastnorm diagnose"
 
@@ -104,6 +104,9 @@ def _load(path: str, key: str | None) -> Series:
             f"{path}: {where} is not text (byte {exc.object[exc.start]:#04x} at offset {exc.start} "
             "is not UTF-8)"
         ) from None
+    except NoGradientNorm as exc:
+        hint = f"--key '{exc.likeliest}'" if exc.likeliest else "--key NAME"
+        raise InputError(f"{exc}; to read one of them as the gradient norm: {hint}") from None
     except json.JSONDecodeError as exc:
         raise InputError(f"{path}: not JSON ({exc.msg}, line {exc.lineno} column {exc.colno})") from None
     except (OSError, ValueError, ImportError) as exc:
