@@ -283,3 +283,26 @@ def test_a_norm_under_another_spelling_is_read_and_said(tmp_path, capsys):
     assert main(["diagnose", str(path)]) == 0
     assert capsys.readouterr().out.splitlines()[0] == f"{path}: 2 values of 'train/grad_norm_before_clip'"
 
+
+def test_a_plot_of_norms_near_the_largest_float(tmp_path, capsys):
+    # matplotlib's axes overflow there: the norms beyond its reach are marked on the top edge.
+    pytest.importorskip("matplotlib")
+    values = [1.7e308 * (0.5 + 0.5 * (i % 2)) for i in range(100)]
+    path = tmp_path / "metrics.jsonl"
+    path.write_text(
+        "".join(
+            json.dumps({"step": i, "gradient_norm": v, "gradient_norm_loss": v, "gradient_norm_max_norm": 1e308})
+            + "\n"
+            for i, v in enumerate(values)
+        )
+    )
+    png = tmp_path / "norm.png"
+    assert main(["diagnose", str(path), "--plot", str(png)]) == 0
+    assert f"plot: {png}" in capsys.readouterr().out and png.read_bytes()[:4] == b"\x89PNG"
+
+    from fastnorm.monitoring.plot import plot
+
+    values[10] = 1.0
+    fig = plot(range(100), values, diagnose(range(100), values), tmp_path / "p.png", max_norm=1e308)
+    [marks] = [line for line in fig.axes[0].get_lines() if line.get_marker() == "|"]
+    assert list(marks.get_xdata()) == [i for i in range(100) if i != 10]
