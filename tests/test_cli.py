@@ -126,20 +126,25 @@ def test_a_defect_shows_its_traceback_and_never_exits_1(tmp_path, capsys, monkey
     assert code == 2 and out == ""
     assert err.startswith("Traceback") and "ZeroDivisionError: division by zero" in err
     assert err.splitlines()[-1] == (
-        "fastnorm diagnose: error: ZeroDivisionError inside fastnorm (a defect: please report the traceback above)"
+        "fastnorm diagnose: error: ZeroDivisionError inside fastnorm "
+        "(a defect: please report the traceback above)"
     )
 
 
+@pytest.mark.parametrize("buffered", [True, False])
 @pytest.mark.parametrize("argv", [["diagnose", "{log}"], ["diagnose", "{log}", "--json"]])
-def test_a_reader_that_closes_stdout_is_one_line_and_exit_2(tmp_path, argv):
-    # `fastnorm diagnose run.csv | head -1`: the reader is gone before the report is written.
+def test_a_reader_that_closes_stdout_is_one_line_and_exit_2(tmp_path, argv, buffered):
+    # `fastnorm diagnose run.csv | head -1`: the reader is gone before the report is written (by
+    # print, unbuffered, or by the last flush of a buffered stdout).
     log = tmp_path / "metrics.csv"
     log.write_text("step,grad_norm\n" + "".join(f"{i},{1 + i % 3 / 10}\n" for i in range(50)))
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
     child = subprocess.Popen(
-        [sys.executable, "-m", "fastnorm", *(a.format(log=log) for a in argv)],
+        [sys.executable, *([] if buffered else ["-u"]), "-m", "fastnorm", *(a.format(log=log) for a in argv)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        env=env,
         cwd=os.path.dirname(os.path.abspath(__file__)),
     )
     child.stdout.close()  # before the child has imported anything: its first write finds no reader

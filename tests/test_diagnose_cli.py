@@ -8,6 +8,7 @@ import pytest
 
 from fastnorm import GradNormMonitor, JsonlLogger, TensorBoardLogger, diagnose
 from fastnorm.cli import main
+from fastnorm.monitoring.series import MAX_NORM_KEY
 from helpers import run_python
 from synthetic import NAMES, K, N, case
 
@@ -291,8 +292,7 @@ def test_a_plot_of_norms_near_the_largest_float(tmp_path, capsys):
     path = tmp_path / "metrics.jsonl"
     path.write_text(
         "".join(
-            json.dumps({"step": i, "gradient_norm": v, "gradient_norm_loss": v, "gradient_norm_max_norm": 1e308})
-            + "\n"
+            json.dumps({"step": i, "gradient_norm": v, "gradient_norm_loss": v, MAX_NORM_KEY: 1e308}) + "\n"
             for i, v in enumerate(values)
         )
     )

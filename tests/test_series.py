@@ -296,8 +296,8 @@ def test_nothing_to_read(tmp_path):
 @pytest.mark.parametrize(
     "line, message",
     [
-        ('"gradient_norm_max_norm": -1', "at step 2: gradient_norm_max_norm: max_norm must be >= 0, got -1.0"),
-        ('"gradient_norm_max_norm": NaN', "at step 2: gradient_norm_max_norm: max_norm must be >= 0, got nan"),
+        ('"gradient_norm_max_norm": -1', "step 2: gradient_norm_max_norm: max_norm must be >= 0, got -1.0"),
+        ('"gradient_norm_max_norm": NaN', "step 2: gradient_norm_max_norm: max_norm must be >= 0, got nan"),
         ('"gradient_norm_max_norm": [1, 2]', "max_norm must be a number >= 0, got [1, 2] (list)"),
         ('"gradient_norm_max_norm": "one"', "max_norm must be a number >= 0, got 'one' (str)"),
         ('"gradient_norm_precision/fp7": 1', "precision must be one of fp64, fp32,"),
@@ -357,7 +357,8 @@ def test_a_byte_order_mark_keeps_the_first_column(tmp_path, encoding, kind):
     text = {
         "csv": "step,grad_norm\n600,1.0\n610,2.0\n",
         "jsonl": '{"step": 600, "grad_norm": 1.0}\n{"step": 610, "grad_norm": 2.0}\n',
-        "trainer_state": '{"log_history": [{"step": 600, "grad_norm": 1.0}, {"step": 610, "grad_norm": 2.0}]}',
+        "trainer_state": '{"log_history": [{"step": 600, "grad_norm": 1.0}, '
+        '{"step": 610, "grad_norm": 2.0}]}',
     }[kind]
     name = {"csv": "metrics.csv", "jsonl": "metrics.jsonl", "trainer_state": "trainer_state.json"}[kind]
     codec = encoding.removesuffix("-bom")
