@@ -5,15 +5,49 @@ Pure Python (no torch), so that the diagnosis can use it without importing torch
 Each check returns the value normalised (``float``/``int``) or raises a
 ``TypeError`` (wrong kind of value) or ``ValueError`` (a value out of range)
 whose message starts with the function or class it was given to (``owner``).
+
+What comes from outside the program (a file's contents, a command's argument)
+is checked where it is read, once, and a bad value raises :class:`InputError`,
+whose message names the file or the argument: the fastnorm command turns it
+into one line and exit code 2.
 """
 
 from __future__ import annotations
 
+import argparse
 import collections
 import math
 import numbers
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
+
+
+class InputError(ValueError):
+    """A bad input from outside the program: a file that cannot be read as what it claims to be, a
+    value logged in it that is out of range, a command's argument. Its message names the file (and
+    where in it) or the argument; the fastnorm command prints it on one line and exits with 2."""
+
+
+def number_argument(
+    low: float, *, above: bool = False, finite: bool = True, integer: bool = False
+) -> Callable[[str], Any]:
+    """An argparse ``type=`` for a number argument: the text as a float (an int with ``integer``),
+    refused with a message that says what is allowed unless it is >= ``low`` (> with ``above``),
+    not NaN, and finite (unless not ``finite``: ``inf`` is then allowed)."""
+    kind = "a whole number" if integer else ("a finite number" if finite else "a number")
+    rule = f"{kind} {'>' if above else '>='} {low:g}"
+
+    def parse(text: str) -> Any:
+        try:
+            value: Any = int(text) if integer else float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be {rule}, got {text!r}") from None
+        bad = math.isnan(value) or (finite and math.isinf(value)) or (value <= low if above else value < low)
+        if bad:
+            raise argparse.ArgumentTypeError(f"must be {rule}, got {text!r}")
+        return value
+
+    return parse
 
 
 def _is_number(value: Any) -> bool:

@@ -267,7 +267,8 @@ def clip_(
     p = checks.norm_type(norm_type, "clip_")
     given = _checked_total_norm(total_norm)  # what the kernels read; the caller's tensor is returned
     items = items_of(parameters, "clip_")
-    if not items and isinstance(parameters, types.GeneratorType):
+    if not items and isinstance(parameters, types.GeneratorType) and total_norm is None:
+        # clip_grad_norm_'s warning; clip_grads_with_norm_ (a norm given) has none
         warnings.warn(EMPTY_GENERATOR, stacklevel=2)
     targets = _clip_targets(items, checks.boolean(gradients, "gradients", "clip_"))
     if torch.compiler.is_compiling():

@@ -876,3 +876,33 @@ def test_the_time_a_default_run_takes_is_said_the_same_in_help_and_docs(capsys):
     assert said in help_text and said in docs and said in (ROOT / "README.md").read_text()
     assert f"budget of {RUN_BUDGET_S / 60:.0f} minutes from the command on" in help_text
     assert f"budget of {int(RUN_BUDGET_S // 60)}:{int(RUN_BUDGET_S % 60):02d} from the command on" in docs
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--budget", "nan"], "argument --budget: must be a finite number > 0, got 'nan'"),
+        (["--budget", "inf"], "argument --budget: must be a finite number > 0, got 'inf'"),
+        (["--out", "{file}"], "argument --out: {file} is a file, not a folder"),
+        (["--out", "{file}/run"], "argument --out: {file}/run: {file} is a file, not a folder"),
+        (["--out", "/proc/fastnorm/run"], "argument --out: /proc/fastnorm/run: cannot write in /proc ("),
+    ],
+)
+def test_bad_arguments_are_refused_before_any_workload_runs(monkeypatch, tmp_path, capsys, args, message):
+    # A run that found out at its first write would have lost what it measured.
+    if args[-1].startswith("/proc") and not Path("/proc/self").is_dir():
+        pytest.skip("needs Linux's /proc, a folder nobody can write in")
+
+    def ran(*args, **kwargs):
+        raise AssertionError("a workload ran")
+
+    monkeypatch.setattr(harness, "run_workload", ran)
+    monkeypatch.setattr(harness, "measure_load", ran)
+    file = tmp_path / "results.json"
+    file.write_text("{}")
+    with pytest.raises(SystemExit) as exited:
+        main(["bench", "--quick", *(a.format(file=file) for a in args)])
+    assert exited.value.code == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith(f"fastnorm bench: error: {message.format(file=file)}")
+    assert err.count("\n") == 1 and file.read_text() == "{}"

@@ -8,6 +8,7 @@ import pytest
 
 from fastnorm import GradNormMonitor, JsonlLogger, TensorBoardLogger, diagnose
 from fastnorm.cli import main
+from fastnorm.monitoring.series import MAX_NORM_KEY
 from helpers import run_python
 from synthetic import NAMES, K, N, case
 
@@ -193,10 +194,16 @@ def _bad_logs(tmp_path):
     (tmp_path / "blank.csv").write_text("\n \n")
     (tmp_path / "bytes.jsonl").write_bytes(bytes(range(256)) * 8)
     (tmp_path / "folder").mkdir()
-    (tmp_path / "folder" / "metrics.jsonl").write_bytes(b"\xff\xfe" * 100)
+    (tmp_path / "folder" / "metrics.jsonl").write_bytes(b"\x80\xff" * 100)  # no UTF-16 byte-order mark
     (tmp_path / "trainer_state.json").write_text('{"log_history": [')
     _norms(tmp_path / "strings.jsonl", ["abc"] * 30 + [1.0] * 20)
     _norms(tmp_path / "nulls.jsonl", [None] * 50)
+    lines = "".join(f'{{"step": {i}, "gradient_norm": 1.0}}\n' for i in range(20))
+    (tmp_path / "max_norm.jsonl").write_text(lines + '{"step": 20, "gradient_norm_max_norm": -1}\n')
+    (tmp_path / "precision.jsonl").write_text(lines + '{"step": 20, "gradient_norm_precision/fp7": 1}\n')
+    (tmp_path / "step.jsonl").write_text(lines + '{"step": 1e400, "gradient_norm": 1.0}\n')
+    (tmp_path / "cells.csv").write_text("step,grad_norm\n0,1.0\n1,1.1,5\n")
+    (tmp_path / "unknown.csv").write_text("step,loss,norm_of_grads\n0,2.0,1.0\n")
     return {
         "empty.jsonl": "the file is empty",
         "blank.csv": "the file is empty",
@@ -206,6 +213,12 @@ def _bad_logs(tmp_path):
         "strings.jsonl": "30 of 50 values of 'gradient_norm' are not numbers (the first, at step 0: 'abc')",
         "nulls.jsonl": "no value of 'gradient_norm'",
         "missing.csv": "no such file or folder",
+        "max_norm.jsonl": "at step 20: gradient_norm_max_norm: max_norm must be >= 0, got -1.0",
+        "precision.jsonl": "gradient_norm_precision/fp7: precision must be one of fp64, fp32,",
+        "step.jsonl": "the step inf (under 'step') is not a whole number",
+        "cells.csv": "line 3 has 3 cells, its header 2",
+        "unknown.csv": "it holds: loss, norm_of_grads, step; to read one of them as the gradient norm: "
+        "--key 'norm_of_grads'",
     }
 
 
@@ -263,3 +276,33 @@ def test_a_few_norms_that_are_not_numbers_are_a_warning(tmp_path, capsys):
         "(the first, at step 10: 'n/a'); the diagnosis leaves them out\n"
     )
     assert "invalid" in out and "verdict: stable" in out
+
+
+def test_a_norm_under_another_spelling_is_read_and_said(tmp_path, capsys):
+    path = tmp_path / "metrics.csv"
+    path.write_text("step,train/grad_norm_before_clip,train/grad_norm_after_clip\n0,3.0,1.0\n1,3.5,1.0\n")
+    assert main(["diagnose", str(path)]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == f"{path}: 2 values of 'train/grad_norm_before_clip'"
+
+
+def test_a_plot_of_norms_near_the_largest_float(tmp_path, capsys):
+    # matplotlib's axes overflow there: the norms beyond its reach are marked on the top edge.
+    pytest.importorskip("matplotlib")
+    values = [1.7e308 * (0.5 + 0.5 * (i % 2)) for i in range(100)]
+    path = tmp_path / "metrics.jsonl"
+    path.write_text(
+        "".join(
+            json.dumps({"step": i, "gradient_norm": v, "gradient_norm_loss": v, MAX_NORM_KEY: 1e308}) + "\n"
+            for i, v in enumerate(values)
+        )
+    )
+    png = tmp_path / "norm.png"
+    assert main(["diagnose", str(path), "--plot", str(png)]) == 0
+    assert f"plot: {png}" in capsys.readouterr().out and png.read_bytes()[:4] == b"\x89PNG"
+
+    from fastnorm.monitoring.plot import plot
+
+    values[10] = 1.0
+    fig = plot(range(100), values, diagnose(range(100), values), tmp_path / "p.png", max_norm=1e308)
+    [marks] = [line for line in fig.axes[0].get_lines() if line.get_marker() == "|"]
+    assert list(marks.get_xdata()) == [i for i in range(100) if i != 10]

@@ -226,3 +226,15 @@ def test_unknown_target_names_are_value_errors():
     assert triton_aot.parse_target("gfx942").backend == "hip"
     with pytest.raises(ValueError, match="sm_<NN>"):
         triton_aot.parse_target("h100")
+
+
+def test_a_kernel_filter_that_matches_nothing_exits_2_with_the_names():
+    from fastnorm.backends import triton_backend
+
+    command = ["-m", "fastnorm", "kernels", "--target", "sm_90", "--kernel", "nomatch"]
+    result = run_python(command, TRITON_INTERPRET="0")
+    assert (result.returncode, result.stdout) == (2, ""), result.stderr
+    names = ", ".join(sorted({launch.kernel for launch in triton_backend.launches()}))
+    assert result.stderr == (
+        f"fastnorm kernels: error: --kernel nomatch: in no kernel's name; the kernels: {names}\n"
+    )

@@ -5,9 +5,13 @@ import math
 import os
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from fastnorm import GradNormMonitor, JsonlLogger, read_series
-from fastnorm.monitoring.series import Track
+from fastnorm import checks
+from fastnorm.checks import PRECISIONS, InputError
+from fastnorm.monitoring.series import MAX_NORM_KEY, PRECISION_PREFIX, NoGradientNorm, Track
 
 
 def write_jsonl(path, records):
@@ -145,7 +149,7 @@ def test_tensorboard_event_files(tmp_path):
         assert series.steps == (0, 1, 2, 3, 4)
         assert series.values == (0.5, 1.0, 1.5, 2.0, 2.5)
         assert series.key == "train/grad_norm"
-        assert series.source == str(run)
+        assert series.source == str(run if where == tmp_path else event_file)
         assert series.loss.key == "train/loss" and series.loss.values == pytest.approx(
             [1.0, 0.9, 0.8, 0.7, 0.6]
         )
@@ -282,3 +286,182 @@ def test_nothing_to_read(tmp_path):
         read_series(tmp_path)
     with pytest.raises(FileNotFoundError, match="no such file"):
         read_series(tmp_path / "missing.jsonl")
+
+
+# ----------------------------------------------------------------------------
+# What the run's settings cannot hold: an InputError naming the file, once, here
+# ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ('"gradient_norm_max_norm": -1', "step 2: gradient_norm_max_norm: max_norm must be >= 0, got -1.0"),
+        ('"gradient_norm_max_norm": NaN', "step 2: gradient_norm_max_norm: max_norm must be >= 0, got nan"),
+        ('"gradient_norm_max_norm": [1, 2]', "max_norm must be a number >= 0, got [1, 2] (list)"),
+        ('"gradient_norm_max_norm": "one"', "max_norm must be a number >= 0, got 'one' (str)"),
+        ('"gradient_norm_precision/fp7": 1', "precision must be one of fp64, fp32,"),
+        ('"step": Infinity', "the step inf (under 'step') is not a whole number below 2**63"),
+        ('"step": 1e400', "the step inf (under 'step') is not a whole number below 2**63"),
+        ('"step": 1e19', "the step 1e+19 (under 'step') is not a whole number"),
+        ('"step": 2.5', "the step 2.5 (under 'step') is not a whole number"),
+        ('"step": "two"', "the step 'two' (under 'step') is not a whole number"),
+        ('"step": true', "the step True (under 'step') is not a whole number"),
+    ],
+)
+def test_a_logged_value_out_of_range_is_an_input_error_naming_the_file(tmp_path, line, message):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text(
+        '{"step": 0, "gradient_norm": 1.0}\n{"step": 1, "gradient_norm": 1.1}\n'
+        + '{"step": 2, "gradient_norm": 1.2, ' + line + "}\n"
+    )
+    with pytest.raises(InputError) as raised:
+        read_series(path)
+    assert str(raised.value).startswith(f"{path}: ") and message in str(raised.value)
+
+
+def test_settings_in_range_are_read(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text(
+        '{"step": 0.0, "gradient_norm": 1.0, "gradient_norm_max_norm": Infinity}\n'
+        '{"step": 7, "gradient_norm": 2.0, "gradient_norm_max_norm": 0, "gradient_norm_precision/16": 1}\n'
+    )
+    series = read_series(path)
+    assert series.steps == (0, 7) and series.max_norm == 0.0 and series.precision == "16"
+
+
+def test_a_csv_row_with_more_cells_than_its_header_names_its_line(tmp_path):
+    path = tmp_path / "metrics.csv"
+    path.write_text("step,grad_norm\n0,1.0\n1,1.1\n2,1.2,7\n3,1.3\n")
+    with pytest.raises(InputError, match=r"metrics.csv: line 4 has 3 cells, its header 2$"):
+        read_series(path)
+    path.write_text("step,grad_norm,loss\n0,1.0,2.0\n1,1.1\n")  # fewer: the missing cells are empty
+    assert read_series(path).steps == (0, 1)
+
+
+def test_semicolon_csv_with_decimal_commas_as_a_spreadsheet_writes_it(tmp_path):
+    path = tmp_path / "metrics.csv"
+    path.write_text("step;grad_norm;loss\n0;1,5;2,25\n1;0,75;2\n2;1.25e-3;-1,5E2\n3;nan;\n")
+    series = read_series(path)
+    assert series.steps == (0, 1, 2, 3) and series.values[:3] == (1.5, 0.75, 1.25e-3)
+    assert math.isnan(series.values[3])
+    assert series.loss.pair() == ((0, 1, 2), (2.25, 2.0, -150.0))
+    path.write_text("step\tgrad_norm\n4\t0.5\n5\t0.25\n")  # a tab-separated one
+    assert read_series(path).values == (0.5, 0.25)
+
+
+@pytest.mark.parametrize("encoding", ["utf-8-sig", "utf-16", "utf-16-le-bom", "utf-16-be-bom"])
+@pytest.mark.parametrize("kind", ["csv", "jsonl", "trainer_state"])
+def test_a_byte_order_mark_keeps_the_first_column(tmp_path, encoding, kind):
+    # Excel's "CSV UTF-8" and PowerShell write one; read as part of the first name, it hid `step`.
+    text = {
+        "csv": "step,grad_norm\n600,1.0\n610,2.0\n",
+        "jsonl": '{"step": 600, "grad_norm": 1.0}\n{"step": 610, "grad_norm": 2.0}\n',
+        "trainer_state": '{"log_history": [{"step": 600, "grad_norm": 1.0}, '
+        '{"step": 610, "grad_norm": 2.0}]}',
+    }[kind]
+    name = {"csv": "metrics.csv", "jsonl": "metrics.jsonl", "trainer_state": "trainer_state.json"}[kind]
+    codec = encoding.removesuffix("-bom")
+    mark = {"utf-16-le": "\ufeff", "utf-16-be": "\ufeff"}.get(codec, "")
+    path = tmp_path / name
+    path.write_bytes((mark + text).encode(codec))
+    series = read_series(path)
+    assert series.steps == (600, 610) and series.values == (1.0, 2.0)
+
+
+def test_an_event_file_is_read_alone_and_its_folder_for_all_its_files(tmp_path):
+    pytest.importorskip("tensorboard")
+    from torch.utils.tensorboard import SummaryWriter
+
+    files = []
+    for run, level in enumerate((1.0, 100.0)):  # two runs written into one folder
+        writer = SummaryWriter(str(tmp_path), filename_suffix=f".run{run}")
+        for step in range(4):
+            writer.add_scalar("train/grad_norm", level + step, step)
+        writer.close()
+        files.append(next(tmp_path.glob(f"events.out.tfevents.*.run{run}")))
+    for path, level in zip(files, (1.0, 100.0)):
+        series = read_series(path)
+        assert series.values == tuple(level + s for s in range(4)) and series.source == str(path)
+    assert read_series(tmp_path).source == str(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "train/grad_norm_before_clip",
+        "grad_norm_before_clip",
+        "gradient-norm",
+        "grad-norm",
+        "train/gradient_norm_pre_clip",
+        "optimizer/grad_norm",
+        "training/total_grad_norm",
+        "GradNorm",
+        "grad_norm_unclipped",
+    ],
+)
+def test_other_spellings_of_the_norm_are_read(tmp_path, name):
+    path = tmp_path / "metrics.csv"
+    path.write_text(f"step,{name},eval/grad_norm,grad_norm_after_clip\n0,1.5,9.0,1.0\n1,2.5,9.0,1.0\n")
+    series = read_series(path)
+    assert series.key == name and series.values == (1.5, 2.5)
+
+
+@pytest.mark.parametrize(
+    "columns, likeliest",
+    [
+        ("grad_norm_after_clip,loss", "grad_norm_after_clip"),  # capped at max_norm: never read unasked
+        ("eval/grad_norm,loss", "eval/grad_norm"),
+        ("grad_norm/layer.0,loss", "grad_norm/layer.0"),
+        ("norm_of_grads,val_norm,loss", "norm_of_grads"),
+        ("loss,accuracy", None),
+    ],
+)
+def test_a_norm_under_a_name_not_known_is_suggested_not_read(tmp_path, columns, likeliest):
+    path = tmp_path / "metrics.csv"
+    path.write_text(f"step,{columns}\n0,1.0,2.0\n")
+    with pytest.raises(NoGradientNorm, match="it holds: ") as raised:
+        read_series(path)
+    assert raised.value.likeliest == likeliest
+
+
+def _broken_file(draw):
+    """A metrics file that a trainer, a spreadsheet or a crash could have left: a valid one, then edits."""
+    kind = draw(st.sampled_from(["csv", "jsonl", "trainer_state"]))
+    cell = st.one_of(
+        st.floats(allow_nan=True, allow_infinity=True),
+        st.integers(-(2**70), 2**70),
+        st.sampled_from(["", "nan", "Infinity", "1e400", "-1", "1,5", "abc", "[1]", "true", '"', ";"]),
+    )
+    keys = ["step", "grad_norm", "loss", MAX_NORM_KEY, f"{PRECISION_PREFIX}fp7", f"{PRECISION_PREFIX}bf16"]
+    columns = draw(st.lists(st.sampled_from(keys), min_size=1, max_size=5, unique=True))
+    rows = draw(st.lists(st.lists(cell, min_size=0, max_size=len(columns) + 2), max_size=12))
+    if kind == "csv":
+        sep = draw(st.sampled_from([",", ";", "\t"]))
+        text = sep.join(columns) + "\n" + "".join(sep.join(map(str, r)) + "\n" for r in rows)
+    else:
+        records = [dict(zip(columns, r)) for r in rows]
+        lines = [json.dumps(r) for r in records]
+        text = "\n".join(lines) if kind == "jsonl" else json.dumps({"log_history": records})
+    data = text.encode(draw(st.sampled_from(["utf-8", "utf-8-sig", "utf-16"])))
+    if draw(st.booleans()):
+        cut = draw(st.integers(0, len(data)))
+        data = data[:cut] + draw(st.binary(max_size=8)) + data[cut:]
+    return kind, data
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.data())
+def test_broken_files_are_read_or_refused_clearly(tmp_path, data):
+    # Fuzz: whatever the bytes, the reader returns a series whose settings hold, or raises the errors
+    # the fastnorm command turns into one line (never a TypeError, AttributeError, OverflowError...).
+    kind, raw = data.draw(st.composite(_broken_file)())
+    path = tmp_path / {"csv": "m.csv", "jsonl": "m.jsonl", "trainer_state": "trainer_state.json"}[kind]
+    path.write_bytes(raw)
+    try:
+        series = read_series(path)
+    except (InputError, UnicodeDecodeError, json.JSONDecodeError):
+        return
+    assert all(isinstance(s, int) for s in series.steps) and list(series.steps) == sorted(set(series.steps))
+    assert series.max_norm is None or series.max_norm >= 0
+    assert series.precision is None or checks.precision(series.precision, "") in PRECISIONS

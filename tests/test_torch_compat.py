@@ -162,6 +162,14 @@ def test_clip_grad_norm(impl, norm_type, foreach):
     assert str(w[0].message) == "`parameters` is an empty generator, no gradient clipping will occur."
 
 
+def test_clip_grads_with_norm_of_an_empty_generator_is_silent(impl):
+    # clip_grad_norm_ warns of an empty generator (above); clip_grads_with_norm_, given the norm, does not.
+    params = (p for p in [])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert impl.clip_grads_with_norm_(params, 1.0, torch.tensor(2.0)) is None
+
+
 # ----------------------------------------------------------------------------
 # test_clip_grad_norm_error_if_nonfinite
 # ----------------------------------------------------------------------------
@@ -417,10 +425,71 @@ def test_difference_a_16bit_total_norm_is_widened(fastnorm_backend, dtype):
     assert not torch.equal(ours[0].grad, theirs[0].grad)
 
 
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int8, torch.bool])
+def test_difference_an_integer_or_bool_gradient_is_a_type_error(fastnorm_backend, dtype):
+    def params():
+        p = torch.zeros(3, dtype=dtype)  # only a manual assignment gives a tensor an integer .grad
+        p.grad = torch.ones(3, dtype=dtype)
+        return [p, torch.nn.Parameter(torch.zeros(2))]
+
+    with pytest.raises(RuntimeError, match="Expected a floating point or complex tensor"):
+        torch.nn.utils.clip_grad_norm_(params(), 1.0)
+    with pytest.raises(RuntimeError, match="Expected a floating point or complex tensor"):
+        torch.nn.utils.get_total_norm([torch.ones(3, dtype=dtype)])
+    ours = params()
+    ours[1].grad = torch.full((2,), 5.0)
+    with pytest.raises(TypeError, match=f"item 0 has dtype {dtype}; gradients must be float16"):
+        fastnorm.clip_(ours, 1.0)
+    with pytest.raises(TypeError, match=f"item 0 has dtype {dtype}"):
+        fastnorm.total_norm([torch.ones(3, dtype=dtype)])
+    assert torch.equal(ours[1].grad, torch.full((2,), 5.0))  # nothing written
+
+
+def test_difference_gradients_on_the_meta_device_raise(fastnorm_backend):
+    def params():
+        p = torch.nn.Parameter(torch.zeros(4, device="meta"))
+        p.grad = torch.ones(4, device="meta")
+        return [p]
+
+    theirs = torch.nn.utils.clip_grad_norm_(params(), 1.0)  # a norm without a value
+    assert theirs.device.type == "meta" and theirs.shape == ()
+    assert torch.nn.utils.get_total_norm([torch.ones(4, device="meta")]).device.type == "meta"
+    with pytest.raises(ValueError, match="on the meta device, which holds no values"):
+        fastnorm.clip_(params(), 1.0)
+    with pytest.raises(ValueError, match="on the meta device"):
+        fastnorm.total_norm([torch.ones(4, device="meta")])
+
+
+@pytest.mark.parametrize("p", [inf, -inf, -1.0])
+def test_difference_an_empty_gradient_contributes_nothing_at_inf_and_negative_p(fastnorm_backend, p):
+    grads = [torch.empty(0), torch.tensor([3.0, -4.0])]
+    with pytest.raises(RuntimeError, match="on an empty tensor because the operation does not have an identity"):
+        torch.nn.utils.get_total_norm(grads, p)
+    if not serves(fastnorm_backend, p):
+        with refused(fastnorm_backend):
+            fastnorm.total_norm(grads, p)
+        return
+    assert fastnorm.total_norm(grads, p).item() == pytest.approx(reference.total_norm(grads[1:], p))
+    assert fastnorm.total_norm(grads[:1], p).item() == 0.0  # nothing to reduce
+
+
+def test_difference_total_norm_of_parameters_is_their_gradients_norm(fastnorm_backend):
+    model = torch.nn.Linear(3, 2)
+    model(torch.randn(4, 3)).square().sum().backward()
+    weights = reference.total_norm([p.detach() for p in model.parameters()], 2.0)
+    grads = reference.total_norm([p.grad for p in model.parameters()], 2.0)
+    # torch's get_total_norm is given the tensors to reduce: parameters are their own values
+    assert torch.nn.utils.get_total_norm(model.parameters()).item() == pytest.approx(weights, rel=1e-6)
+    assert fastnorm.total_norm(model.parameters()).item() == pytest.approx(grads, rel=1e-6)
+    assert fastnorm.total_norm(model.parameters(), gradients=True).item() == pytest.approx(weights, rel=1e-6)
+    with fastnorm.patch():  # torch's name keeps torch's meaning
+        assert torch.nn.utils.get_total_norm(model.parameters()).item() == pytest.approx(weights, rel=1e-6)
+
+
 def test_the_rules_page_lists_each_deliberate_difference_tested_here():
     rules = (Path(__file__).resolve().parents[1] / "docs" / "rules.md").read_text()
     section = rules[rules.index("\n## Deliberate differences from torch\n") :]
     end = section.find("\n## ", 1)
-    listed = re.findall(r"^\d\. \*\*(.+?)\*\*", section[: end if end != -1 else None], flags=re.M)
+    listed = re.findall(r"^\d+\. \*\*(.+?)\*\*", section[: end if end != -1 else None], flags=re.M)
     tested = [name for name in globals() if name.startswith("test_difference_")]
-    assert len(listed) == len(tested) == 7, (listed, tested)
+    assert len(listed) == len(tested) == 11, (listed, tested)

@@ -1414,4 +1414,67 @@ MUTANTS = [
         "tests": ["tests/test_bench_verdict.py"],
         "what": "the verdict quotes a disturbed figure as a result",
     },
+    # ------------------------------------------------------------------
+    # The fastnorm command and the series reader (fastnorm/cli.py, monitoring/series.py, bench/cli.py)
+    # ------------------------------------------------------------------
+    {
+        "name": "cli-errors-escape-as-tracebacks",
+        "path": "fastnorm/cli.py",
+        "old": "        line = _error_line(error)\n",
+        "new": "        raise\n",
+        "tests": [
+            "tests/test_cli.py::test_an_input_error_or_an_os_error_inside_a_command_is_one_line_and_exit_2",
+            "tests/test_cli.py::test_a_defect_shows_its_traceback_and_never_exits_1",
+            "tests/test_diagnose_cli.py::test_a_file_that_holds_no_diagnosis_exits_2_with_one_line_naming_it",
+        ],
+        "what": "an error inside a subcommand is a traceback and exit 1 (the unstable verdict), not one line",
+    },
+    {
+        "name": "cli-closed-stdout-found-at-exit",
+        "path": "fastnorm/cli.py",
+        "old": "        sys.stdout.flush()  # a reader",
+        "new": "        pass  # a reader",
+        "tests": ["tests/test_cli.py::test_a_reader_that_closes_stdout_is_one_line_and_exit_2"],
+        "what": "a stdout closed by its reader (| head) is found only at the interpreter's exit: a traceback",
+    },
+    {
+        "name": "series-byte-order-mark-kept",
+        "path": "fastnorm/monitoring/series.py",
+        "old": 'BOM_UTF16_BE) else "utf-8-sig"',
+        "new": 'BOM_UTF16_BE) else "utf-8"',
+        "tests": ["tests/test_series.py::test_a_byte_order_mark_keeps_the_first_column"],
+        "what": "a UTF-8 byte-order mark read as part of the first column's name: the step column is lost",
+    },
+    {
+        "name": "series-event-file-reads-its-folder",
+        "path": "fastnorm/monitoring/series.py",
+        "old": "        return _read_tensorboard(path, key)",
+        "new": "        return _read_tensorboard(path.parent, key)",
+        "tests": ["tests/test_series.py::test_an_event_file_is_read_alone_and_its_folder_for_all_its_files"],
+        "what": "an event file given by name reads every event file in its folder (another run too)",
+    },
+    {
+        "name": "series-logged-max-norm-unchecked",
+        "path": "fastnorm/monitoring/series.py",
+        "old": "            max_norm = _max_norm(record[MAX_NORM_KEY], source, step)",
+        "new": "            max_norm = float(record[MAX_NORM_KEY])",
+        "tests": ["tests/test_series.py::test_a_logged_value_out_of_range_is_an_input_error_naming_the_file"],
+        "what": "a logged max_norm of -1, NaN or a list is taken as read, to fail later in the diagnosis",
+    },
+    {
+        "name": "series-step-of-infinity-unchecked",
+        "path": "fastnorm/monitoring/series.py",
+        "old": "    if not (number and abs(value) < 2**63 and value == int(value)):",
+        "new": "    if not number:",
+        "tests": ["tests/test_series.py::test_a_logged_value_out_of_range_is_an_input_error_naming_the_file"],
+        "what": "a step of Infinity, 1e400 or 2.5 is converted to int (OverflowError, or a step truncated)",
+    },
+    {
+        "name": "bench-out-checked-after-the-run",
+        "path": "fastnorm/bench/cli.py",
+        "old": '"--out", type=_out_folder, default="bench-results",',
+        "new": '"--out", type=Path, default=Path("bench-results"),',
+        "tests": ["tests/test_bench.py::test_bad_arguments_are_refused_before_any_workload_runs"],
+        "what": "bench --out a file or an unwritable folder is found at its first write, after a workload",
+    },
 ]

@@ -30,6 +30,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from fastnorm.checks import InputError, number_argument
+
 DEFAULT_TARGETS = ("sm_80", "sm_89", "sm_90", "sm_100")
 AMD_TARGETS = ("gfx90a", "gfx942")
 
@@ -437,6 +439,9 @@ def report(
     Returns:
         list[KernelReport]: rows by target, then in ``triton_backend.launches`` order.
         A target that cannot be compiled here gives rows with ``error`` set.
+
+    Raises:
+        InputError: ``kernel`` is in no kernel's name (the message lists the names).
     """
     if jobs < 1:
         raise ValueError(f"jobs must be >= 1, got {jobs}")
@@ -446,6 +451,7 @@ def report(
     from fastnorm.backends import triton_backend
 
     shards = []
+    names: set[str] = set()
     by_target: dict[str, list[tuple[int, KernelReport]]] = {name: [] for name in targets}
     for name in targets:
         try:
@@ -453,8 +459,11 @@ def report(
         except ValueError as exc:
             by_target[name].append((0, KernelReport("*", None, None, "-", name, error=str(exc))))
             continue
+        names.update(launch.kernel for launch in launches)
         chosen = [i for i, launch in enumerate(launches) if kernel is None or kernel in launch.kernel]
         shards += [(name, launches, chosen[j::jobs], sass) for j in range(min(jobs, len(chosen)))]
+    if kernel is not None and names and not any(kernel in name for name in names):
+        raise InputError(f"--kernel {kernel}: in no kernel's name; the kernels: {', '.join(sorted(names))}")
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         done = list(pool.map(lambda shard: _run_shard(*shard), shards))
     for (name, _, indices, _), rows in zip(shards, done):
@@ -541,7 +550,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "Compiles every specialization the triton backend launches for GPU architectures, without a GPU, "
         "and reads its machine code back: registers, spills, shared memory, programs per SM, and in the "
         "main loop the widths of its loads and stores, FP64 instructions and instructions per element. "
-        "Ends with a summary line; exits with 1 when a specialization failed to compile."
+        "Ends with a summary line; exits with 1 when a specialization failed to compile, 2 for a bad "
+        "argument (a --kernel in no kernel's name)."
     )
     parser.add_argument(
         "--target",
@@ -550,7 +560,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"sm_<NN> or gfx<ID>, several or comma-separated (default: {' '.join(DEFAULT_TARGETS)})",
     )
     parser.add_argument("--json", action="store_true", help="print a JSON list of rows (no summary line)")
-    parser.add_argument("--jobs", type=int, default=1, help="compiler processes at once (default: 1)")
+    parser.add_argument(
+        "--jobs",
+        type=number_argument(1, integer=True),
+        default=1,
+        help="compiler processes at once (default: 1)",
+    )
     parser.add_argument("--kernel", help="only kernels whose name contains this")
     parser.add_argument(
         "--sass",

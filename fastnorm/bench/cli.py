@@ -16,12 +16,14 @@ import argparse
 import math
 import os
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
 from fastnorm.bench.harness import MIN_QUIET_ROUNDS, ROUND_BUDGET
+from fastnorm.checks import number_argument
 
 DEFAULT_REPEATS, FULL_REPEATS, QUICK_REPEATS = 7, 15, 5
 DEFAULT_WARMUP, FULL_WARMUP, QUICK_WARMUP = 1, 2, 1
@@ -66,6 +68,22 @@ def _csv(value: str) -> list[str]:
 def _clock(seconds: float) -> str:
     seconds = int(round(seconds))
     return f"{seconds // 60}:{seconds % 60:02d}"
+
+
+def _out_folder(text: str) -> Path:
+    """``--out``: a folder that is, or can be made, writable, checked when the arguments are read,
+    before any workload runs (a run that found out at its first write would lose what it measured)."""
+    out = Path(text)
+    existing = next(p for p in (out, *out.parents) if p.exists())
+    if not existing.is_dir():
+        where = text if existing == out else f"{text}: {existing}"
+        raise argparse.ArgumentTypeError(f"{where} is a file, not a folder")
+    try:
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as exc:
+        raise argparse.ArgumentTypeError(f"{text}: cannot write in {existing} ({exc.strerror})") from None
+    return out
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -121,7 +139,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--budget",
-        type=float,
+        type=number_argument(0, above=True),
         metavar="SECONDS",
         help=f"the run's time budget, setup included (default {RUN_BUDGET_S:.0f} for the default run; "
         "none with --full, --quick or --workloads)",
@@ -130,7 +148,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--threads", type=int, help="torch.set_num_threads (fastnorm's CPU kernels use as many)"
     )
     parser.add_argument(
-        "--out", type=Path, default=Path("bench-results"), help="results folder (default: bench-results)"
+        "--out", type=_out_folder, default="bench-results", help="results folder (default: bench-results)"
     )
     parser.add_argument("--no-plot", action="store_true", help="do not draw the PNG")
     parser.add_argument(
@@ -501,8 +519,6 @@ def main(args: argparse.Namespace) -> int:
     run_budget = args.budget if args.budget is not None else (RUN_BUDGET_S if default_run else None)
     if repeats < 1 or warmup < 0:
         return fail("--repeats must be >= 1 and --warmup >= 0")
-    if run_budget is not None and run_budget <= 0:
-        return fail("--budget must be > 0 seconds")
 
     names = args.workloads or (_full_workloads(device) if args.full else _default_workloads(device))
     unknown = [n for n in names if n not in WORKLOADS]

@@ -4,8 +4,9 @@ Exit codes: 0 for a diagnosis (whatever its verdict, unless
 ``--fail-on-unstable``), 1 only for a verdict that is not stable under
 ``--fail-on-unstable``, 2 for anything that is not a diagnosis: a path that
 cannot be read, a file that is empty, not text or holds no gradient norm, norms
-that are mostly not numbers, a ``--plot`` file that cannot be written. Each
-error is one line on stderr that names the file.
+that are mostly not numbers, a value logged out of range, a bad argument, a
+``--plot`` file that cannot be written. Each error is one line on stderr that
+names the file or the argument (:mod:`fastnorm.cli` prints it).
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from fastnorm.checks import InputError, number_argument
 from fastnorm.monitoring import plot
 from fastnorm.monitoring.diagnosis import Diagnosis, diagnose
-from fastnorm.monitoring.series import Series, read_series
+from fastnorm.monitoring.series import NoGradientNorm, Series, read_series
 
 PROG = "fastnorm diagnose"
 
@@ -62,67 +64,66 @@ def _read(series: Series) -> str:
     return text
 
 
-class _NotADiagnosis(Exception):
-    """What stops the command before a diagnosis: exit code 2, the message on one line."""
-
-
 def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _check_plot(path: str) -> None:
-    """Raises _NotADiagnosis unless a picture can be written at ``path``, before anything is read."""
+    """Raises InputError unless a picture can be written at ``path``, before anything is read."""
     target = Path(path)
     folder = target.parent
     if folder.exists() and not folder.is_dir():
-        raise _NotADiagnosis(f"--plot {path}: {folder} is a file, not a folder")
+        raise InputError(f"--plot {path}: {folder} is a file, not a folder")
     if not folder.is_dir():
-        raise _NotADiagnosis(f"--plot {path}: there is no folder {folder}")
+        raise InputError(f"--plot {path}: there is no folder {folder}")
     if target.is_dir():
-        raise _NotADiagnosis(f"--plot {path}: is a folder, not a file")
+        raise InputError(f"--plot {path}: is a folder, not a file")
     if not os.access(folder, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
-        raise _NotADiagnosis(f"--plot {path}: cannot write there (permission denied)")
+        raise InputError(f"--plot {path}: cannot write there (permission denied)")
     try:
         from matplotlib.backend_bases import FigureCanvasBase
     except ImportError:
-        raise _NotADiagnosis(f"--plot {path}: drawing needs matplotlib: pip install matplotlib") from None
+        raise InputError(f"--plot {path}: drawing needs matplotlib: pip install matplotlib") from None
     kinds = FigureCanvasBase.get_supported_filetypes()
     if target.suffix.lstrip(".").lower() not in kinds:
-        raise _NotADiagnosis(
+        raise InputError(
             f"--plot {path}: not a picture file name (.png, or one of {', '.join(sorted(kinds))})"
         )
 
 
 def _load(path: str, key: str | None) -> Series:
-    """The series at ``path``, or _NotADiagnosis saying why there is none."""
+    """The series at ``path``, or InputError saying why there is none."""
     source = Path(path)
     try:
         if source.is_file() and source.stat().st_size < 1 << 16 and not source.read_bytes().strip():
-            raise _NotADiagnosis(f"{path}: the file is empty")
+            raise InputError(f"{path}: the file is empty")
         series = read_series(path, key=key)
     except UnicodeDecodeError as exc:
         where = "the file" if source.is_file() else "a metrics file in this folder"
-        raise _NotADiagnosis(
+        raise InputError(
             f"{path}: {where} is not text (byte {exc.object[exc.start]:#04x} at offset {exc.start} "
             "is not UTF-8)"
         ) from None
+    except NoGradientNorm as exc:
+        hint = f"--key '{exc.likeliest}'" if exc.likeliest else "--key NAME"
+        raise InputError(f"{exc}; to read one of them as the gradient norm: {hint}") from None
     except json.JSONDecodeError as exc:
-        raise _NotADiagnosis(f"{path}: not JSON ({exc.msg}, line {exc.lineno} column {exc.colno})") from None
+        raise InputError(f"{path}: not JSON ({exc.msg}, line {exc.lineno} column {exc.colno})") from None
     except (OSError, ValueError, ImportError) as exc:
         if isinstance(exc, OSError) and exc.filename and exc.strerror:
             message = f"{exc.filename}: {exc.strerror}"
         else:
             message = str(exc)
         named = path in message or str(source) in message
-        raise _NotADiagnosis(message if named else f"{path}: {message}") from None
+        raise InputError(message if named else f"{path}: {message}") from None
     return series
 
 
 def _check_values(series: Series) -> None:
-    """No norm, or mostly not numbers: _NotADiagnosis. Some not numbers: a warning on stderr."""
+    """No norm, or mostly not numbers: InputError. Some not numbers: a warning on stderr."""
     where = f"{series.source}: "
     if not series.values:
-        raise _NotADiagnosis(f"{where}no value of '{series.key}' (every one is empty)")
+        raise InputError(f"{where}no value of '{series.key}' (every one is empty)")
     bad = [(step, value) for step, value in zip(series.steps, series.values) if not _is_number(value)]
     if not bad:
         return
@@ -131,19 +132,15 @@ def _check_values(series: Series) -> None:
     what = f"{len(bad)} of {len(series.values)} values of '{series.key}' {verb}"
     what += f" (the first, at step {step}: {value!r})"
     if 2 * len(bad) > len(series.values):
-        raise _NotADiagnosis(f"{where}{what}: this is not a log of gradient norms")
+        raise InputError(f"{where}{what}: this is not a log of gradient norms")
     print(f"{PROG}: warning: {where}{what}; the diagnosis leaves them out", file=sys.stderr)
 
 
 def _run(args: argparse.Namespace) -> int:
-    try:
-        if args.plot:
-            _check_plot(args.plot)
-        series = _load(args.path, args.key)
-        _check_values(series)
-    except _NotADiagnosis as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
-        return 2
+    if args.plot:
+        _check_plot(args.plot)
+    series = _load(args.path, args.key)
+    _check_values(series)
     diagnosis = diagnose_series(series, args.max_norm)
     max_norm = args.max_norm if args.max_norm is not None else series.max_norm
     if args.json:
@@ -191,7 +188,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plot", metavar="PNG", help="draw the series and its events into this PNG")
     parser.add_argument("--title", help="the plot's title, before the verdict")
     parser.add_argument(
-        "--max-norm", type=float, help="the run's clipping threshold (default: from the file)"
+        "--max-norm",
+        type=number_argument(0, finite=False),
+        help="the run's clipping threshold, >= 0 (default: from the file)",
     )
     parser.add_argument("--json", action="store_true", help="print the diagnosis as JSON")
     parser.add_argument(

@@ -42,6 +42,10 @@ COLORS = {
     DECAY: "tab:green",
     INVALID: "black",
 }
+# The largest magnitude drawn: matplotlib's axes overflow near the largest float (a log axis puts a
+# tick at 1e309, a linear one cannot span -1e308 to 1e308), so a norm beyond it is marked on the top
+# edge with the non-finite ones, and a loss or threshold beyond it is left out.
+CEILING = 1e300
 MIN_WIDTH = (
     0.006  # the narrowest event band, as a fraction of the steps shown: a one-step event stays visible
 )
@@ -62,8 +66,9 @@ def plot(
     Each event is shaded over its step range, at least ``MIN_WIDTH`` of the
     axis wide so that a one-step event shows at any length. A log axis cannot
     show zero or non-finite values: zero norms are marked on the bottom edge,
-    non-finite ones on the top edge. The clipping threshold is drawn dashed when
-    known, and the loss on a second axis when given.
+    non-finite ones (and those above ``CEILING``, which matplotlib cannot
+    draw) on the top edge. The clipping threshold is drawn dashed when known,
+    and the loss on a second axis when given.
 
     Args:
         steps (sequence of int): the steps.
@@ -92,7 +97,7 @@ def plot(
     ax = fig.add_subplot()
     numbers = [(s, number(v)) for s, v in zip(steps, values)]
     # A gap in the line wherever the log axis cannot go (zero, non-finite, invalid).
-    ys = [v if v is not None and math.isfinite(v) and v > 0 else math.nan for _, v in numbers]
+    ys = [v if v is not None and 0 < v <= CEILING else math.nan for _, v in numbers]
     if any(not math.isnan(y) for y in ys):
         ax.plot(list(steps), ys, lw=0.8, color="tab:gray", label="gradient norm")
     ax.set_yscale("log")
@@ -109,7 +114,7 @@ def plot(
             clip_on=False,
             label="zero norm",
         )
-    bad = [s for s, v in numbers if v is not None and not math.isfinite(v)]
+    bad = [s for s, v in numbers if v is not None and not abs(v) <= CEILING]
     if bad:
         ax.plot(bad, [1.0] * len(bad), "|", color="tab:purple", ms=6, transform=edge, clip_on=False)
     least = 1.0
@@ -127,7 +132,7 @@ def plot(
             left, right, color=COLORS[e.kind], alpha=0.2, lw=0, label=None if e.kind in shaded else e.kind
         )
         shaded.add(e.kind)
-    if max_norm is not None:
+    if max_norm is not None and max_norm <= CEILING:
         ax.axhline(max_norm, ls="--", lw=1, color="tab:green", label=f"max_norm={max_norm:g}")
     ax.set_xlabel("step")
     ax.set_ylabel("gradient norm")
@@ -137,7 +142,7 @@ def plot(
     handles, labels = ax.get_legend_handles_labels()
     if loss is not None:
         points = [(s, number(v)) for s, v in zip(*loss)]
-        points = [(s, v) for s, v in points if v is not None and math.isfinite(v)]
+        points = [(s, v) for s, v in points if v is not None and abs(v) <= CEILING]
         if points:
             twin = ax.twinx()
             xs, ls = zip(*points)

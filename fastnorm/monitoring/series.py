@@ -5,7 +5,9 @@
   :data:`KEYS` and the step under ``step``, ``global_step``, ``_step`` or
   ``trainer/global_step`` (the line's position otherwise).
 * CSV with a header row (Lightning's ``CSVLogger`` writes ``metrics.csv``),
-  read like JSON lines; empty cells are missing values.
+  read like JSON lines; empty cells are missing values. The header says the
+  delimiter (a comma; else a semicolon or a tab); in a semicolon file, as a
+  spreadsheet writes it where the comma is the decimal mark, ``1,5`` is 1.5.
 * A Hugging Face ``trainer_state.json``: its ``log_history`` (``grad_norm``).
 * TensorBoard event files (``events.out.tfevents.*``) with scalars under one
   of :data:`KEYS`, as ``SummaryWriter`` (torch, tensorboardX, Lightning,
@@ -18,15 +20,26 @@ Lightning's ``grad_2.0_norm/<name>``) and the optimizer's skip flags
 (:data:`SKIPPED_KEY`), the optimizer's settings (:data:`OPTIMIZER_KEYS`) and the
 run's precision (:data:`PRECISION_PREFIX`) are read when present.
 
-A folder stands for its newest file that holds a gradient norm (searched
-recursively; newer files without one are passed over); for TensorBoard, for
-all the event files beside that one. Steps are sorted, and a step logged twice
-(a resumed run) keeps its last value. A step sequence that starts over from
-the file's first step is a new run: only the last run is read.
+The norm is the first of :data:`KEYS` present, else a name of the same
+metric in another spelling (``train/grad_norm_before_clip``, ``grad-norm``,
+``gradient_norm``: see :func:`norm_key`). Text files may start with a
+byte-order mark (UTF-8, as Excel writes it, or UTF-16, as PowerShell does).
+
+A file is read alone. A folder stands for its newest file that holds a
+gradient norm (searched recursively; newer files without one are passed over);
+for TensorBoard, for all the event files beside that one. Steps are sorted, and
+a step logged twice (a resumed run) keeps its last value. A step sequence that
+starts over from the file's first step is a new run: only the last run is read.
+
+Values that the run's settings cannot hold (a step that is not a whole number,
+a negative or NaN ``max_norm``, an unknown precision), and a CSV row with more
+cells than its header, raise :class:`~fastnorm.checks.InputError` naming the
+file: once, here, for every consumer of the series.
 """
 
 from __future__ import annotations
 
+import codecs
 import csv
 import json
 import os
@@ -35,6 +48,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from fastnorm import checks
+from fastnorm.checks import InputError
 
 KEY = "gradient_norm"  # what GradNormMonitor logs each step's norm as
 LOSS_KEY = f"{KEY}_loss"  # the loss given to GradNormMonitor.update
@@ -68,8 +84,25 @@ _TFEVENTS = "events.out.tfevents"
 _LIGHTNING_LAYER = re.compile(r"^grad_[0-9.]+(?:inf)?_norm/(.+)$")  # lightning.pytorch.utilities.grad_norm
 
 
-class NoGradientNorm(ValueError):
-    """A metrics file that holds no gradient norm."""
+class NoGradientNorm(InputError):
+    """A metrics file that holds no gradient norm.
+
+    Attributes:
+        likeliest (str, optional): the metric it holds that is likeliest the norm under another name.
+    """
+
+    def __init__(self, message: str, likeliest: str | None = None) -> None:
+        super().__init__(message)
+        self.likeliest = likeliest
+
+
+# Another spelling of the norm's name: a trainer's prefix, then grad or gradient, norm, and a word that
+# says it is the norm before clipping (never after: a clipped norm is capped at max_norm).
+_NORM_NAME = re.compile(
+    r"(?:(?:train|training|trainer|optim|optimizer)[/_.-])*(?:total[_-]?)?grad(?:ient)?[_-]?norm"
+    r"(?:[_-]?(?:total|before[_-]?clip(?:ping)?|pre[_-]?clip|unclipped))?",
+    re.IGNORECASE,
+)
 
 
 @dataclass(frozen=True)
@@ -157,7 +190,7 @@ def read_series(path: str | os.PathLike, key: str | None = None) -> Series:
 
 def _read(path: Path, key: str | None) -> Series:
     if _TFEVENTS in path.name:
-        return _read_tensorboard(path.parent, key)
+        return _read_tensorboard(path, key)
     if path.suffix == ".json":
         return _read_trainer_state(path, key)
     if path.suffix == ".csv":
@@ -185,10 +218,35 @@ def _search(folder: Path, key: str | None) -> Series:
                 continue
             tensorboard_read.add(path.parent)
         try:
-            return _read(path, key)
+            # In a folder, an event file stands for all the event files beside it (one run's).
+            return _read_tensorboard(path.parent, key) if _TFEVENTS in path.name else _read(path, key)
         except (NoGradientNorm, ImportError) as exc:
             passed.append(f"  {path}: {exc}")
     raise NoGradientNorm(f"no file in {folder} holds a gradient norm:\n" + "\n".join(passed))
+
+
+def norm_key(present: Iterable[str]) -> str | None:
+    """The name among ``present`` that is the gradient norm: the first of :data:`KEYS`, else the
+    shortest in another spelling of it (a prefix such as ``train/``, ``gradient`` or ``grad``, ``_`` or
+    ``-``, a suffix such as ``_before_clip``); None when there is none."""
+    present = set(present)
+    found = next((k for k in KEYS if k in present), None)
+    if found is None:
+        spelled = [k for k in present if _NORM_NAME.fullmatch(k)]
+        found = min(spelled, key=lambda k: (len(k), k), default=None)
+    return found
+
+
+def _likeliest(present: set[str]) -> str | None:
+    """The name likeliest the norm among names that :func:`norm_key` does not know: one that says
+    norm, the more so with grad; None when no name says norm or grad."""
+
+    def score(name: str) -> int:
+        low = name.lower()
+        return 2 * ("norm" in low) + ("grad" in low) - low.startswith(("eval", "val", "test"))
+
+    best = max(sorted(present), key=score, default=None)
+    return best if best is not None and score(best) > 0 else None
 
 
 def _choose(key: str | None, present: Iterable[str], source: Path) -> str:
@@ -197,11 +255,13 @@ def _choose(key: str | None, present: Iterable[str], source: Path) -> str:
         if key in present:
             return key
     else:
-        for candidate in KEYS:
-            if candidate in present:
-                return candidate
-    missing = f"no {key!r}" if key is not None else "none of " + ", ".join(KEYS)
-    raise NoGradientNorm(f"{source}: {missing}; it holds: {', '.join(sorted(present)) or 'nothing'}")
+        found = norm_key(present)
+        if found is not None:
+            return found
+    missing = f"no {key!r}" if key is not None else f"none of {', '.join(KEYS)} (nor another spelling)"
+    raise NoGradientNorm(
+        f"{source}: {missing}; it holds: {', '.join(sorted(present)) or 'nothing'}", _likeliest(present)
+    )
 
 
 def _first(candidates: Iterable[str], present: dict[str, None], prefix: str | None = None) -> str | None:
@@ -221,20 +281,26 @@ def _value(raw: Any) -> Any:
         return raw
 
 
-def _step_of(record: dict) -> int | None:
-    raw = next((record[k] for k in STEP_KEYS if record.get(k) is not None), None)
-    try:
-        return None if raw is None else int(float(raw))
-    except (TypeError, ValueError):
+def _step_of(record: dict, source: Path) -> int | None:
+    """The record's step: None where none is logged; InputError for one that is not a whole number."""
+    name = next((k for k in STEP_KEYS if record.get(k) is not None), None)
+    if name is None:
         return None
+    value = _value(record[name])
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not (number and abs(value) < 2**63 and value == int(value)):  # NaN and inf are not < 2**63
+        raise InputError(
+            f"{source}: the step {record[name]!r} (under '{name}') is not a whole number below 2**63"
+        )
+    return int(value)
 
 
-def _last_run(records: list[dict]) -> tuple[list[dict], int]:
+def _last_run(records: list[dict], source: Path) -> tuple[list[dict], int]:
     """The records of the last run, and how many runs there were: a run starts over when the
     step goes back to (or before) the file's first step after having gone past it."""
     first, beyond, start, runs = None, False, 0, 1
     for i, record in enumerate(records):
-        step = _step_of(record)
+        step = _step_of(record, source)
         if step is None:
             continue
         if first is None:
@@ -254,7 +320,7 @@ def _by_step(pairs: Iterable[tuple[int, Any]]) -> tuple[tuple[int, ...], tuple[A
 
 def _from_records(records: list[dict], key: str | None, source: Path) -> Series:
     key = _choose(key, (k for r in records for k in r), source)
-    records, runs = _last_run(records)
+    records, runs = _last_run(records, source)
     present = dict.fromkeys(k for r in records for k in r)  # a set, in the order first seen
     tracks = {
         "loss": _first(LOSS_KEYS, present),
@@ -264,6 +330,8 @@ def _from_records(records: list[dict], key: str | None, source: Path) -> Series:
     }
     settings = {name: k for name, k in OPTIMIZER_KEYS.items() if k in present}
     precisions = [k[len(PRECISION_PREFIX) :] for k in present if k.startswith(PRECISION_PREFIX)]
+    if precisions:
+        _check_precision(precisions[-1], source)
     layer_keys = {k: k[len(LAYER_PREFIX) :] for k in present if k.startswith(LAYER_PREFIX)}
     if not layer_keys:
         layer_keys = {k: m.group(1) for k in present if (m := _LIGHTNING_LAYER.match(k))}
@@ -272,10 +340,10 @@ def _from_records(records: list[dict], key: str | None, source: Path) -> Series:
     layers: dict[int, dict[str, Any]] = {}
     max_norm = None
     for position, record in enumerate(records):
-        step = _step_of(record)
+        step = _step_of(record, source)
         step = position if step is None else step
         if record.get(MAX_NORM_KEY) is not None:
-            max_norm = float(record[MAX_NORM_KEY])
+            max_norm = _max_norm(record[MAX_NORM_KEY], source, step)
         if record.get(key) is not None:
             norm.append((step, _value(record[key])))
         for name, track_key in [*tracks.items(), *settings.items()]:
@@ -304,9 +372,31 @@ def _from_records(records: list[dict], key: str | None, source: Path) -> Series:
     )
 
 
+def _max_norm(raw: Any, source: Path, step: int) -> float:
+    try:
+        return checks.max_norm(_value(raw), MAX_NORM_KEY)  # type: ignore[return-value]
+    except (TypeError, ValueError) as exc:
+        raise InputError(f"{source}: at step {step}: {exc}") from None
+
+
+def _check_precision(name: str, source: Path) -> None:
+    try:
+        checks.precision(name, f"{PRECISION_PREFIX}{name}")
+    except ValueError as exc:
+        raise InputError(f"{source}: {exc}") from None
+
+
+def _encoding(path: Path) -> str:
+    """The file's text encoding: UTF-16 after its byte-order mark, else UTF-8 (a mark, as Excel writes
+    it, dropped: read as part of the first name, it would hide the ``step`` column)."""
+    with open(path, "rb") as f:
+        start = f.read(2)
+    return "utf-16" if start in (codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE) else "utf-8-sig"
+
+
 def _read_jsonl(path: Path, key: str | None) -> Series:
     records = []
-    with open(path, encoding="utf-8") as f:
+    with open(path, encoding=_encoding(path)) as f:
         for number, line in enumerate(f, 1):
             line = line.strip()
             if not line:
@@ -314,20 +404,41 @@ def _read_jsonl(path: Path, key: str | None) -> Series:
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}:{number}: not JSON ({exc.msg})") from None
+                raise InputError(f"{path}:{number}: not JSON ({exc.msg})") from None
             if isinstance(record, dict):
                 records.append(record)
     return _from_records(records, key, path)
 
 
+# A number with a decimal comma, in a file whose cells a semicolon separates.
+_DECIMAL_COMMA = re.compile(r"[+-]?[0-9]*,[0-9]+(?:[eE][+-]?[0-9]+)?")
+
+
+def _decimal_point(cell: str | None) -> str | None:
+    return cell.replace(",", ".") if cell and _DECIMAL_COMMA.fullmatch(cell) else cell
+
+
 def _read_csv(path: Path, key: str | None) -> Series:
-    with open(path, newline="", encoding="utf-8") as f:
-        records = [{k: v for k, v in row.items() if v not in ("", None)} for row in csv.DictReader(f)]
+    with open(path, newline="", encoding=_encoding(path)) as f:
+        header = f.readline()
+        delimiter = next((d for d in ",;\t" if d in header), ",")
+        f.seek(0)
+        reader = csv.DictReader(f, delimiter=delimiter)
+        records = []
+        for row in reader:
+            if None in row:  # csv's key for the cells beyond the header's
+                named = len(reader.fieldnames or ())
+                raise InputError(
+                    f"{path}: line {reader.line_num} has {named + len(row[None])} cells, its header {named}"
+                )
+            if delimiter == ";":
+                row = {k: _decimal_point(v) for k, v in row.items()}
+            records.append({k: v for k, v in row.items() if v not in ("", None)})
     return _from_records(records, key, path)
 
 
 def _read_trainer_state(path: Path, key: str | None) -> Series:
-    with open(path, encoding="utf-8") as f:
+    with open(path, encoding=_encoding(path)) as f:
         state = json.load(f)
     if not isinstance(state, dict) or not isinstance(state.get("log_history"), list):
         raise NoGradientNorm(f"{path}: not a trainer_state.json (no 'log_history' list)")
@@ -337,7 +448,8 @@ def _read_trainer_state(path: Path, key: str | None) -> Series:
     return _from_records(history, key, path)
 
 
-def _read_tensorboard(folder: Path, key: str | None) -> Series:
+def _read_tensorboard(path: Path, key: str | None) -> Series:
+    """The scalars of one event file, or of every event file in a folder."""
     try:
         from tensorboard.backend.event_processing import event_accumulator
     except ImportError as exc:
@@ -345,10 +457,10 @@ def _read_tensorboard(folder: Path, key: str | None) -> Series:
             "reading TensorBoard files needs the 'tensorboard' package: "
             "pip install 'torch-fastnorm[tensorboard]'"
         ) from exc
-    acc = event_accumulator.EventAccumulator(str(folder), size_guidance={event_accumulator.SCALARS: 0})
+    acc = event_accumulator.EventAccumulator(str(path), size_guidance={event_accumulator.SCALARS: 0})
     acc.Reload()
     tags = acc.Tags()[event_accumulator.SCALARS]
-    key = _choose(key, tags, folder)
+    key = _choose(key, tags, path)
     records: dict[int, dict] = {}
     wanted = {key, MAX_NORM_KEY, SKIPPED_KEY, *LOSS_KEYS, *LR_KEYS, *SCALE_KEYS, *OPTIMIZER_KEYS.values()}
     for tag in tags:
@@ -356,4 +468,4 @@ def _read_tensorboard(folder: Path, key: str | None) -> Series:
         if tag in wanted or tag.startswith(prefixes) or _LIGHTNING_LAYER.match(tag):
             for e in acc.Scalars(tag):
                 records.setdefault(e.step, {"step": e.step})[tag] = float(e.value)
-    return _from_records([records[s] for s in sorted(records)], key, folder)
+    return _from_records([records[s] for s in sorted(records)], key, path)
