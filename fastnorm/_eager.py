@@ -13,10 +13,21 @@ write. Nothing here reads a device value on the host, so no call synchronizes
 The public functions (``fastnorm/norm.py``) check their arguments and call
 these; so do the custom ops that ``torch.compile`` sees
 (``fastnorm/custom_ops.py``), whose gradients are checked already.
+
+The fused kernels read the gradients at the addresses a plan holds. Under a
+torch function mode, Python code runs on every attribute read of a tensor, and
+code that calls ``set_()`` or ``resize_()`` on a gradient read already frees
+the memory at its old address, which holding the tensor does not prevent. So
+under a mode the cached plan's check runs with the mode (its code may drop a
+gradient, or raise), but not overlapped with the kernel's read; then, from
+the last Python call to the kernel's end, torch functions are disabled
+(``_no_user_code``), and the gradients the check held are read again there:
+a plan whose gradients moved meanwhile is rebuilt.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Hashable
 from operator import attrgetter
 from typing import Any
@@ -31,6 +42,22 @@ from fastnorm._plan import Plan, Reduced
 
 _get_grad = attrgetter("grad")
 _is_inference = Tensor.is_inference
+_mode_enabled = torch._C._is_torch_function_mode_enabled
+_NOTHING = contextlib.nullcontext()
+
+
+def _no_user_code(mode: bool) -> Any:
+    """Torch functions disabled where a mode is on (``mode``): no Python code runs until the kernel's end."""
+    return torch._C.DisableTorchFunction() if mode else _NOTHING
+
+
+def _confirmed(hit: _plan.Hit | None, held: list[Tensor], mode: bool) -> _plan.Hit | None:
+    """The cached plan, when the gradients its check held still have the facts it was built from (read
+    with no Python code running, see the module's description); None to rebuild it."""
+    if hit is None or not mode or _plan.same_facts(hit.plan, held):
+        return hit
+    held.clear()
+    return None
 
 # torch's own messages, which code written for torch matches on.
 NONFINITE = (
@@ -172,12 +199,15 @@ def total_norm(
     ``GradScaler`` has multiplied may overflow where the gradients do not.
     """
     held: list[Tensor] = []  # what the plan reads, alive until it is reduced
-    hit = _plan.lookup(items, group, p, reduce=True, held=held, dtype=dtype)
-    if hit is None:
-        plan, reduced = _plan.build(items, p, "total_norm", group, held), None
-    else:
-        plan, reduced = hit.plan, hit.reduced
-    norm, _ = _reduce(plan, p, "total_norm", reduced=reduced, dtype=dtype)
+    mode = _mode_enabled()
+    hit = _plan.lookup(items, group, p, reduce=not mode, held=held, dtype=dtype)
+    with _no_user_code(mode):
+        hit = _confirmed(hit, held, mode)
+        if hit is None:
+            plan, reduced = _plan.build(items, p, "total_norm", group, held), None
+        else:
+            plan, reduced = hit.plan, hit.reduced
+        norm, _ = _reduce(plan, p, "total_norm", reduced=reduced, dtype=dtype)
     if error_if_nonfinite:
         check_finite(norm, p)
     return norm, plan
@@ -195,29 +225,35 @@ def clip(
     by their norm, or by ``given``; returns the norm used and the plan."""
     written: list[Tensor] = []
     held: list[Tensor] = []  # what the plan reads, alive until it is reduced and scaled
+    mode = _mode_enabled()
     # A cached plan's check also gives what to write, checked (see _plan.lookup).
-    hit = _plan.lookup(targets, group, p, reduce=given is None, written=written, held=held)
-    if hit is not None and hit.wrote:
-        plan, reduced = hit.plan, hit.reduced
-    else:
-        grads = gradients(targets)  # read once: the plan's check and the writes share them
-        plan = hit.plan if hit is not None else _plan.build(targets, p, "clip_", group, held)
-        reduced = hit.reduced if hit is not None else None
-        written = _written(targets, grads, plan)
-    norm = _reduce(plan, p, "clip_", reduced=reduced)[0] if given is None else given
-    if error_if_nonfinite:
-        check_finite(norm, p)
-    torch._C._increment_version(written)
-    with torch.no_grad():
-        _scale(plan, norm, max_norm)
+    hit = _plan.lookup(targets, group, p, reduce=given is None and not mode, written=written, held=held)
+    with _no_user_code(mode):
+        hit = _confirmed(hit, held, mode)
+        if hit is not None and hit.wrote:
+            plan, reduced = hit.plan, hit.reduced
+        else:
+            grads = gradients(targets)  # read once: the plan's check and the writes share them
+            plan = hit.plan if hit is not None else _plan.build(targets, p, "clip_", group, held)
+            reduced = hit.reduced if hit is not None else None
+            written = _written(targets, grads, plan)
+        norm = _reduce(plan, p, "clip_", reduced=reduced)[0] if given is None else given
+        if error_if_nonfinite:
+            check_finite(norm, p)
+        torch._C._increment_version(written)
+        with torch.no_grad():
+            _scale(plan, norm, max_norm)
     return norm, plan
 
 
 def tensor_norms(items: list[Any], p: float, group: Any) -> tuple[Tensor, Tensor, Plan]:
     """The total and each item's norm (see ``fastnorm.tensor_norms``), and the plan."""
     held: list[Tensor] = []  # what the plan reads, alive until it is reduced
+    mode = _mode_enabled()
     hit = _plan.lookup(items, group, p, held=held)
-    plan = _plan.build(items, p, "tensor_norms", group, held) if hit is None else hit.plan
-    total, per_item = _reduce(plan, p, "tensor_norms", per_item=True)
+    with _no_user_code(mode):
+        hit = _confirmed(hit, held, mode)
+        plan = _plan.build(items, p, "tensor_norms", group, held) if hit is None else hit.plan
+        total, per_item = _reduce(plan, p, "tensor_norms", per_item=True)
     assert per_item is not None
     return total, per_item, plan

@@ -70,6 +70,8 @@ class Plan:
     # Backends' states hold addresses only: tensors made for this plan live as
     # long as it does (such plans are never cached).
     keepalive: list[Tensor] = field(default_factory=list, repr=False)
+    # The facts of the tensors read (see _signature), as the backends' states hold them: see same_facts.
+    facts: tuple[list[Any], ...] = ()
 
     @property
     def distributed(self) -> bool:
@@ -112,7 +114,10 @@ def _plan(grads: Gradients, request: str, mode: Mode) -> Plan:
         scale_groups, _ = _groups(grads.scale, grads.dense, grads.domain_of, request, mode)
     else:
         scale_groups = norm_groups
-    cacheable = grads.cacheable and all(g.backend.cacheable for g in norm_groups)
+    # A tensor subclass's __torch_function__ runs Python code on each fact the check reads, which may
+    # move a gradient checked already (see fastnorm._eager): its plans are built afresh each call.
+    subclassed = any(type(t) is not Tensor for t in grads.norm)
+    cacheable = grads.cacheable and not subclassed and all(g.backend.cacheable for g in norm_groups)
     device = grads.first_device
     if device is None:  # no gradient on this rank: the result lives where the collective runs
         device = torch.device("cpu")
@@ -451,11 +456,20 @@ def build(items: list[Any], p: float, fn: str, group: Any = None, held: list[Ten
     grads = collect(items, p, fn, group)
     if held is not None:
         held.extend(grads.norm)
-    plan = _plan(grads, request, mode)
+    with torch._C.DisableTorchFunction():  # the addresses the kernel reads, read with no Python code between
+        plan = _plan(grads, request, mode)
+        plan.facts = _signature(grads.norm) if plan.cacheable else ()
     kind = _kind(items)
     if plan.cacheable and kind is not None:
         _CACHE.store(_key(items, group, request, mode), kind, items, grads.per_item, plan, grads.slots)
     return plan
+
+
+def same_facts(plan: Plan, held: list[Tensor]) -> bool:
+    """Whether the tensors a cached plan's check held (in item order) are still the ones its backends'
+    states describe: each at the address, of the size, dtype and layout read when it was built. Called
+    where no Python code can run until the kernel has read them (see ``fastnorm._eager``)."""
+    return _signature(held) == plan.facts
 
 
 def clear_cache() -> None:

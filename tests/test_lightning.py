@@ -152,3 +152,53 @@ def test_the_trainers_precision_and_optimizer_reach_the_log(tmp_path):
     assert series.precision == "32-true"  # Lightning's own name, so the advice uses its wording
     assert series.lr.key == "gradient_norm_lr" and set(series.lr.values) == {0.5}
     assert series.optimizer["momentum"].values[0] == 0.0
+
+
+class Stepped(Regression):
+    """The Regression with a schedule that lowers the rate 10x after step 9, and each step's rate as used."""
+
+    def __init__(self, fail_at=None):
+        super().__init__(fail_at)
+        self.used = []
+
+    def on_before_optimizer_step(self, optimizer):
+        super().on_before_optimizer_step(optimizer)
+        self.used.append(optimizer.param_groups[0]["lr"])
+
+    def configure_optimizers(self):
+        optimizer = torch.optim.SGD(self.parameters(), lr=0.5)
+        scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=10, gamma=0.1)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
+def test_the_learning_rate_is_dated_to_the_step_that_used_it(tmp_path):
+    """The scheduler steps before the batch's end, where the step is recorded: the rate logged at each
+    step is the one its optimizer step used, so the schedule's drop is dated to step 10, not 9."""
+    torch.manual_seed(0)
+    model = Stepped()
+    trainer = lightning.Trainer(
+        max_steps=15, logger=False, callbacks=[GradNormCallback(loggers=[JsonlLogger(tmp_path / "m.jsonl")])],
+        accelerator="cpu", log_every_n_steps=5, enable_checkpointing=False, enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(model)
+    lr = read_series(tmp_path / "m.jsonl").lr
+    assert model.used[9:11] == pytest.approx([0.5, 0.05])
+    assert dict(zip(lr.steps, lr.values)) == pytest.approx({0: 0.5, 4: 0.5, 9: 0.5, 10: 0.05, 14: 0.05})
+
+
+def test_one_callback_logs_a_second_fit_and_a_fit_after_a_failed_one(tmp_path):
+    """The loggers given are the user's: the first fit's end (or failure) flushes them, never closes
+    them, and the next fit's monitor logs to them."""
+    jsonl = JsonlLogger(tmp_path / "m.jsonl")
+    callback = GradNormCallback(loggers=[jsonl])
+    with pytest.raises(RuntimeError, match="dies here"):
+        fit(tmp_path / "a", callback, steps=8, fail_at=5)
+    assert read_series(tmp_path / "m.jsonl").steps == tuple(range(5))
+    fit(tmp_path / "b", callback, steps=8)
+    assert read_series(tmp_path / "m.jsonl").steps == tuple(range(8))  # the new run replaces the failed one
+    fit(tmp_path / "c", callback, steps=6)
+    lines = (tmp_path / "m.jsonl").read_text().splitlines()
+    assert len([line for line in lines if '"gradient_norm":' in line]) == 5 + 8 + 6
+    assert callback.monitor.closed and jsonl._file is not None
+    jsonl.close()

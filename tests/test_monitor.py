@@ -451,14 +451,14 @@ def test_a_broken_diagnoser_costs_no_window():
             raise ZeroDivisionError("bug")
 
     rec = Recorder()
-    with pytest.warns(
-        fastnorm.MonitorWarning, match=r"diagnosis failed and is turned off \(ZeroDivisionError"
-    ):
+    with pytest.warns(fastnorm.MonitorWarning, match=r"diagnosis failed at step 2 \(ZeroDivisionError") as caught:
         with GradNormMonitor(3, [rec], diagnose=Broken()) as monitor:
             for i in range(7):
                 monitor.update(float(i))
+    assert len(caught) == 1  # once, though every window failed
     assert rec.steps == list(range(7))
-    assert monitor.diagnosis is None
+    assert monitor.diagnosis.verdict == "diagnosis failed" and monitor.diagnosis.unstable
+    assert "ZeroDivisionError: bug" in monitor.diagnosis.report()
 
 
 def test_negative_values_are_logged_and_reported_never_dropped():

@@ -403,7 +403,7 @@ def test_a_gradnormmonitor_logs_every_step_inside_the_patch(tmp_path):
             optimizer.step()
             optimizer.zero_grad()
     series = fastnorm.read_series(tmp_path / "m.jsonl")
-    assert series.steps == tuple(range(10))
+    assert series.steps == tuple(range(1, 11))
     assert list(series.values) == pytest.approx(norms, rel=1e-7)
 
 
@@ -499,3 +499,75 @@ def test_no_gradient_warning_points_at_the_frameworks_line_not_the_patch():
         torch.nn.utils.clip_grad_norm_(params, 1.0)  # a framework calling torch's name
     [warning] = [w for w in caught if issubclass(w.category, fastnorm.NoGradientWarning)]
     assert warning.filename == __file__
+
+
+# -- threads and step numbers ---------------------------------------------------------------------
+
+
+def originals():
+    return {name: getattr(torch.nn.utils, name) for name in ("clip_grad_norm_", "get_total_norm")} | {
+        f"clip_grad.{name}": getattr(torch.nn.utils.clip_grad, name)
+        for name in ("clip_grad_norm_", "_get_total_norm", "_clip_grads_with_norm_")
+    }
+
+
+def test_patch_and_undo_from_several_threads_leave_torchs_originals():
+    """Threads that patch and undo at the same moments (a barrier per round, a short switch interval to
+    interleave them inside patch() and undo()): once every handle is undone, torch's names hold their
+    originals by identity, and a new patch and undo still restore them."""
+    import threading
+
+    before = originals()
+    rounds, threads = 25, 4
+    barrier = threading.Barrier(threads, timeout=60)
+    errors = []
+
+    def work():
+        try:
+            for _ in range(rounds):
+                barrier.wait()
+                handle = fastnorm.patch()
+                barrier.wait()
+                handle.undo()
+        except Exception as exc:  # reported below, with the thread's failure
+            errors.append(exc)
+            barrier.abort()
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        workers = [threading.Thread(target=work) for _ in range(threads)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join(120)
+    finally:
+        sys.setswitchinterval(interval)
+    assert not errors and not any(w.is_alive() for w in workers)
+    assert {k: v is before[k] for k, v in originals().items()} == dict.fromkeys(before, True)
+    with fastnorm.patch():
+        assert torch.nn.utils.clip_grad_norm_ is not before["clip_grad_norm_"]
+    assert torch.nn.utils.clip_grad_norm_ is before["clip_grad_norm_"]
+
+
+def test_a_replacement_is_never_taken_for_the_original(monkeypatch):
+    """A replacement left in torch's name (by a patch state lost on the way) is not what undo restores."""
+    true = torch.nn.utils.clip_grad.clip_grad_norm_
+    with fastnorm.patch():
+        stray = torch.nn.utils.clip_grad.clip_grad_norm_
+    monkeypatch.setattr(torch.nn.utils.clip_grad, "clip_grad_norm_", stray)
+    handle = fastnorm.patch()
+    assert "torch.nn.utils.clip_grad_norm_" in handle.not_reached
+    assert "replacement" in handle.not_reached["torch.nn.utils.clip_grad_norm_"]
+    handle.undo()
+    monkeypatch.setattr(torch.nn.utils.clip_grad, "clip_grad_norm_", true)
+
+
+def test_the_monitor_under_patch_numbers_steps_as_the_trainers_do(tmp_path):
+    """The n-th step's norm is logged at step n, as HF's Trainer and torchtitan number the steps."""
+    params = grads_of([(20,)], seed=12)
+    monitor = fastnorm.GradNormMonitor(3, [fastnorm.JsonlLogger(tmp_path / "m.jsonl")], diagnose=False)
+    with fastnorm.patch(monitor=monitor), monitor:
+        for _ in range(5):
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+    assert fastnorm.read_series(tmp_path / "m.jsonl").steps == (1, 2, 3, 4, 5)

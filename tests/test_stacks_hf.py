@@ -270,3 +270,56 @@ def test_hf_callback_tells_the_monitor_the_precision_and_the_optimizer(tmp_path,
     assert series.precision == precision and series.optimizer["weight_decay"].values[-1] == pytest.approx(
         0.01
     )
+
+
+def norm_steps(path) -> dict[int, float]:
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    return {r["step"]: r["gradient_norm"] for r in rows if "gradient_norm" in r}
+
+
+def test_hf_callback_logs_a_second_train_and_a_retry_after_a_failure(tmp_path, one_thread):
+    """The loggers are the user's: the end of a train(), or its failure, flushes them and never closes
+    them, so the next train() (a retry, or a second run of the same Trainer) logs through them too."""
+    from fastnorm.integrations.hf import GradNormCallback
+
+    class FailOnce(transformers.TrainerCallback):
+        failed = False
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step == 5 and not self.failed:
+                self.failed = True
+                raise RuntimeError("the run dies here")
+
+    path = tmp_path / "norms.jsonl"
+    jsonl = fastnorm.JsonlLogger(path)
+    callback = GradNormCallback([jsonl], log_every_n_steps=4)
+    trainer = transformers.Trainer(
+        model=gpt2(), args=arguments(tmp_path), train_dataset=Tokens(STEPS * 4), callbacks=[callback, FailOnce()]
+    )
+    with pytest.raises(RuntimeError, match="dies here"):
+        trainer.train()
+    trainer.train()  # the retry, without closing anything in between
+    assert sorted(norm_steps(path)) == list(range(1, STEPS + 1))  # the retry's run replaces the failed one
+    first = len(path.read_text().splitlines())
+    trainer.train()  # and once more
+    assert len(path.read_text().splitlines()) > first
+    assert torch.nn.utils.clip_grad_norm_.__module__ == "torch.nn.utils.clip_grad"
+    jsonl.close()
+
+
+def test_the_monitor_under_patch_and_the_callback_number_steps_as_the_trainer(tmp_path, one_thread):
+    """A GradNormMonitor under fastnorm.patch() and the HF callback both log a step's norm at the step
+    the Trainer logs it (its global_step, from 1)."""
+    from fastnorm.integrations.hf import GradNormCallback
+
+    monitor = fastnorm.GradNormMonitor(4, [fastnorm.JsonlLogger(tmp_path / "patched.jsonl")], diagnose=False)
+    with fastnorm.patch(monitor=monitor), monitor:
+        patched, _ = fit(tmp_path / "a", logging_steps=1)
+    callback = GradNormCallback([fastnorm.JsonlLogger(tmp_path / "callback.jsonl")], diagnose=False)
+    fit(tmp_path / "b", [callback], logging_steps=1)
+    trainers = {row["step"]: row["grad_norm"] for row in patched.state.log_history if "grad_norm" in row}
+    assert sorted(trainers) == list(range(1, STEPS + 1))
+    for name in ("patched", "callback"):
+        logged = norm_steps(tmp_path / f"{name}.jsonl")
+        assert sorted(logged) == sorted(trainers), name
+        assert all(logged[s] == pytest.approx(trainers[s], rel=1e-6) for s in trainers), name

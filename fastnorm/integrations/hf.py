@@ -20,6 +20,7 @@ except ImportError as exc:
     ) from exc
 
 from fastnorm import checks
+from fastnorm.integrations._step_optimizer import StepOptimizer
 from fastnorm.integrations.patch import Patch, patch
 from fastnorm.monitoring.diagnosis import Diagnoser
 from fastnorm.monitoring.loggers import Logger
@@ -38,28 +39,6 @@ class _StepNorm:
     def take(self) -> Tensor | None:
         norm, self.norm = self.norm, None
         return norm
-
-
-class _StepOptimizer:
-    """The Trainer's optimizer as the monitor reads it: its ``param_groups``, each with the learning rate
-    of the step being recorded. The Trainer steps its scheduler before a step's norm is recorded (and
-    records a step whose loss it does not log at the next step's end), so the groups' own rates are
-    ahead of the step by then."""
-
-    def __init__(self, optimizer: Any) -> None:
-        self.optimizer = optimizer
-        self.lrs: list = []  # the recorded step's rate of each group
-
-    def rates(self) -> list:
-        """Each group's rate now: read after the optimizer's step and before the scheduler's, the step's."""
-        return [group.get("lr") for group in self.optimizer.param_groups]
-
-    @property
-    def param_groups(self) -> list[dict]:
-        groups = self.optimizer.param_groups
-        if len(self.lrs) != len(groups):
-            return groups
-        return [{**group, "lr": lr} for group, lr in zip(groups, self.lrs)]
 
 
 def _precision(args: Any, model: Any) -> str | None:
@@ -94,8 +73,12 @@ class GradNormCallback(TrainerCallback):
     main process logs; every process clips with fastnorm.
 
     Keep ``max_grad_norm`` as the Trainer's clip threshold (default 1.0; 0
-    turns clipping off). The patch is undone, and the monitor closed, at the
-    end of training; if ``train()`` raises, call :meth:`close`.
+    turns clipping off). Each ``train()`` has a monitor of its own, which the
+    callback makes and closes; the patch is undone and the monitor closed at
+    the end of training, or at the next ``train()`` when one raised. The loggers
+    are yours: they are flushed, never closed, so one callback logs every
+    ``train()`` it is given to (a second one, or a retry after a failure);
+    close them when you are done with them.
 
     Args:
         loggers (sequence of Logger): where the windows go, e.g.
@@ -130,7 +113,7 @@ class GradNormCallback(TrainerCallback):
         self.monitor: GradNormMonitor | None = None
         self._patch: Patch | None = None
         self._step = _StepNorm()
-        self._optimizer: _StepOptimizer | None = None
+        self._optimizer: StepOptimizer | None = None
         self._lrs: list = []  # the rates of the step just taken
         self._pending: tuple | None = None  # (norm, step, rates) waiting for the step's logs
 
@@ -147,6 +130,7 @@ class GradNormCallback(TrainerCallback):
             max_norm=args.max_grad_norm if args.max_grad_norm and args.max_grad_norm > 0 else None,
             diagnose=self.diagnose,
             precision=_precision(args, kwargs.get("model")),
+            close_loggers=False,  # the user's: they outlive this train()
         )
         self._patch = patch(monitor=self._step)
 
@@ -155,7 +139,7 @@ class GradNormCallback(TrainerCallback):
         if self.monitor is None or optimizer is None:
             return
         if self._optimizer is None or self._optimizer.optimizer is not optimizer:
-            self._optimizer = _StepOptimizer(optimizer)  # the Trainer's, once it exists
+            self._optimizer = StepOptimizer(optimizer)  # the Trainer's, once it exists
             self.monitor.optimizer = self._optimizer
         self._lrs = self._optimizer.rates()  # after the optimizer's step, before the scheduler's
 
@@ -183,8 +167,8 @@ class GradNormCallback(TrainerCallback):
         self.monitor.update(norm, step=step, loss=loss)
 
     def close(self) -> None:
-        """Logs what is pending, undoes the patch and closes the monitor (and its loggers).
-        Called at the end of training; twice is harmless."""
+        """Logs what is pending, undoes the patch and closes the monitor, flushing its loggers (which stay
+        open, for the next ``train()``). Called at the end of training; twice is harmless."""
         if self._patch is not None:
             self._patch.undo()
             self._patch = None

@@ -19,6 +19,7 @@ except ImportError as exc:
     ) from exc
 
 from fastnorm import checks
+from fastnorm.integrations._step_optimizer import StepOptimizer
 from fastnorm.layers import LayerGradNorms
 from fastnorm.monitoring.diagnosis import Diagnoser
 from fastnorm.monitoring.loggers import Logger
@@ -64,7 +65,10 @@ class GradNormCallback(Callback):
     turns unstable; nothing recorded is lost when training ends or raises, and
     a logger that fails never stops training (see the monitor). The monitor is
     told what Lightning knows: the trainer's precision and the optimizer (its
-    learning rate, weight decay, eps and betas read once per window).
+    learning rate, read when the step is taken and dated to that step, and its
+    weight decay, eps and betas read once per window). Each ``fit()`` has a
+    monitor of its own; the loggers given are flushed at its end, never closed,
+    so one callback logs every ``fit()`` it is given to.
 
     Args:
         max_norm (float, optional): clip the gradients' total norm to this;
@@ -117,7 +121,8 @@ class GradNormCallback(Callback):
         self.loggers = checks.loggers(loggers, owner)
         self.monitor: GradNormMonitor | None = None
         self._layers: LayerGradNorms | None = None
-        self._pending: tuple | None = None  # (norm, step, layers) waiting for the batch's loss
+        self._pending: tuple | None = None  # (norm, step, layers, rates) waiting for the batch's loss
+        self._optimizer: StepOptimizer | None = None
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         if stage != "fit":
@@ -134,13 +139,18 @@ class GradNormCallback(Callback):
             layer_names=self._layers.names if self._layers is not None else None,
             diagnose=self.diagnose,
             precision=_precision(trainer),
+            close_loggers=False,  # the trainer's and the user's: they outlive this fit()
         )
+        self._optimizer = None
 
     def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
         self._record()  # a step whose batch end never came (several optimizers, manual optimization)
         monitor = self.monitor
-        if monitor.optimizer is None:
-            monitor.optimizer = optimizer  # built after setup: its settings are read from the first step
+        if self._optimizer is None or self._optimizer.optimizer is not optimizer:
+            # Built after setup: read from its first step, with each step's rate as the step used it (the
+            # scheduler steps before the batch's end, where the step is recorded).
+            self._optimizer = StepOptimizer(optimizer)
+            monitor.optimizer = self._optimizer
         if self._layers is not None:
             params = self._layers.parameters
         else:
@@ -152,7 +162,7 @@ class GradNormCallback(Callback):
             norm = total_norm(params, self.norm_type)
         if self.max_norm is not None:
             clip_(params, self.max_norm, self.norm_type, total_norm=norm)
-        self._pending = (norm, trainer.global_step, layers)
+        self._pending = (norm, trainer.global_step, layers, self._optimizer.rates())
 
     def on_train_batch_end(
         self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
@@ -162,8 +172,9 @@ class GradNormCallback(Callback):
 
     def _record(self, loss: Tensor | None = None) -> None:
         if self._pending is not None:
-            norm, step, layers = self._pending
+            norm, step, layers, rates = self._pending
             self._pending = None
+            self._optimizer.lrs = rates
             self.monitor.update(norm, step=step, layers=layers, loss=loss)
 
     def _close(self) -> None:

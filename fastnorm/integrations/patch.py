@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
+import inspect
 import sys
+import threading
 import types
 import warnings
 from collections.abc import Callable, Iterable
@@ -192,10 +194,15 @@ _REPLACEMENTS = {id(t.replacement) for t in _TARGETS}
 
 
 class _State:
-    """What is patched now: the live handles (newest last) and each target's original."""
+    """What is patched now: the live handles (newest last) and each target's original.
+
+    Read and changed only under ``lock``: two threads patching and undoing at once would otherwise
+    interleave a restore with an apply, and leave torch patched with no live handle.
+    """
 
     handles: list[Patch] = []
     originals: dict[_Target, Any] = {}
+    lock = threading.RLock()
 
 
 def _scan(swap: dict[int, tuple[Any, Any]]) -> dict[str, Any]:
@@ -259,6 +266,9 @@ def _resolve() -> dict[_Target, str]:
         if not callable(original):
             missing[t] = f"{t.module} has no {t.name} in this version"
             continue
+        if _is_replacement(original):  # never taken for the original: undoing would put it back
+            missing[t] = f"{t.module}.{t.name} holds fastnorm's replacement already, not torch's original"
+            continue
         _State.originals[t] = original
     return missing
 
@@ -301,7 +311,20 @@ def _to_monitor(norm: Tensor, once_per_step: bool = False) -> None:
     if once_per_step and handle._last is not None and _shares_memory(norm, handle._last):
         return
     handle._last = norm
-    handle.monitor.update(norm)
+    if not handle._numbered:
+        handle.monitor.update(norm)
+        return
+    handle._steps += 1
+    handle.monitor.update(norm, handle._steps)
+
+
+def _takes_step(monitor: Any) -> bool:
+    """Whether ``monitor.update`` takes a step after the norm, as GradNormMonitor's does."""
+    try:
+        params = list(inspect.signature(monitor.update).parameters.values())
+    except (TypeError, ValueError):
+        return False
+    return any(p.name == "step" for p in params) or any(p.kind is p.VAR_POSITIONAL for p in params)
 
 
 # -- the public API ----------------------------------------------------------------------------------
@@ -324,6 +347,8 @@ class Patch:
         self.reached = reached
         self.not_reached = not_reached
         self._last: Tensor | None = None
+        self._numbered = monitor is not None and _takes_step(monitor)
+        self._steps = 0  # steps handed to the monitor, numbered from 1
 
     @property
     def active(self) -> bool:
@@ -333,12 +358,13 @@ class Patch:
     def undo(self) -> None:
         """Ends this patch. When no other patch is live, every replaced name gets back
         the object it held before (modules imported meanwhile included). Twice is harmless."""
-        if not self.active:
-            return
-        _State.handles = [h for h in _State.handles if h is not self]
-        self._last = None
-        if not _State.handles:
-            _restore()
+        with _State.lock:
+            if not self.active:
+                return
+            _State.handles = [h for h in _State.handles if h is not self]
+            self._last = None
+            if not _State.handles:
+                _restore()
 
     remove = undo  # torch's name for undoing a hook
 
@@ -376,7 +402,11 @@ def patch(monitor: Any = None) -> Patch:
             (once per step, however many groups it clips), LightlyTrain's
             per-step ``total_gradient_norm``. ``get_total_norm`` and
             ``grad_norm`` hand nothing: a framework calls them for parts of
-            the model. With patches nested, the newest one's monitor.
+            the model. With patches nested, the newest one's monitor. Its
+            steps are numbered from 1 (the n-th norm handed is step n): the
+            number of optimizer steps taken once the step is applied, the step
+            at which HF's Trainer and torchtitan log that step's loss and
+            learning rate, so that the norm's log lines up with theirs.
 
     Returns:
         Patch: a handle that says what it reached; ``undo()`` (or ``remove()``,
@@ -389,9 +419,10 @@ def patch(monitor: Any = None) -> Patch:
         ...     trainer.train()  # its clip runs fastnorm; every step's norm is logged
     """
     monitor = _check_monitor(monitor)
-    missing = _resolve()
-    handle = Patch(monitor, tuple(_apply()), {t.public: why for t, why in missing.items()})
-    _State.handles.append(handle)
+    with _State.lock:
+        missing = _resolve()
+        handle = Patch(monitor, tuple(_apply()), {t.public: why for t, why in missing.items()})
+        _State.handles.append(handle)
     return handle
 
 
@@ -404,7 +435,8 @@ def targets() -> list[dict[str, Any]]:
         (whether a fastnorm function stands in its place now) and ``reached``
         (with a live patch, every ``module.name`` that holds its replacement).
     """
-    live = _scan({}) if _State.handles else {}
+    with _State.lock:
+        live = _scan({}) if _State.handles else {}
     rows = []
     for t in _TARGETS:
         try:

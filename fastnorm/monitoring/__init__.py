@@ -6,6 +6,7 @@ The modules depend one way, each only on those before it:
 * ``diagnosis``: what a series means and what to do about it (pure Python; a subpackage,
   one module per signal, its own order stated there);
 * ``plot`` and ``loggers``: drawing a diagnosis; sending windows to their destinations;
+* ``optimizer``: what the monitor reads of an optimizer (its settings, the precision), on the host;
 * ``monitor``: the device-side recorder that feeds the loggers and the diagnosis;
 * ``command``: ``fastnorm diagnose PATH``.
 

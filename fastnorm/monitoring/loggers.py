@@ -113,7 +113,8 @@ def window_stats(
     stats = {
         "min": min(finite, default=math.nan),
         "max": max(finite, default=math.nan),
-        "mean": math.fsum(finite) / len(finite) if finite else math.nan,
+        # Each term divided first: a sum of norms near the float range would overflow, their mean cannot.
+        "mean": math.fsum(v / len(finite) for v in finite) if finite else math.nan,
         "nonfinite_steps": float(len(values) - len(finite)),
     }
     if any(s is not None for s in skipped):

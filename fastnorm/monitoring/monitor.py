@@ -17,9 +17,12 @@ transfer is a plain ``tolist()``, which on the CPU costs nothing to wait for.
 
 The monitor never breaks the loop it watches: a logger that raises is reported
 once (a :class:`MonitorWarning` naming it and the error) and the others still
-receive every window; ``close`` closes every logger even when one fails; and a
-monitor dropped without ``close`` still delivers what it holds, when it is
-collected or at interpreter exit.
+receive every window; a diagnosis that raises is reported once and the window's
+``diagnosis`` says it failed (never a verdict left from before), and the next
+window is diagnosed again; a ``KeyboardInterrupt`` in a logger or in the
+diagnosis is raised again only once every logger has the window; ``close``
+closes every logger even when one fails; and a monitor dropped without
+``close`` still delivers what it holds, when it is collected or at interpreter exit.
 """
 
 from __future__ import annotations
@@ -37,13 +40,18 @@ from torch import Tensor
 
 from fastnorm import checks
 from fastnorm.monitoring.diagnosis import UNSTABLE, Diagnoser, Diagnosis, Event
+from fastnorm.monitoring.diagnosis.events import FAILED, TOO_FEW
 from fastnorm.monitoring.loggers import Logger, Window, window_stats
+from fastnorm.monitoring.optimizer import optimizer_lr, optimizer_settings, precision_of
 
 # The per-step quantities, one row of the device buffer each, all crossing in the
 # window's one transfer. Another per-step quantity is one more row here, a field
 # of Window and a count in window_stats.
 _NORM, _LOSS, _SKIPPED = 0, 1, 2
 _ROWS = 3
+# The longest window: its slots are allocated on the device at the first update, so a window of 10**9 would
+# take 24 GB there (and as much in host lists) before anything is logged.
+MAX_WINDOW = 1_000_000
 
 
 class UnstableGradientWarning(UserWarning):
@@ -80,9 +88,17 @@ def _name(logger: Any) -> str:
 # -- the values given to update --------------------------------------------------
 
 
+def _dense(value: Tensor, name: str) -> None:
+    """A tensor whose value can be copied into the buffer: not a meta tensor (no data), not sparse."""
+    if value.is_meta or value.layout != torch.strided:
+        kind = "meta" if value.is_meta else str(value.layout).replace("torch.", "")
+        raise ValueError(f"GradNormMonitor.update: {name} must be a dense tensor with data, got a {kind} tensor")
+
+
 def _scalar(value: Any, name: str) -> Tensor | float:
     """A one-value real tensor or a real number, checked before anything is recorded."""
     if isinstance(value, Tensor):
+        _dense(value, name)
         if value.numel() != 1:
             raise ValueError(
                 f"GradNormMonitor.update: {name} must hold one value, got shape {tuple(value.shape)}"
@@ -99,8 +115,9 @@ def _scalar(value: Any, name: str) -> Tensor | float:
 
 
 def _flag(value: Any) -> Tensor | float:
-    """A skip flag: a one-value tensor (bool or real; nonzero: skipped) or a bool, 0 or 1."""
+    """A skip flag: a one-value tensor (bool or real; nonzero: skipped) or a bool, 0 or 1 (numpy's too)."""
     if isinstance(value, Tensor):
+        _dense(value, "skipped")
         if value.numel() != 1:
             raise ValueError(
                 f"GradNormMonitor.update: skipped must hold one value, got shape {tuple(value.shape)}"
@@ -108,6 +125,8 @@ def _flag(value: Any) -> Tensor | float:
         if value.is_complex():
             raise TypeError(f"GradNormMonitor.update: skipped must be real, got a {value.dtype} tensor")
         return value
+    if getattr(value, "shape", None) == () and callable(getattr(value, "item", None)):
+        value = value.item()  # a numpy bool or number (np.True_, np.int64(1)), as the Python one
     if not isinstance(value, numbers.Real):
         raise TypeError(
             "GradNormMonitor.update: skipped must be a one-value Tensor (e.g. StepClipper.skipped) "
@@ -116,57 +135,6 @@ def _flag(value: Any) -> Tensor | float:
     if value not in (0, 1):
         raise ValueError(f"GradNormMonitor.update: skipped must be True/False (or 1/0), got {value!r}")
     return float(value)
-
-
-def _host_number(value: Any) -> float | None:
-    """A setting as a float, read without a sync: a CPU tensor is read, an accelerator's is not."""
-    if isinstance(value, Tensor):
-        return float(value) if value.device.type == "cpu" and value.numel() == 1 else None
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        return None
-    return float(value)
-
-
-def optimizer_lr(optimizer: Any) -> float | None:
-    """The largest learning rate over the parameter groups, read on the host (None when none is)."""
-    values = [v for g in optimizer.param_groups if (v := _host_number(g.get("lr"))) is not None]
-    return max(values) if values else None
-
-
-def optimizer_settings(optimizer: Any) -> dict[str, float]:
-    """The optimizer's settings, as the monitor logs them (see ``fastnorm.monitoring.series``).
-
-    The largest learning rate and weight decay over the parameter groups (a group without decay
-    beside one with it is common), the smallest ``eps``, the first group's betas or momentum.
-    Read on the host from ``param_groups``: a setting held in an accelerator's tensor is left out.
-    """
-    groups = optimizer.param_groups
-    found: dict[str, float] = {}
-    for name, pick in (("lr", max), ("weight_decay", max), ("eps", min)):
-        values = [v for g in groups if (v := _host_number(g.get(name))) is not None]
-        if values:
-            found[name] = pick(values)
-    first = groups[0] if groups else {}
-    betas = first.get("betas")
-    if isinstance(betas, (tuple, list)) and len(betas) == 2:
-        for name, value in zip(("beta1", "beta2"), betas):
-            if (v := _host_number(value)) is not None:
-                found[name] = v
-    if (v := _host_number(first.get("momentum"))) is not None:
-        found["momentum"] = v
-    return found
-
-
-def _precision_of(optimizer: Any) -> str | None:
-    """The precision the parameters' dtype shows: pure bf16 or fp16; None for fp32 (autocast or not)."""
-    dtypes = {p.dtype for g in optimizer.param_groups for p in g.get("params", ()) if isinstance(p, Tensor)}
-    if dtypes == {torch.bfloat16}:
-        return "bf16"
-    if dtypes == {torch.float16}:
-        return "fp16"
-    if dtypes == {torch.float64}:
-        return "fp64"
-    return None
 
 
 # -- the recorder: everything a monitor holds, so that a finalizer can deliver it --------
@@ -204,8 +172,10 @@ class _Recorder:
         warn: bool,
         precision: str | None = None,
         optimizer: Any = None,
+        close_loggers: bool = True,
     ) -> None:
         self.n = n
+        self.close_loggers = close_loggers
         self.precision = precision
         self.optimizer = optimizer
         self.lr: float | None = None  # the learning rate at the last update
@@ -215,7 +185,9 @@ class _Recorder:
         self.layer_names = layer_names
         self.diagnoser = diagnoser
         self.warn = warn
-        self.diagnosis: Diagnosis | None = None
+        # Before the first window: nothing read yet (a verdict that says so, never None while diagnosing).
+        self.diagnosis: Diagnosis | None = Diagnosis(TOO_FEW) if diagnoser is not None else None
+        self.steps_read = 0  # norms handed to the diagnosis
         self.transfers = 0
         self.logger_failures = [0] * len(loggers)  # windows (and closes) each logger failed
         self.buffer: Tensor | None = None  # _ROWS * n per-step values, then the layers
@@ -343,8 +315,12 @@ class _Recorder:
             skipped = ()
         layers = dict(zip(self.layer_names, host[_ROWS * n :])) if layers_step is not None else {}
         self.check_values(steps, values)
+        interrupted: BaseException | None = None  # a Ctrl-C, raised again once every logger has the window
         if self.diagnoser is not None:
-            self.diagnose(steps, values, losses, skipped, layers, layers_step, settings, lrs)
+            try:
+                self.diagnose(steps, values, losses, skipped, layers, layers_step, settings, lrs)
+            except BaseException as exc:
+                interrupted = exc
         window = Window(
             tuple(steps),
             tuple(values),
@@ -362,6 +338,10 @@ class _Recorder:
                 logger.log_window(window)
             except Exception as exc:  # a logger never breaks the loop, nor the other loggers
                 self.failed(i, exc, f"log steps {steps[0]}-{steps[-1]}")
+            except BaseException as exc:
+                interrupted = interrupted or exc
+        if interrupted is not None:
+            raise interrupted
 
     def check_values(self, steps: list[int], values: list[float]) -> None:
         bad = [(s, v) for s, v in zip(steps, values) if v < 0]
@@ -378,12 +358,18 @@ class _Recorder:
         """What is known of the run now: the optimizer's settings, read on the host, and the precision."""
         found = optimizer_settings(self.optimizer) if self.optimizer is not None else {}
         if self.precision is None and self.optimizer is not None:
-            self.precision = _precision_of(self.optimizer)
+            self.precision = precision_of(self.optimizer)
         if self.precision is not None:
             found[f"precision/{self.precision}"] = 1.0
         return found
 
     def diagnose(self, steps, values, losses, skipped, layers, layers_step, settings, lrs) -> None:
+        """Feeds the window to the diagnoser and reads its verdict; a failure leaves a verdict that says so.
+
+        The diagnoser is kept: the next window is diagnosed again, so a failure on one input does not
+        silence the run's later faults. Interrupted (a ``KeyboardInterrupt``), the verdict says so too.
+        """
+        self.steps_read += len(steps)
         try:
             if skipped:
                 flagged = [(s, f) for s, f in zip(steps, skipped) if f is not None]
@@ -400,13 +386,23 @@ class _Recorder:
             if settings:
                 self.diagnoser.update_settings(steps[-1], settings)
             self.diagnosis = self.diagnoser.result()
-        except Exception as exc:  # a broken (custom) diagnoser must not cost the window
-            self.diagnoser = None
-            _warn(
-                f"fastnorm: the diagnosis failed and is turned off ({type(exc).__name__}: {exc})",
-                MonitorWarning,
-            )
+        except Exception as exc:  # a broken (custom) diagnoser must not cost the window, nor say "stable"
+            error = f"{type(exc).__name__}: {exc}"
+            self.diagnosis = Diagnosis(FAILED, steps=self.steps_read, error=f"at step {steps[-1]}, {error}")
+            if "diagnosis" not in self.warned:
+                self.warned.add("diagnosis")
+                _warn(
+                    f"fastnorm: the diagnosis failed at step {steps[-1]} ({error}); GradNormMonitor.diagnosis "
+                    f"says so (verdict '{FAILED}') until a later window is diagnosed again; further "
+                    "failures are not reported again.",
+                    MonitorWarning,
+                )
             return
+        except BaseException as exc:
+            self.diagnosis = Diagnosis(
+                FAILED, steps=self.steps_read, error=f"interrupted at step {steps[-1]} ({type(exc).__name__})"
+            )
+            raise
         if self.warn:
             self.alert(self.diagnosis, steps[-1])
 
@@ -472,7 +468,7 @@ class _Recorder:
         finally:
             for i, logger in enumerate(self.loggers):
                 try:
-                    logger.close()
+                    logger.close() if self.close_loggers else logger.flush()
                 except Exception as exc:
                     self.failed(i, exc, "close")
 
@@ -495,7 +491,8 @@ class GradNormMonitor:
     Args:
         log_every_n_steps (int): the window, in updates: one transfer to the
             host and one call of each logger per window. The device buffer
-            holds this many values and never grows. Default: 50.
+            holds this many values and never grows; at most ``MAX_WINDOW``
+            (a million). Default: 50.
         loggers (sequence of Logger): where the windows go (see
             :mod:`fastnorm.monitoring.loggers`). Closed by :meth:`close`.
         max_norm (float, optional): the clipping threshold given to
@@ -530,6 +527,13 @@ class GradNormMonitor:
             window's last step, so that a schedule's jump is dated to its step.
             The diagnosis reads them (a learning-rate jump, a decay too strong,
             an ``eps`` that dominates Adam's denominator).
+        close_loggers (bool): whether :meth:`close` closes the loggers (default)
+            or only flushes them, for loggers that outlive the monitor (a
+            trainer callback's, given by its user, serve every ``train()``).
+
+    A monitor is not copied or pickled (``TypeError``): it holds a device
+    buffer, open loggers and a hook that delivers at exit, which a copy
+    would share or lose.
 
     Raises:
         TypeError: an argument of the wrong type (``max_norm='1'``, ``GradNormMonitor(True)``).
@@ -559,9 +563,15 @@ class GradNormMonitor:
         warn: bool = True,
         precision: str | None = None,
         optimizer: Any = None,
+        close_loggers: bool = True,
     ) -> None:
         owner = "GradNormMonitor"
         n = checks.positive_int(log_every_n_steps, "log_every_n_steps", owner)
+        if n > MAX_WINDOW:
+            raise ValueError(
+                f"{owner}: log_every_n_steps must be at most {MAX_WINDOW} (its slots are allocated on the "
+                f"device at the first update), got {n}"
+            )
         loggers = checks.loggers(loggers, owner)
         max_norm = checks.max_norm(max_norm, owner, optional=True)
         names = checks.names(layer_names, "layer_names", owner)
@@ -569,9 +579,10 @@ class GradNormMonitor:
         warn = checks.boolean(warn, "warn", owner)
         precision = checks.precision(precision, owner)
         optimizer = checks.optimizer(optimizer, owner)
+        close_loggers = checks.boolean(close_loggers, "close_loggers", owner)
         if diagnoser is not None and diagnoser.max_norm is None:
             diagnoser.max_norm = max_norm
-        self._rec = _Recorder(n, loggers, max_norm, names, diagnoser, warn, precision, optimizer)
+        self._rec = _Recorder(n, loggers, max_norm, names, diagnoser, warn, precision, optimizer, close_loggers)
         # Delivers what is pending when the monitor is collected, or at exit (one
         # hook, weakref's, for every live monitor); close() runs it once and detaches it.
         self._finalizer = weakref.finalize(self, self._rec.close)
@@ -616,7 +627,12 @@ class GradNormMonitor:
 
     @property
     def diagnosis(self) -> Diagnosis | None:
-        """The diagnosis of everything logged so far (None before the first window, or when off)."""
+        """The diagnosis of everything logged so far; None when the diagnosis is off.
+
+        Before the first window, a ``"too few points"`` verdict that has read nothing (its
+        :meth:`~fastnorm.Diagnosis.report` says so); ``"diagnosis failed"`` when the last window's
+        diagnosis raised (reported once with a :class:`MonitorWarning`; the next window is tried again).
+        """
         return self._rec.diagnosis
 
     @property
@@ -727,6 +743,15 @@ class GradNormMonitor:
 
     def __enter__(self) -> GradNormMonitor:
         return self
+
+    def __reduce__(self) -> Any:
+        raise TypeError(
+            "GradNormMonitor cannot be copied or pickled: it holds a device buffer, open loggers and the hook "
+            "that delivers them at exit; make a new monitor (with new loggers) instead"
+        )
+
+    def __deepcopy__(self, memo: Any) -> Any:
+        self.__reduce__()
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         if exc_type is None:

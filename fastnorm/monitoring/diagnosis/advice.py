@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass, field
 
 from fastnorm.checks import PRECISIONS
-from fastnorm.monitoring.diagnosis.robust import NOISY
+from fastnorm.monitoring.diagnosis.robust import NOISY, ratio, times
 
 
 class Action(str):
@@ -157,7 +157,7 @@ class Evidence:
         end = max(start, until if until is not None else start) + reach
 
         def moved(c: tuple) -> float:  # how far up, in e-foldings, from where its chain began
-            return math.log(max(abs(c[2]), 1e-300) / max(abs(self.chain_first(c)[1]), 1e-300))
+            return math.log(max(ratio(abs(c[2]), abs(self.chain_first(c)[1])), 1e-300))
 
         causes = [c for c in self.lr_changes if c[3] < end and c[0] >= start - reach]
         causes = [c for c in causes if c[2] < 0 or moved(c) > math.log(2.0)]
@@ -181,8 +181,10 @@ class Evidence:
         later = next((c for c in self.lr_changes if c[4] == first[0] and _same_way(c, first)), None)
         if later is None or min(first[1], first[2], later[1], later[2]) <= 0:
             return first[3] + 1
-        rate = math.log(later[2] / later[1]) / (later[0] - later[4])  # per step, from the next change
-        steps_in = math.log(first[2] / first[1]) / rate if rate > 0 else 0.0
+        rate = ratio(math.log(ratio(later[2], later[1])), later[0] - later[4])  # per step, from the next change
+        steps_in = ratio(math.log(ratio(first[2], first[1])), rate) if rate > 0 else 0.0
+        if not math.isfinite(steps_in):
+            return first[4] + 1
         return max(first[4] + 1, round(first[0] - steps_in))
 
     def chain_first(self, change: tuple) -> tuple:
@@ -310,7 +312,7 @@ def lr_cause(ev: Evidence, onset: int, reach: int) -> Action | None:
             )
         else:
             how = (
-                f"jumped {abs(after) / abs(before):.3g}x {read_at(step, previous)} ({_g(before)} to "
+                f"jumped {times(abs(after), abs(before))} {read_at(step, previous)} ({_g(before)} to "
                 f"{_g(after)})"
             )
         return Action(

@@ -46,7 +46,7 @@ from fastnorm.monitoring.diagnosis.events import (
 from fastnorm.monitoring.diagnosis.layers import LayerSignal
 from fastnorm.monitoring.diagnosis.loss import LossSignal, LossView, loss_event
 from fastnorm.monitoring.diagnosis.norm import Found, NormSignal
-from fastnorm.monitoring.diagnosis.robust import median, number
+from fastnorm.monitoring.diagnosis.robust import median, number, times
 from fastnorm.monitoring.diagnosis.schedule import LrSignal, OptimizerSettings
 from fastnorm.monitoring.diagnosis.skips import SkipSignal
 
@@ -462,7 +462,7 @@ class Diagnoser:
             detail = (
                 f"the learning rate went from {num(before)} to {num(after)} "
                 f"{advice.read_at(step, previous)}; the loss held at {num(high)} from step {start}, "
-                f"{high / low:.0f}x its level before ({num(low)}), and had not come back by the last step"
+                f"{times(high, low, '.0f')} its level before ({num(low)}), and had not come back by the last step"
             )
             actions = (*self._explode_actions(peak, base, onset, found), advice.resume_action(onset))
             return Event(DIVERGED, onset, last, detail, actions)
@@ -474,7 +474,7 @@ class Diagnoser:
         step, value, before = blowup
         onset = self._first_step if self._first_step is not None else step
         detail = (
-            f"the loss jumped to {num(value)} at step {step} ({value / before:.0f}x its level before, "
+            f"the loss jumped to {num(value)} at step {step} ({times(value, before, '.0f')} its level before, "
             f"{num(before)}) in the run's first steps: {num(loss.first)} at the start, {num(loss.final)} "
             "at the end"
         )

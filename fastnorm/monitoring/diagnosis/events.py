@@ -21,6 +21,7 @@ GROWTH = "growth"
 DECAY = "decay"
 INVALID = "invalid"
 TOO_FEW = "too few points"
+FAILED = "diagnosis failed"  # the diagnosis raised (online, the monitor reports it and diagnoses on)
 
 UNSTABLE = (NONFINITE, DIVERGED, EXPLODING, VANISHING, STALLED)  # most severe first
 HEADLINES = {
@@ -31,6 +32,7 @@ HEADLINES = {
     STALLED: "the loss has stalled",
     STABLE: "the run is stable",
     TOO_FEW: "too few points to judge the run",
+    FAILED: "the diagnosis failed: the run is not judged",
 }
 MIN_POINTS = 5  # fewer norms than this are too few to judge: the verdict says so, never "stable"
 KINDS = (*UNSTABLE, SPIKE, SKIPPED, GROWTH, DECAY, INVALID)
@@ -79,6 +81,7 @@ class Diagnosis:
         steps (int): how many norm values were read.
         signals (tuple of str): what else was read: ``"loss"``, ``"lr"``,
             ``"scale"``, ``"layers"``, ``"skipped"``.
+        error (str): for the verdict ``"diagnosis failed"``, what failed; empty otherwise.
     """
 
     verdict: str
@@ -86,17 +89,18 @@ class Diagnosis:
     actions: tuple[str, ...] = ()
     steps: int = 0
     signals: tuple[str, ...] = ()
+    error: str = ""
 
     @property
     def unstable(self) -> bool:
-        """True for every verdict but ``stable``: also for ``"too few points"``, so that a log that
-        cannot be judged never passes ``--fail-on-unstable``."""
+        """True for every verdict but ``stable``: also for ``"too few points"`` and ``"diagnosis failed"``,
+        so that a log that cannot be judged never passes ``--fail-on-unstable``."""
         return self.verdict != STABLE
 
     @property
     def judged(self) -> bool:
-        """False while too few points were read to judge anything."""
-        return self.verdict != TOO_FEW
+        """False while too few points were read to judge anything, or when the diagnosis failed."""
+        return self.verdict not in (TOO_FEW, FAILED)
 
     @property
     def action_ids(self) -> tuple[str, ...]:
@@ -132,6 +136,7 @@ class Diagnosis:
             "steps": self.steps,
             "signals": list(self.signals),
             "skipped_steps": self.skipped_steps,
+            **({"error": self.error} if self.error else {}),
         }
 
     def report(self) -> str:
@@ -143,6 +148,8 @@ class Diagnosis:
                 else f"{self.steps} step{'s' if self.steps > 1 else ''} read"
             )
             return f"verdict: {TOO_FEW} ({read}; at least {MIN_POINTS} are needed to judge a run)"
+        if self.verdict == FAILED:
+            return f"verdict: {FAILED} ({self.steps} steps read): {self.error}; the run is not judged"
         read = f"{self.steps} steps read"
         if self.signals:
             names = {

@@ -26,6 +26,27 @@ def median(ordered: list[float]) -> float:
     return ordered[mid] if n % 2 else 0.5 * (ordered[mid - 1] + ordered[mid])
 
 
+def ratio(top: float, bottom: float) -> float:
+    """``top / bottom`` for logged values, which may be 0 (a learning rate frozen at 0, a loss at 0): never
+    raises. A nonzero over 0 is inf with the sign of ``top``, 0 over 0 is NaN (no ratio), and a quotient
+    past the float range is inf, as float arithmetic has it. Every division by a logged value in the
+    diagnosis goes through it; comparisons then read inf as "far more", NaN as "not more".
+    """
+    if bottom == 0:
+        if top == 0 or math.isnan(top):
+            return math.nan
+        return math.copysign(math.inf, top) * math.copysign(1.0, bottom)
+    return top / bottom
+
+
+def times(top: float, bottom: float, spec: str = ".3g") -> str:
+    """How many times ``bottom`` is ``top``, for a person: ``"12x"``; ``"infinitely many times"`` from 0."""
+    r = ratio(top, bottom)
+    if math.isfinite(r):
+        return f"{r:{spec}}x"
+    return "infinitely many times" if not math.isnan(r) else "an undefined multiple"
+
+
 def number(value: Any) -> float | None:
     """The value as a float, or None when it is not a number (a string, None, a bool)."""
     if isinstance(value, bool):
