@@ -24,6 +24,7 @@ from fastnorm.monitoring.diagnosis import advice
 from fastnorm.monitoring.diagnosis.events import (
     DECAY,
     DIVERGED,
+    NONFINITE,
     EXPLODING,
     GROWTH,
     KINDS,
@@ -49,6 +50,7 @@ from fastnorm.monitoring.diagnosis.norm import Found, NormSignal
 from fastnorm.monitoring.diagnosis.robust import median, number
 from fastnorm.monitoring.diagnosis.schedule import LrSignal, OptimizerSettings
 from fastnorm.monitoring.diagnosis.skips import SkipSignal
+from fastnorm.monitoring.diagnosis.zeros import ZeroSignal
 
 # Another metric given to :func:`diagnose`: a ``(steps, values)`` pair or a mapping step -> value.
 ByStep = Union[Mapping[int, float], tuple[Iterable[int], Iterable[Any]]]
@@ -192,6 +194,7 @@ class Diagnoser:
         self._lr = LrSignal()
         self._settings = OptimizerSettings()
         self._layers = LayerSignal(layer_orders)
+        self._zeros = ZeroSignal()
         self._count = 0
         self._first_step: int | None = None
         self._last_step: int | None = None
@@ -226,6 +229,7 @@ class Diagnoser:
             self._norm.nonfinite()
             return
         skips.finite_value()
+        self._zeros.point(step, value)
         self._norm.point(step, log_norm(value))
 
     def update_skipped(self, steps: Iterable[int], flags: Iterable[Any]) -> None:
@@ -356,10 +360,19 @@ class Diagnoser:
                 replace(e, actions=tuple(checkpoint if a == advice.CHECKPOINT else a for a in e.actions))
                 for e in events
             ]
+        zero = self._zeros.event(self._ev, last, self.sustain)
+        if zero is not None:
+            # The norm's own fall to 0 is this finding, said once.
+            events = [e for e in events if not (e.kind == VANISHING and e.end_step >= zero.start_step)]
+            events.append(zero)
         events.sort(key=lambda e: (e.start_step, KINDS.index(e.kind), e.end_step))
         kinds = {e.kind for e in events}
         verdict = next((k for k in UNSTABLE if k in kinds), STABLE)
         actions: list[str] = []
+        if zero is not None:
+            # Nothing trains: the loudest finding, whatever the loss did (short of non-finite values).
+            verdict = NONFINITE if NONFINITE in kinds else VANISHING
+            actions += zero.actions
         for e in sorted(events, key=lambda e: e.kind != verdict):
             actions += [a for a in e.actions if a not in actions]
         return Diagnosis(verdict, tuple(events), tuple(actions), self._count, signals)
