@@ -37,6 +37,7 @@ from torch import Tensor
 
 from fastnorm import checks
 from fastnorm.monitoring.diagnosis import UNSTABLE, Diagnoser, Diagnosis, Event
+from fastnorm.monitoring.diagnosis.objective import check as check_objective
 from fastnorm.monitoring.loggers import Logger, Window, window_stats
 
 # The per-step quantities, one row of the device buffer each, all crossing in the
@@ -530,6 +531,11 @@ class GradNormMonitor:
             window's last step, so that a schedule's jump is dated to its step.
             The diagnosis reads them (a learning-rate jump, a decay too strong,
             an ``eps`` that dominates Adam's denominator).
+        objective (str, optional): what the loss is, for the diagnosis:
+            ``"minimise"``, ``"adversarial"`` (a GAN generator's),
+            ``"reinforcement"`` (a policy gradient's) or ``"contrastive"`` (see
+            :class:`~fastnorm.Diagnoser`). Default: None (read from the loss: a
+            negative one is reward-driven; a loss to minimise otherwise).
 
     Raises:
         TypeError: an argument of the wrong type (``max_norm='1'``, ``GradNormMonitor(True)``).
@@ -559,6 +565,7 @@ class GradNormMonitor:
         warn: bool = True,
         precision: str | None = None,
         optimizer: Any = None,
+        objective: str | None = None,
     ) -> None:
         owner = "GradNormMonitor"
         n = checks.positive_int(log_every_n_steps, "log_every_n_steps", owner)
@@ -569,8 +576,11 @@ class GradNormMonitor:
         warn = checks.boolean(warn, "warn", owner)
         precision = checks.precision(precision, owner)
         optimizer = checks.optimizer(optimizer, owner)
+        objective = check_objective(objective, owner)
         if diagnoser is not None and diagnoser.max_norm is None:
             diagnoser.max_norm = max_norm
+        if diagnoser is not None and diagnoser.objective is None:
+            diagnoser.objective = objective
         self._rec = _Recorder(n, loggers, max_norm, names, diagnoser, warn, precision, optimizer)
         # Delivers what is pending when the monitor is collected, or at exit (one
         # hook, weakref's, for every live monitor); close() runs it once and detaches it.

@@ -47,6 +47,7 @@ from pathlib import Path
 from fastnorm import GradNormMonitor, read_series
 from fastnorm.monitoring.command import diagnose_series
 from fastnorm.monitoring.diagnosis import STABLE, Diagnosis
+from fastnorm.monitoring.diagnosis.objective import from_keys
 from fastnorm.monitoring.monitor import RecoveredWarning, UnstableGradientWarning
 
 HERE = Path(__file__).resolve().parent
@@ -95,7 +96,17 @@ def replay(folder: Path, truth: dict) -> Online:
             for step, value in zip(track.steps, track.values):
                 settings.setdefault(step, {})[name] = value
     optimizer = _Optimizer()
-    monitor = GradNormMonitor(truth["window"], [], optimizer=optimizer, precision=series.precision, warn=True)
+    # What the user knows and says, as the log shows it: a discriminator's loss or a reward logged beside
+    # the norm is a GAN or a policy gradient.
+    named = from_keys(series.columns)
+    monitor = GradNormMonitor(
+        truth["window"],
+        [],
+        optimizer=optimizer,
+        precision=series.precision,
+        warn=True,
+        objective=named[0] if named else None,
+    )
     losses = dict(zip(series.loss.steps, series.loss.values)) if series.loss else {}
     seen: list[tuple[int, str]] = []
     group = optimizer.param_groups[0]

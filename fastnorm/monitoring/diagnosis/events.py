@@ -79,6 +79,9 @@ class Diagnosis:
         steps (int): how many norm values were read.
         signals (tuple of str): what else was read: ``"loss"``, ``"lr"``,
             ``"scale"``, ``"layers"``, ``"skipped"``.
+        objective (str): what the loss is: ``"minimise"`` (a loss to a floor), ``"adversarial"``,
+            ``"reinforcement"`` or ``"contrastive"``, as given or read from the log.
+        objective_read (str): where it was read from the log, how ("" when given or the default).
     """
 
     verdict: str
@@ -86,6 +89,8 @@ class Diagnosis:
     actions: tuple[str, ...] = ()
     steps: int = 0
     signals: tuple[str, ...] = ()
+    objective: str = "minimise"
+    objective_read: str = ""  # how the objective was read from the log ("" where given, or the default)
 
     @property
     def unstable(self) -> bool:
@@ -132,6 +137,8 @@ class Diagnosis:
             "steps": self.steps,
             "signals": list(self.signals),
             "skipped_steps": self.skipped_steps,
+            "objective": self.objective,
+            "objective_read": self.objective_read,
         }
 
     def report(self) -> str:
@@ -154,6 +161,9 @@ class Diagnosis:
             }
             read += " with " + ", ".join(names[s] for s in self.signals)
         lines = [f"verdict: {self.verdict} ({read})"]
+        if self.objective != "minimise" or self.objective_read:
+            how = f" ({self.objective_read})" if self.objective_read else ""
+            lines.append(f"  objective: {self.objective}{how}")
         for e in self.events:
             if e.kind in (SKIPPED, INVALID):  # sparse runs: every one of a kind on one line, at the first
                 same = [s for s in self.events if s.kind == e.kind]

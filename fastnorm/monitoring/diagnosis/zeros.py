@@ -71,8 +71,8 @@ class ZeroSignal:
             return Event(VANISHING, self.run_start, last, detail + f" (in {ev.kind})", (NO_GRADIENT,))
         tell = Action(
             "precision",
-            f"Exactly 0 from step {self.run_start}: either fp16 gradients underflowing (no GradScaler) or the "
-            "loss no longer reaching the weights; the log does not hold the precision to tell them apart: "
+            f"Exactly 0 from step {self.run_start}: either fp16 gradients underflowing (no GradScaler) or "
+            "the loss no longer reaching the weights; the log does not hold the precision to tell them apart: "
             "log it (GradNormMonitor(precision=...)), and with fp16 add a torch.amp.GradScaler or use bf16.",
         )
         return Event(VANISHING, self.run_start, last, detail, (tell, NO_GRADIENT))
