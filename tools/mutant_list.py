@@ -1452,4 +1452,12 @@ MUTANTS = [
         "tests": ["tests/test_diagnosis_objective.py"],
         "what": "a DPO log's rewards/chosen read as a reward: its minimised loss no longer read",
     },
+    {
+        "name": "diagnosis-stall-blind-log-guesses",
+        "path": "fastnorm/monitoring/diagnosis/advice.py",
+        "old": "    if stall.never and blind and not causes:",
+        "new": "    if stall.never and blind and causes:",
+        "tests": ["tests/test_diagnosis_uncertainty.py"],
+        "what": "a stall whose log holds no optimizer setting guesses one cause instead of naming both",
+    },
 ]
