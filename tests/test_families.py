@@ -153,3 +153,37 @@ def test_a_floor_reached_early_that_the_loss_keeps_falling_from_is_no_plateau():
     for which in SETS[:-1]:
         run = score.score_run(FAMILIES / which / "postln-no-warmup")
         assert run.offline.verdict == "stalled" and run.first_action == "warmup", which
+
+
+def test_the_novel_families_and_public_logs_carry_their_truths_and_sources():
+    novel = truths(score.NOVEL)
+    assert len({t["family"] for t in novel}) >= 7 and sum(t["healthy"] for t in novel) * 3 >= len(novel)
+    assert {t["objective"] for t in novel} >= {"minimise", "adversarial", "reinforcement", "contrastive"}
+    for healthy in (True, False):  # logs with and without the learning rate, healthy and faulty
+        assert {t["lr_logged"] for t in novel if t["healthy"] == healthy} == {True, False}
+    for t in novel:
+        assert FIELDS - {"injected"} <= set(t), t["name"]
+    public = truths(score.PUBLIC)
+    assert len(public) >= 15
+    for t in public:
+        source = t["source"]
+        assert source["repo"].count("/") == 1 and source["path"].endswith("trainer_state.json"), t["name"]
+        assert len(source["commit"]) == 40 and t["labelled"].startswith("From the numbers"), t["name"]
+        assert (t["onset"] is None) == t["healthy"] and bool(t["actions"]) != t["healthy"], t["name"]
+
+
+def test_a_family_looked_at_while_changing_a_rule_is_scored_by_its_rows_from_before(tmp_path, monkeypatch):
+    frozen = [{"name": "x", "family": "stdlm", "healthy": True, "verdict": "diverged", "verdict_ok": False,
+               "first_action": None, "action_ok": None, "first_two_ok": None, "lead": None, "lead_ok": None,
+               "offline_alarm": True, "withdrawn": False}]
+    ledger = {
+        "changes": [{"rule": "r", "looked_at": ["stdlm"]}],
+        "frozen": {"stdlm": {"before": "r", "rows": frozen}},
+    }
+    monkeypatch.setattr(score, "LEDGER", tmp_path / "ledger.json")
+    (tmp_path / "ledger.json").write_text(json.dumps(ledger))
+    families, whence = score.held_out()
+    assert families["stdlm"] == frozen and whence["stdlm"] == "frozen before: r"
+    assert whence["contrastive"] == "live" and len(families["contrastive"]) == 4
+    goals = score.lofo_goals(families["stdlm"])
+    assert goals["offline_false_alarms"]["measured"] == 1 and goals["online_warnings_kept"]["measured"] == 1

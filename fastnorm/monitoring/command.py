@@ -26,12 +26,14 @@ from fastnorm.monitoring.series import NoGradientNorm, Series, read_series
 PROG = "fastnorm diagnose"
 
 
-def diagnose_series(series: Series, max_norm: float | None = None) -> Diagnosis:
+def diagnose_series(series: Series, max_norm: float | None = None, objective: str | None = None) -> Diagnosis:
     """Diagnoses what :func:`~fastnorm.read_series` read: the norm with every other signal found.
 
     Args:
         series (Series): the run.
         max_norm (float, optional): the clipping threshold; default: the one the file records.
+        objective (str, optional): what the loss is (see :class:`~fastnorm.Diagnoser`); default: read
+            from the file's metrics and its loss.
 
     Returns:
         Diagnosis: as :func:`~fastnorm.diagnose`.
@@ -47,6 +49,8 @@ def diagnose_series(series: Series, max_norm: float | None = None) -> Diagnosis:
         optimizer={name: track.pair() for name, track in series.optimizer.items()},
         precision=series.precision,
         max_norm=max_norm if max_norm is not None else series.max_norm,
+        objective=objective,
+        keys=series.columns,
     )
 
 
@@ -141,7 +145,7 @@ def _run(args: argparse.Namespace) -> int:
         _check_plot(args.plot)
     series = _load(args.path, args.key)
     _check_values(series)
-    diagnosis = diagnose_series(series, args.max_norm)
+    diagnosis = diagnose_series(series, args.max_norm, args.objective)
     max_norm = args.max_norm if args.max_norm is not None else series.max_norm
     if args.json:
         out = {"source": series.source, "key": series.key, "runs": series.runs, **diagnosis.to_dict()}
@@ -191,6 +195,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-norm",
         type=number_argument(0, finite=False),
         help="the run's clipping threshold, >= 0 (default: from the file)",
+    )
+    parser.add_argument(
+        "--objective",
+        choices=("minimise", "adversarial", "reinforcement", "contrastive"),
+        help="what the loss is (default: read from the file: a reward or a discriminator's loss logged, "
+        "a loss that goes negative; else a loss to minimise)",
     )
     parser.add_argument("--json", action="store_true", help="print the diagnosis as JSON")
     parser.add_argument(

@@ -41,6 +41,7 @@ from torch import Tensor
 from fastnorm import checks
 from fastnorm.monitoring.diagnosis import UNSTABLE, Diagnoser, Diagnosis, Event
 from fastnorm.monitoring.diagnosis.events import FAILED, TOO_FEW
+from fastnorm.monitoring.diagnosis.objective import check as check_objective
 from fastnorm.monitoring.loggers import Logger, Window, window_stats
 from fastnorm.monitoring.optimizer import optimizer_lr, optimizer_settings, precision_of
 
@@ -534,6 +535,11 @@ class GradNormMonitor:
     A monitor is not copied or pickled (``TypeError``): it holds a device
     buffer, open loggers and a hook that delivers at exit, which a copy
     would share or lose.
+        objective (str, optional): what the loss is, for the diagnosis:
+            ``"minimise"``, ``"adversarial"`` (a GAN generator's),
+            ``"reinforcement"`` (a policy gradient's) or ``"contrastive"`` (see
+            :class:`~fastnorm.Diagnoser`). Default: None (read from the loss: a
+            negative one is reward-driven; a loss to minimise otherwise).
 
     Raises:
         TypeError: an argument of the wrong type (``max_norm='1'``, ``GradNormMonitor(True)``).
@@ -564,6 +570,7 @@ class GradNormMonitor:
         precision: str | None = None,
         optimizer: Any = None,
         close_loggers: bool = True,
+        objective: str | None = None,
     ) -> None:
         owner = "GradNormMonitor"
         n = checks.positive_int(log_every_n_steps, "log_every_n_steps", owner)
@@ -580,8 +587,11 @@ class GradNormMonitor:
         precision = checks.precision(precision, owner)
         optimizer = checks.optimizer(optimizer, owner)
         close_loggers = checks.boolean(close_loggers, "close_loggers", owner)
+        objective = check_objective(objective, owner)
         if diagnoser is not None and diagnoser.max_norm is None:
             diagnoser.max_norm = max_norm
+        if diagnoser is not None and diagnoser.objective is None:
+            diagnoser.objective = objective
         self._rec = _Recorder(n, loggers, max_norm, names, diagnoser, warn, precision, optimizer, close_loggers)
         # Delivers what is pending when the monitor is collected, or at exit (one
         # hook, weakref's, for every live monitor); close() runs it once and detaches it.

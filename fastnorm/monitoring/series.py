@@ -145,6 +145,8 @@ class Series:
         optimizer (dict): name -> Track of the optimizer's settings logged
             (``weight_decay``, ``eps``, ``beta1``, ``beta2``, ``momentum``).
         precision (str, optional): the run's precision, when logged.
+        columns (tuple of str): every metric the file holds, by name (they say what the loss is: a
+            ``reward`` beside it, a discriminator's loss).
     """
 
     steps: tuple[int, ...]
@@ -160,6 +162,7 @@ class Series:
     runs: int = 1
     optimizer: dict[str, Track] = field(default_factory=dict)
     precision: str | None = None
+    columns: tuple[str, ...] = ()
 
 
 def read_series(path: str | os.PathLike, key: str | None = None) -> Series:
@@ -368,6 +371,7 @@ def _from_records(records: list[dict], key: str | None, source: Path) -> Series:
         runs=runs,
         optimizer=optimizer,
         precision=precisions[-1] if precisions else None,
+        columns=tuple(present),
         **found,
     )
 

@@ -11,7 +11,7 @@ before it:
 * one module per signal: ``schedule`` (the learning rate), ``skips`` (non-finite
   norms, the optimizer's skip flags, the loss scale), ``layers`` (per-layer
   norms), ``norm`` (the norm's departures and drift), ``loss`` (the loss's shape
-  and the norm's rise that goes with it);
+  and the norm's rise that goes with it), ``zeros`` (a norm of exactly 0: nothing trains);
 * ``diagnoser``: :class:`Diagnoser`, which feeds each signal and joins their events
   into a verdict, and :func:`diagnose`.
 """

@@ -424,7 +424,23 @@ def stall_actions(ev: Evidence, stall: Stall, layer_snapshots: int, layers_vanis
                 "and deep nets need one).",
             )
         )
-    if stall.never:
+    blind = ev.lr_first is None and ev.weight_decay is None and not ev.adam  # no setting of the optimizer
+    if stall.never and blind and not causes:
+        # The log cannot tell the two commonest causes apart: said so, with what to log.
+        lr_action = Action(
+            "raise_lr",
+            "Raise the learning rate, or lower the weight decay if one is set: the log holds neither, so it "
+            "cannot tell a rate too low from a decay too strong; log them (GradNormMonitor(optimizer=...)).",
+        )
+        causes.append(lr_action)
+        causes.append(
+            Action(
+                "weight_decay",
+                "If a weight decay is set, lower it: one too strong holds the weights near zero and the loss "
+                "where it began (the log does not hold it).",
+            )
+        )
+    elif stall.never:
         lr_action = Action(
             "raise_lr",
             "Raise the learning rate (it may be far too low), and check that the optimizer steps the "

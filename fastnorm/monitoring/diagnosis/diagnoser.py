@@ -24,6 +24,7 @@ from fastnorm.monitoring.diagnosis import advice
 from fastnorm.monitoring.diagnosis.events import (
     DECAY,
     DIVERGED,
+    NONFINITE,
     EXPLODING,
     GROWTH,
     KINDS,
@@ -46,9 +47,11 @@ from fastnorm.monitoring.diagnosis.events import (
 from fastnorm.monitoring.diagnosis.layers import LayerSignal
 from fastnorm.monitoring.diagnosis.loss import LossSignal, LossView, loss_event
 from fastnorm.monitoring.diagnosis.norm import Found, NormSignal
+from fastnorm.monitoring.diagnosis import objective as objectives
 from fastnorm.monitoring.diagnosis.robust import median, number, times
 from fastnorm.monitoring.diagnosis.schedule import LrSignal, OptimizerSettings
 from fastnorm.monitoring.diagnosis.skips import SkipSignal
+from fastnorm.monitoring.diagnosis.zeros import ZeroSignal
 
 # Another metric given to :func:`diagnose`: a ``(steps, values)`` pair or a mapping step -> value.
 ByStep = Union[Mapping[int, float], tuple[Iterable[int], Iterable[Any]]]
@@ -118,6 +121,12 @@ class Diagnoser:
         precision (str, optional): the run's precision (see
             :class:`~fastnorm.GradNormMonitor`), for the advice; also read from
             :meth:`update_settings`. Default: None (not known).
+        objective (str, optional): what the loss is: ``"minimise"`` (a loss
+            to a floor), ``"adversarial"`` (a GAN generator's), ``"reinforcement"``
+            (a policy gradient's) or ``"contrastive"`` (see
+            :mod:`~fastnorm.monitoring.diagnosis.objective`). Default: None (read
+            from the log's keys, :meth:`update_keys`, and from a loss that goes
+            negative; a loss to minimise where the log says nothing).
 
     Example::
 
@@ -145,6 +154,7 @@ class Diagnoser:
         stall_fraction: float = 0.05,
         max_norm: float | None = None,
         precision: str | None = None,
+        objective: str | None = None,
     ) -> None:
         for name, value in (
             ("window", window),
@@ -175,6 +185,10 @@ class Diagnoser:
         self.stall_fraction = stall_fraction
         self.max_norm = max_norm
         self.precision = checks.precision(precision, "Diagnoser")
+        self.objective = objectives.check(objective, "Diagnoser")
+        self._keys: tuple[str, ...] = ()
+        self._rl_read: tuple[int, bool] | None = None  # (losses read, reward-driven) when last inferred
+        self._losses_read = 0
         self._norm = NormSignal(
             window=window,
             warmup=warmup,
@@ -192,6 +206,7 @@ class Diagnoser:
         self._lr = LrSignal()
         self._settings = OptimizerSettings()
         self._layers = LayerSignal(layer_orders)
+        self._zeros = ZeroSignal()
         self._count = 0
         self._first_step: int | None = None
         self._last_step: int | None = None
@@ -226,6 +241,9 @@ class Diagnoser:
             self._norm.nonfinite()
             return
         skips.finite_value()
+        self._zeros.point(step, value)
+        if value == 0.0 and self._ties_are_ordinary():
+            return  # a policy-gradient batch whose rewards tie: no level of the norm
         self._norm.point(step, log_norm(value))
 
     def update_skipped(self, steps: Iterable[int], flags: Iterable[Any]) -> None:
@@ -255,6 +273,7 @@ class Diagnoser:
             value = number(raw)
             if value is not None:
                 self._loss.update(step, value)
+                self._losses_read += 1
 
     def update_lr(self, steps: Iterable[int], lrs: Iterable[Any]) -> None:
         """Reads the learning rate at some steps, in step order: it dates warmups and schedule changes."""
@@ -290,6 +309,12 @@ class Diagnoser:
             elif name.startswith("precision/") and value and self.precision is None:
                 self.precision = checks.precision(name.split("/", 1)[1], "Diagnoser.update_settings")
 
+    def update_keys(self, keys: Iterable[str]) -> None:
+        """Reads the names of the metrics the log holds (``reward``, ``loss_discriminator``, ...): where
+        no objective was given, they say what the loss is."""
+        self._keys = (*self._keys, *(str(k) for k in keys if str(k) not in self._keys))
+        self._rl_read = None
+
     def update_layers(self, step: int, norms: Mapping[str, Any]) -> None:
         """Reads one step's per-layer norms (name -> norm), e.g. the ``gradient_norm_layer/<name>``
         the monitor logs once per window. Layers whose norm is always 0 (frozen or unused) are ignored."""
@@ -315,7 +340,10 @@ class Diagnoser:
         last = self._last_step
         found, ups = self._norm.found(last)
         self._ev = self._evidence()
+        objective, read_as = self._objective()
         loss = self._loss.view(self.stall_fraction, judge_start=not self._lr.still_warming)
+        if objective in objectives.NOT_A_FLOOR:
+            loss = None  # no floor to stall at, no rise that is a divergence: the norm is read alone
         events = self._skips.events(last, self._loss.read, self._loss.nonfinite)
         events += self._skips.invalid_events()
         read = (
@@ -348,6 +376,11 @@ class Diagnoser:
         elif loss is not None and loss.plateau() is not None and self._lr.rising_until is None:
             events.append(self._plateau(loss, found, last))
         events += [self._norm_event(f, loss, found) for i, f in enumerate(found) if i not in consumed]
+        if objective in objectives.NOT_A_FLOOR:
+            events = [self._for_objective(e, objective) for e in events]
+            fall = None if VANISHING in {e.kind for e in events} else self._fall_from_start(objective, last)
+            if fall is not None:
+                events.append(fall)
         vanish = advice.vanish_actions(self._ev, None)
         events += [replace(e, actions=vanish) for e in self._layers.events(self._first_step, last)]
         checkpoint = advice.checkpoint_action(self._ev)
@@ -356,13 +389,74 @@ class Diagnoser:
                 replace(e, actions=tuple(checkpoint if a == advice.CHECKPOINT else a for a in e.actions))
                 for e in events
             ]
+        zero = self._zeros.event(self._ev, last, self.sustain)
+        if zero is not None:
+            # The norm's own fall to 0 is this finding, said once.
+            events = [e for e in events if not (e.kind == VANISHING and e.end_step >= zero.start_step)]
+            events.append(zero)
         events.sort(key=lambda e: (e.start_step, KINDS.index(e.kind), e.end_step))
         kinds = {e.kind for e in events}
         verdict = next((k for k in UNSTABLE if k in kinds), STABLE)
         actions: list[str] = []
+        if zero is not None:
+            # Nothing trains: the loudest finding, whatever the loss did (short of non-finite values).
+            verdict = NONFINITE if NONFINITE in kinds else VANISHING
+            actions += zero.actions
         for e in sorted(events, key=lambda e: e.kind != verdict):
             actions += [a for a in e.actions if a not in actions]
-        return Diagnosis(verdict, tuple(events), tuple(actions), self._count, signals)
+        return Diagnosis(verdict, tuple(events), tuple(actions), self._count, signals, objective, read_as)
+
+    def _ties_are_ordinary(self) -> bool:
+        """A reward-driven run, as far as read: its exact zeros are batches whose rewards tied."""
+        if self.objective is not None:
+            return self.objective == objectives.REINFORCEMENT
+        if self._rl_read is None or self._losses_read != self._rl_read[0]:
+            losses = [v for _, v in self._loss.all() if math.isfinite(v)]
+            read = objectives.infer(self._keys, losses)
+            self._rl_read = (self._losses_read, read is not None and read[0] == objectives.REINFORCEMENT)
+        return self._rl_read[1]
+
+    def _objective(self) -> tuple[str, str]:
+        """The objective, and how it was read from the log ("" when given or by default)."""
+        if self.objective is not None:
+            return self.objective, ""
+        read = objectives.infer(self._keys, [v for _, v in self._loss.all() if math.isfinite(v)])
+        return read if read is not None else (objectives.MINIMISE, "")
+
+    def _fall_from_start(self, objective: str, last: int) -> Event | None:
+        """An adversarial or reward-driven run whose norm fell 10x and more from its first 3 points to the
+        median of its last third: the discriminator won, the policy saturated. Its loss says nothing of it
+        (the generator's rises, the policy's sits near 0), and a fall in the first steps hides in the norm's
+        own baseline."""
+        levels = self._norm.levels.all()
+        if len(levels) < 15:
+            return None
+        start = median([x for _, x in levels[:3]])
+        end = median([x for _, x in levels[len(levels) - len(levels) // 3 :]])
+        if end > start - objectives.FALL_ORDERS:
+            return None
+        who = "the generator's" if objective == objectives.ADVERSARIAL else "the policy's"
+        detail = (
+            f"{who} gradient norm fell {10 ** (start - end):.0f}x from its first points "
+            f"({from_log(start)}) to its last third ({from_log(end)})"
+        )
+        event = Event(VANISHING, self._first_step, last, detail, advice.vanish_actions(self._ev, None))
+        return self._for_objective(event, objective)
+
+    def _for_objective(self, e: Event, objective: str) -> Event:
+        """A norm's event in an adversarial or reward-driven run, said in its terms: a rise in its first
+        steps is the generator or policy leaving its initialisation (its loss cannot say so); a fall is
+        the discriminator winning, the policy saturating."""
+        early = self._first_step + 0.1 * ((self._last_step or 0) - self._first_step)
+        if e.kind == EXPLODING and e.start_step <= early:
+            detail = f"{e.detail}: {objective} run leaving its initialisation"
+            return Event(GROWTH, e.start_step, e.end_step, detail)
+        if e.kind != VANISHING or any(getattr(a, "id", "") == "no_gradient" for a in e.actions):
+            return e
+        adversarial = objective == objectives.ADVERSARIAL
+        first = objectives.DISCRIMINATOR if adversarial else objectives.POLICY_SATURATED
+        rest = tuple(a for a in e.actions if getattr(a, "id", "") not in ("raise_lr", first.id))
+        return replace(e, actions=(first, *rest))
 
     def _evidence(self) -> advice.Evidence:
         """What the advice rests on, from every signal read."""
@@ -572,6 +666,8 @@ def diagnose(
     optimizer: Mapping[str, ByStep] | None = None,
     precision: str | None = None,
     max_norm: float | None = None,
+    objective: str | None = None,
+    keys: Iterable[str] = (),
     **thresholds: Any,
 ) -> Diagnosis:
     r"""Diagnoses a gradient-norm series: stable, or nonfinite, diverged, exploding, vanishing, stalled.
@@ -602,6 +698,9 @@ def diagnose(
         precision (str, optional): the run's precision (``"fp32"``,
             ``"bf16-mixed"``, ``"16-mixed"``, ...; see :class:`~fastnorm.GradNormMonitor`).
         max_norm (float, optional): the run's clipping threshold, for the advice.
+        objective (str, optional): what the loss is (see :class:`Diagnoser`); default: read from ``keys``
+            and the loss.
+        keys (iterable of str): the names of the metrics the log holds, for the objective.
         **thresholds: the other keyword arguments of :class:`Diagnoser`.
 
     Returns:
@@ -615,13 +714,16 @@ def diagnose(
         >>> fastnorm.diagnose(steps, values).verdict
         'exploding'
     """
-    d = Diagnoser(max_norm=max_norm, precision=precision, **thresholds)
+    d = Diagnoser(max_norm=max_norm, precision=precision, objective=objective, **thresholds)
+    d.update_keys(keys)
     flags = _by_step(skipped, "skipped")
     if flags:
         d.update_skipped([s for s, _ in flags], [v for _, v in flags])
+    pairs = _by_step(loss, "loss")
+    if pairs:  # before the norms: a reward-driven loss says the norm's exact zeros are tied batches
+        d.update_loss([s for s, _ in pairs], [v for _, v in pairs])
     d.update(steps, values)
     for given, what, method in (
-        (loss, "loss", d.update_loss),
         (lr, "lr", d.update_lr),
         (scale, "scale", d.update_scale),
     ):

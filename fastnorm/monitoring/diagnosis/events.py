@@ -82,6 +82,9 @@ class Diagnosis:
         signals (tuple of str): what else was read: ``"loss"``, ``"lr"``,
             ``"scale"``, ``"layers"``, ``"skipped"``.
         error (str): for the verdict ``"diagnosis failed"``, what failed; empty otherwise.
+        objective (str): what the loss is: ``"minimise"`` (a loss to a floor), ``"adversarial"``,
+            ``"reinforcement"`` or ``"contrastive"``, as given or read from the log.
+        objective_read (str): where it was read from the log, how ("" when given or the default).
     """
 
     verdict: str
@@ -90,6 +93,8 @@ class Diagnosis:
     steps: int = 0
     signals: tuple[str, ...] = ()
     error: str = ""
+    objective: str = "minimise"
+    objective_read: str = ""  # how the objective was read from the log ("" where given, or the default)
 
     @property
     def unstable(self) -> bool:
@@ -137,6 +142,8 @@ class Diagnosis:
             "signals": list(self.signals),
             "skipped_steps": self.skipped_steps,
             **({"error": self.error} if self.error else {}),
+            "objective": self.objective,
+            "objective_read": self.objective_read,
         }
 
     def report(self) -> str:
@@ -161,6 +168,9 @@ class Diagnosis:
             }
             read += " with " + ", ".join(names[s] for s in self.signals)
         lines = [f"verdict: {self.verdict} ({read})"]
+        if self.objective != "minimise" or self.objective_read:
+            how = f" ({self.objective_read})" if self.objective_read else ""
+            lines.append(f"  objective: {self.objective}{how}")
         for e in self.events:
             if e.kind in (SKIPPED, INVALID):  # sparse runs: every one of a kind on one line, at the first
                 same = [s for s in self.events if s.kind == e.kind]

@@ -1,0 +1,98 @@
+"""What the loss is: the objective a run optimises, given or read from its log, and what it changes.
+
+Most runs minimise a loss toward a floor (a cross-entropy, a squared error):
+a loss that rises has diverged, one that stays put has stalled. Not every
+objective is one:
+
+* ``adversarial`` (a GAN's generator): its loss rises from ln 2 while it
+  learns, against a discriminator that learns too; the generator's norm falling
+  by orders of magnitude is the discriminator winning;
+* ``reinforcement`` (a policy gradient: REINFORCE, PPO, GRPO): the loss sits
+  near 0 by design, takes either sign and follows the reward; a batch whose
+  rewards tie gives a gradient of exactly 0;
+* ``contrastive`` (InfoNCE and its kin): a loss to minimise, whose collapse
+  sits at the log of its number of negatives.
+
+For the first two the loss is no evidence of a divergence or a stall: only the
+norm (and non-finite values) is read. The objective is inferred where the log
+says it: keys such as ``reward``, ``advantage``, ``policy_loss`` (reinforcement) or
+``discriminator``, ``loss_d`` (adversarial), or a loss that goes negative,
+which no cross-entropy or squared error can (read as reinforcement, and said).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from fastnorm.monitoring.diagnosis.advice import Action
+
+MINIMISE, ADVERSARIAL, REINFORCEMENT, CONTRASTIVE = "minimise", "adversarial", "reinforcement", "contrastive"
+OBJECTIVES = (MINIMISE, ADVERSARIAL, REINFORCEMENT, CONTRASTIVE)
+NOT_A_FLOOR = (ADVERSARIAL, REINFORCEMENT)  # a loss that is no evidence of a divergence or a stall
+
+# The words of a metric's name (split at / _ . -) that say what the loss is. Not "kl" (a VAE's loss has
+# one) nor "entropy" (cross_entropy); a preference loss's rewards (DPO's rewards/chosen) are no reward.
+_PREFERENCE = {"chosen", "rejected", "margins", "accuracies"}
+_WORDS = (
+    (REINFORCEMENT, {"reward", "rewards", "advantage", "advantages"}),
+    (ADVERSARIAL, {"discriminator", "disc", "d", "dis"}),
+    (CONTRASTIVE, {"infonce", "contrastive", "nce"}),
+)
+# An adversarial or reward-driven norm that fell this far (in orders of magnitude, 10x) from its first
+# points to its last third: a healthy policy's or generator's stays within a few times its start.
+FALL_ORDERS = 1.0
+NEGATIVE_SHARE = 0.1  # a loss below 0 at this share of its points is no cross-entropy or squared error
+
+DISCRIMINATOR = Action(
+    "discriminator",
+    "The discriminator wins: the generator's gradient vanished. Slow the discriminator (a lower learning "
+    "rate, fewer steps per generator step), give the generator the non-saturating loss -log D(G(z)), or "
+    "regularise the discriminator (spectral norm, a gradient penalty, instance noise).",
+)
+POLICY_SATURATED = Action(
+    "lower_lr",
+    "The policy's gradient fell 10x and more: a policy turned deterministic (its entropy collapsed, most "
+    "often a learning rate too high) or one that converged; the reward tells them apart (stuck below what "
+    "the task allows: saturated). If saturated, lower the learning rate or add an entropy bonus; log the "
+    "entropy and the reward's spread.",
+)
+
+
+def check(objective: str | None, owner: str) -> str | None:
+    """``objective=``: one of :data:`OBJECTIVES`, or None (inferred from the log)."""
+    if objective is not None and objective not in OBJECTIVES:
+        names = ", ".join(OBJECTIVES)
+        raise ValueError(f"{owner}: objective must be one of {names} or None, got {objective!r}")
+    return objective
+
+
+def from_keys(keys: Iterable[str]) -> tuple[str, str] | None:
+    """The objective the log's keys name, with the key that names it; None if none does."""
+    for key in keys:
+        words = set(key.lower().replace("/", "_").replace(".", "_").replace("-", "_").split("_"))
+        if words & _PREFERENCE:
+            continue
+        if "policy" in words and "loss" in words:
+            return REINFORCEMENT, f"the log holds '{key}'"
+        for objective, named in _WORDS:
+            # "d" names a discriminator only beside "loss" (loss_d, d_loss), never alone.
+            if words & named and (objective != ADVERSARIAL or words & (named - {"d"}) or "loss" in words):
+                return objective, f"the log holds '{key}'"
+    return None
+
+
+def infer(keys: Iterable[str], losses: list[float]) -> tuple[str, str] | None:
+    """The objective read from the log (its keys, then a loss that goes negative), with why; None when the
+    log says nothing (a loss to minimise, today's reading)."""
+    named = from_keys(keys)
+    if named is not None:
+        return named
+    if losses:
+        negative = sum(v < 0 for v in losses)
+        if negative >= max(1, NEGATIVE_SHARE * len(losses)):
+            return REINFORCEMENT, (
+                f"the loss is negative at {negative} of its {len(losses)} points, which no cross-entropy or "
+                "squared error can be: read as a reward-driven loss (if it is a loss to minimise, it is "
+                "wrong: check its sign and its inputs; say so with objective='minimise')"
+            )
+    return None

@@ -1,0 +1,704 @@
+"""Generates the novel families: runs of model families the diagnosis was never tuned on, causes injected here.
+
+    nice -n 10 python tests/families/make_novel.py            # every run (a few minutes of one core)
+    nice -n 10 python tests/families/make_novel.py NAME ...   # some runs
+    python tests/families/make_novel.py --list                # names, family, objective and cause
+
+Needs only torch and Python's own files: nothing is downloaded. Seven families,
+each on another objective or another kind of training than ``make_runs.py``'s:
+
+* ``stdlm``: a character language model (an embedding and an MLP over the last
+  8 characters) on the source text of some standard-library modules;
+* ``shapes``: a small CNN on generated 16x16 images (bars and rings);
+* ``finetune``: a net pretrained here on one task, then frozen, with a new
+  adapter and head fine-tuned on another;
+* ``denoiser``: a diffusion-style denoiser of 2-D points (predicts the noise at
+  a random noise level);
+* ``gan``: a tiny GAN on a ring of 8 Gaussians (the generator's norm and loss
+  logged, the discriminator's loss beside them);
+* ``contrastive``: an encoder trained with InfoNCE on two noisy views, 31
+  negatives per anchor (a collapse sits at ln 32);
+* ``bandit``: REINFORCE on a 10-armed contextual bandit (a loss near 0, of
+  either sign; batches whose rewards tie give a gradient of exactly 0; the
+  mean reward logged beside it).
+
+Each run logs through ``GradNormMonitor`` + ``JsonlLogger`` as a user's loop
+does: some told the optimizer (the learning rate and settings logged), some
+only the norm and the loss. Its ``truth.json`` is written here from what was
+injected and what the run measurably did, before any diagnosis is run on it:
+the fields of ``make_runs.py``'s truths, with ``objective`` (minimise,
+adversarial, reinforcement, contrastive) and ``collapse_level`` where known.
+A cause that did not act as its truth says stops the script with the
+measurement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import math
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import fastnorm
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from make_runs import blowup_step, level, require, write  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+SET = "novel"
+STEPS = 300
+KEEP_PREFIX = "gradient_norm"
+EXTRA = ("reward", "loss_discriminator")
+
+
+@dataclass
+class Loop:
+    """How a run trains and what it logs."""
+
+    steps: int = STEPS
+    every: int = 1
+    window: int = 25
+    log_settings: bool = True  # the monitor told the optimizer (lr and settings logged)
+    precision: str | None = "fp32"
+    lr_factor: Callable[[int], float] = lambda step: 1.0
+    detached_from: int | None = None  # from this step the loss reaches no trainable weight: gradients 0
+    underflow_from: int | None = None  # from this step the gradients pass through fp16 scaled by 1e-8
+    grad_factor: Callable[[int], float] = lambda step: 1.0  # the gradient times this (a code change)
+
+
+@dataclass
+class Trained:
+    records: dict[int, dict]
+    losses: list[float]
+    norms: list[float]
+    extras: dict[str, list[float]]
+    optimizer: str
+
+
+def train(step_fn, params: list[torch.Tensor], optimizer: torch.optim.Optimizer, loop: Loop) -> Trained:
+    """``step_fn(step) -> (loss, extras)``: the loss to minimise for ``params`` (any other player's step
+    taken inside it). Trains and logs through a GradNormMonitor, as a user's loop does."""
+    bases = [g["lr"] for g in optimizer.param_groups]
+    losses: list[float] = []
+    norms: list[float] = []
+    extras: dict[str, list[float]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "metrics.jsonl"
+        logger = fastnorm.JsonlLogger(path)
+        monitor = fastnorm.GradNormMonitor(
+            loop.window,
+            [logger],
+            optimizer=optimizer if loop.log_settings else None,
+            precision=loop.precision,
+            diagnose=False,
+        )
+        side: dict[int, dict] = {}
+        with monitor:
+            for step in range(loop.steps):
+                for group, base in zip(optimizer.param_groups, bases):
+                    group["lr"] = base * loop.lr_factor(step)
+                loss, extra = step_fn(step)
+                optimizer.zero_grad(set_to_none=False)
+                if loop.detached_from is not None and step >= loop.detached_from:
+                    # The loss computed apart from the weights (a .detach(), a no_grad forward, an adapter
+                    # that is not attached): backward reaches every weight with an exact zero.
+                    (loss.detach() + 0.0 * sum(p.sum() for p in params)).backward()
+                else:
+                    (loss * loop.grad_factor(step)).backward()
+                if loop.underflow_from is not None and step >= loop.underflow_from:
+                    for p in params:  # fp16 gradients of a loss scaled down, unscaled in fp32 after
+                        p.grad.copy_((p.grad * 1e-8).half().float() * 1e8)
+                norm = fastnorm.total_norm(params)
+                if step % loop.every == 0:
+                    monitor.update(norm, step, loss=loss.detach())
+                    if extra:
+                        side[step] = extra
+                optimizer.step()
+                losses.append(float(loss))
+                norms.append(float(norm))
+                for k, v in (extra or {}).items():
+                    extras.setdefault(k, []).append(v)
+        records: dict[int, dict] = {}
+        for line in path.read_text().splitlines():
+            r = json.loads(line)
+            kept = {k: v for k, v in r.items() if k.startswith(KEEP_PREFIX)}
+            if kept:
+                records.setdefault(r["step"], {}).update(kept)
+        for step, extra in side.items():
+            records.setdefault(step, {}).update(extra)
+    return Trained(records, losses, norms, extras, type(optimizer).__name__)
+
+
+def mlp(sizes: list[int], act: type[nn.Module] = nn.ReLU) -> nn.Sequential:
+    layers: list[nn.Module] = []
+    for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
+        layers.append(nn.Linear(a, b))
+        if i < len(sizes) - 2:
+            layers.append(act())
+    return nn.Sequential(*layers)
+
+
+def adam(params, lr, weight_decay=0.0, betas=(0.9, 0.999)):
+    if weight_decay:
+        return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=betas)
+    return torch.optim.Adam(params, lr=lr, betas=betas)
+
+
+# ----------------------------------------------------------------------------
+# The families: each family(loop, **kw) -> (Trained, facts about its objective)
+# ----------------------------------------------------------------------------
+
+
+def stdlib_text() -> str:
+    """The source of some standard-library modules and the Zen of Python (rot13 in ``this.s``)."""
+    import codecs
+    import contextlib
+    import io
+    import json.decoder
+    import textwrap
+
+    with contextlib.redirect_stdout(io.StringIO()):  # importing it prints the Zen; its text is this.s
+        import this  # noqa: F401
+
+    return "\n".join(
+        [inspect.getsource(json.decoder), inspect.getsource(textwrap), codecs.decode(sys.modules["this"].s, "rot13")]
+    )
+
+
+def stdlm(loop: Loop, lr=3e-3, opt="adam", init_scale=1.0, **_):
+    text = stdlib_text()
+    chars = sorted(set(text))
+    ids = torch.tensor([chars.index(c) for c in text])
+    context, vocab = 8, len(chars)
+    model = nn.Sequential(nn.Embedding(vocab, 24), nn.Flatten(), mlp([24 * context, 128, vocab]))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(init_scale)
+    params = list(model.parameters())
+    optimizer = adam(params, lr) if opt == "adam" else torch.optim.SGD(params, lr=lr, momentum=0.9)
+
+    def step_fn(step):
+        start = torch.randint(0, len(ids) - context - 1, (32,))
+        x = torch.stack([ids[s : s + context] for s in start])
+        y = ids[start + context]
+        return F.cross_entropy(model(x), y), None
+
+    return train(step_fn, params, optimizer, loop), {"chance": math.log(vocab), "objective": "minimise"}
+
+
+def shapes_data(n=2048):
+    """16x16 images of three shapes at random places, in noise: a horizontal bar, a vertical bar, a ring."""
+    x = torch.randn(n, 1, 16, 16) * 0.3
+    y = torch.randint(0, 3, (n,))
+    r, c = torch.randint(2, 10, (n,)), torch.randint(2, 10, (n,))
+    for i in range(n):
+        a, b = int(r[i]), int(c[i])
+        if y[i] == 0:
+            x[i, 0, a, b : b + 5] += 1
+        elif y[i] == 1:
+            x[i, 0, a : a + 5, b] += 1
+        else:
+            x[i, 0, a : a + 4, b] += 1
+            x[i, 0, a : a + 4, b + 3] += 1
+            x[i, 0, a, b : b + 4] += 1
+            x[i, 0, a + 3, b : b + 4] += 1
+    return x, y
+
+
+class Residual(nn.Module):
+    def __init__(self, width: int, scale: float):
+        super().__init__()
+        self.linear = nn.Linear(width, width)
+        with torch.no_grad():
+            self.linear.weight.mul_(scale)
+
+    def forward(self, x):
+        return x + self.linear(x)
+
+
+def shapes(loop: Loop, lr=2e-3, opt="adam", init_scale=1.0, weight_decay=0.0, blocks=0, **_):
+    """A CNN; ``blocks`` residual blocks without normalisation before its head, their weights initialised
+    ``init_scale`` times too large (each block multiplies the activations' scale)."""
+    x, y = shapes_data()
+    model = nn.Sequential(
+        nn.Conv2d(1, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(8, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(), *[Residual(256, init_scale) for _ in range(blocks)], nn.Linear(256, 3),
+    )  # fmt: skip
+    params = list(model.parameters())
+    if opt == "sgd":
+        optimizer = torch.optim.SGD(params, lr=lr, momentum=0.9, weight_decay=weight_decay)
+    else:
+        optimizer = adam(params, lr, weight_decay)
+
+    def step_fn(step):
+        i = torch.randint(0, len(x), (32,))
+        return F.cross_entropy(model(x[i]), y[i]), None
+
+    return train(step_fn, params, optimizer, loop), {"chance": math.log(3), "objective": "minimise"}
+
+
+def finetune(loop: Loop, lr=1e-3, weight_decay=0.0, attached=True, **_):
+    """Pretrains a backbone on 8 Gaussian clusters, freezes it, fine-tunes an adapter and a head on another
+    labelling of the same inputs (which of two groups of clusters)."""
+    centres = torch.randn(8, 16) * 2
+    groups = torch.tensor([0, 1, 1, 0, 1, 0, 0, 1])
+
+    def sample(n):
+        k = torch.randint(0, 8, (n,))
+        return centres[k] + torch.randn(n, 16), k
+
+    backbone = mlp([16, 64, 32])
+    pre_head = nn.Linear(32, 8)
+    pre = torch.optim.Adam([*backbone.parameters(), *pre_head.parameters()], lr=3e-3)
+    for _ in range(200):
+        xb, kb = sample(64)
+        pre.zero_grad()
+        F.cross_entropy(pre_head(torch.relu(backbone(xb))), kb).backward()
+        pre.step()
+    backbone.requires_grad_(False)
+    adapter, head = nn.Linear(32, 32), nn.Linear(32, 2)
+    nn.init.zeros_(adapter.weight)
+    nn.init.zeros_(adapter.bias)
+    params = [*adapter.parameters(), *head.parameters()]
+    optimizer = adam(params, lr, weight_decay)
+    other_head = nn.Linear(32, 2)  # built after the optimizer was: it never sees this head
+
+    def step_fn(step):
+        xb, kb = sample(32)
+        h = torch.relu(backbone(xb))
+        if attached:
+            return F.cross_entropy(head(h + adapter(h)), groups[kb]), None
+        # The adapter built and handed to the optimizer but never called, and the head replaced after the
+        # optimizer was built: nothing the optimizer holds is in the graph.
+        return F.cross_entropy(other_head(h), groups[kb]), None
+
+    return train(step_fn, params, optimizer, loop), {"chance": math.log(2), "objective": "minimise"}
+
+
+def denoiser(loop: Loop, lr=1e-3, **_):
+    def points(n):
+        t = torch.rand(n) * 3 * math.pi
+        return torch.stack([t * torch.cos(t), t * torch.sin(t)], 1) / 5 + 0.05 * torch.randn(n, 2)
+
+    model = mlp([3, 64, 64, 2], nn.SiLU)
+    params = list(model.parameters())
+    optimizer = adam(params, lr)
+
+    def step_fn(step):
+        x0 = points(64)
+        sigma = torch.rand(64, 1)
+        noise = torch.randn_like(x0)
+        xt = (1 - sigma**2).sqrt() * x0 + sigma * noise
+        return F.mse_loss(model(torch.cat([xt, sigma], 1)), noise), None
+
+    return train(step_fn, params, optimizer, loop), {"chance": None, "objective": "minimise"}
+
+
+def gan(loop: Loop, lr=1e-3, d_lr=1e-3, d_steps=1, saturating=False, **_):
+    angles = torch.arange(8) * (2 * math.pi / 8)
+    modes = torch.stack([angles.cos(), angles.sin()], 1) * 2
+
+    def real(n):
+        return modes[torch.randint(0, 8, (n,))] + 0.05 * torch.randn(n, 2)
+
+    g, d = mlp([4, 64, 64, 2]), mlp([2, 64, 64, 1], nn.LeakyReLU)
+    params = list(g.parameters())
+    optimizer = adam(params, lr, betas=(0.5, 0.999))
+    d_opt = adam(list(d.parameters()), d_lr, betas=(0.5, 0.999))
+
+    def step_fn(step):
+        for _ in range(d_steps):
+            fake = g(torch.randn(64, 4)).detach()
+            d_loss = F.binary_cross_entropy_with_logits(d(real(64)), torch.ones(64, 1))
+            d_loss = d_loss + F.binary_cross_entropy_with_logits(d(fake), torch.zeros(64, 1))
+            d_opt.zero_grad()
+            d_loss.backward()
+            d_opt.step()
+        logits = d(g(torch.randn(64, 4)))
+        if saturating:  # minimise log(1 - D(G(z))): its gradient vanishes as the discriminator wins
+            loss = -F.softplus(logits).mean()
+        else:  # the non-saturating loss, -log D(G(z))
+            loss = F.binary_cross_entropy_with_logits(logits, torch.ones(64, 1))
+        return loss, {"loss_discriminator": float(d_loss)}
+
+    return train(step_fn, params, optimizer, loop), {"chance": None, "objective": "adversarial"}
+
+
+def contrastive(loop: Loop, lr=1e-3, **_):
+    latents = torch.randn(512, 8)
+    mix = torch.randn(8, 16)
+    encoder = mlp([16, 64, 32])
+    params = list(encoder.parameters())
+    optimizer = adam(params, lr)
+
+    def step_fn(step):
+        z = latents[torch.randint(0, len(latents), (32,))] @ mix
+        a = F.normalize(encoder(z + 0.3 * torch.randn_like(z)), dim=1)
+        b = F.normalize(encoder(z + 0.3 * torch.randn_like(z)), dim=1)
+        return F.cross_entropy(a @ b.T / 0.2, torch.arange(32)), None
+
+    facts = {"chance": math.log(32), "objective": "contrastive", "collapse_level": math.log(32)}
+    return train(step_fn, params, optimizer, loop), facts
+
+
+def bandit(loop: Loop, lr=3e-2, **_):
+    arms = torch.randn(10, 8)
+    policy = nn.Linear(8, 10)
+    params = list(policy.parameters())
+    optimizer = adam(params, lr)
+
+    def step_fn(step):
+        c = torch.randn(16, 8)
+        logp = F.log_softmax(policy(c), 1)
+        a = torch.multinomial(logp.exp().detach(), 1)[:, 0]
+        r = torch.bernoulli(torch.sigmoid(2 * (c * arms[a]).sum(1)))
+        advantage = r - r.mean()  # a batch whose rewards tie: an advantage, and a gradient, of exactly 0
+        loss = -(advantage * logp[torch.arange(16), a]).mean()
+        return loss, {"reward": float(r.mean())}
+
+    return train(step_fn, params, optimizer, loop), {"chance": None, "objective": "reinforcement"}
+
+
+FAMILIES = {f.__name__: f for f in (stdlm, shapes, finetune, denoiser, gan, contrastive, bandit)}
+
+
+# ----------------------------------------------------------------------------
+# The causes: each cause(family, loop, **kw) -> (Trained, facts, truth entries)
+# ----------------------------------------------------------------------------
+
+
+def _run(family, loop, kw):
+    return FAMILIES[family](loop, **kw)
+
+
+def healthy(family, loop, **kw):
+    """The family learning normally."""
+    trained, facts = _run(family, loop, kw)
+    return trained, facts, {"cause": "learning normally", "verdicts": ["stable"], "onset": None, "actions": []}
+
+
+def _mean(xs):
+    return sum(xs) / len(xs)
+
+
+def lr_too_high(family, loop, factor=1000.0, **kw):
+    """A learning rate far too high from the first step."""
+    loop.lr_factor = lambda s: factor
+    trained, facts = _run(family, loop, kw)
+    end = level(trained.losses, len(trained.losses) - 50, len(trained.losses))
+    blew = blowup_step(trained.losses) is not None or not math.isfinite(end)
+    chance = facts["chance"]
+    require(blew or (chance is not None and end > 0.9 * chance), f"it learned (loss {end:.3g})")
+    return trained, facts, {
+        "cause": f"a learning rate {factor:g}x the healthy one from the first step",
+        "verdicts": ["diverged", "nonfinite", "stalled"],
+        "onset": 0,
+        "actions": ["lower_lr"],
+        "abrupt": True,
+    }
+
+
+def nothing_trains(family, loop, onset=0, **kw):
+    """The loss reaches no trainable weight: every gradient exactly 0 from ``onset``."""
+    if family == "finetune" and onset == 0:
+        kw["attached"] = False
+    else:
+        loop.detached_from = onset
+    trained, facts = _run(family, loop, kw)
+    require(all(n == 0 for n in trained.norms[onset:]), "a gradient was not 0")
+    where = "at every step" if onset == 0 else f"from step {onset}"
+    return trained, facts, {
+        "cause": f"the loss reaches no trainable weight: the gradient norm is exactly 0 {where}",
+        "verdicts": ["vanishing", "stalled"],
+        "onset": onset,
+        "actions": ["no_gradient"],
+        "abrupt": True,
+    }
+
+
+def fp16_underflow(family, loop, onset=150, **kw):
+    """From ``onset`` the gradients pass through fp16 unscaled: every one underflows to exactly 0."""
+    loop.underflow_from = onset
+    loop.precision = None
+    trained, facts = _run(family, loop, kw)
+    require(all(n == 0 for n in trained.norms[onset:]) and trained.norms[onset - 1] > 0, "no underflow")
+    return trained, facts, {
+        "cause": f"fp16 gradients without a loss scaler from step {onset}: all underflow to exactly 0",
+        "verdicts": ["vanishing", "stalled"],
+        "onset": onset,
+        "actions": ["grad_scaler", "bf16", "precision"],
+        "abrupt": True,
+    }
+
+
+def weight_decay(family, loop, decay=100.0, **kw):
+    """A weight decay so strong that it holds the weights near zero."""
+    trained, facts = _run(family, loop, {**kw, "weight_decay": decay})
+    chance = facts["chance"]
+    end = level(trained.losses, len(trained.losses) - 50, len(trained.losses))
+    require(chance is not None and end > 0.9 * chance, f"it learned (loss {end:.3g})")
+    return trained, facts, {
+        "cause": f"AdamW with weight decay {decay:g}: the weights are held near zero",
+        "verdicts": ["stalled", "vanishing"],
+        "onset": 0,
+        "actions": ["weight_decay"],
+        "abrupt": False,
+    }
+
+
+def plateau(family, loop, onset=30, warmup=0, **kw):
+    """The learning rate cut 10^4x at ``onset`` (a schedule's mistake): the loss stays put for the rest."""
+    loop.lr_factor = lambda s: (min(1.0, (s + 1) / warmup) if warmup else 1.0) * (1e-4 if s >= onset else 1)
+    trained, facts = _run(family, loop, kw)
+    n = len(trained.losses)
+    mid, end = level(trained.losses, onset + 20, onset + 60), level(trained.losses, n - 40, n)
+    require(end > 0.97 * mid, f"it still learned after step {onset} ({mid:.3g} to {end:.3g})")
+    return trained, facts, {
+        "cause": f"the learning rate cut 10^4x at step {onset}"
+        + (f" after a {warmup}-step warmup" if warmup else "")
+        + f": the loss stays put for the last {100 - 100 * onset // n}% of the run",
+        "verdicts": ["stalled"],
+        "onset": onset,
+        "actions": ["raise_lr", "lr_schedule"],
+        "abrupt": True,
+    }
+
+
+def slow_rise(family, loop, onset=120, growth=1.05, **kw):
+    """The learning rate grows by ``growth`` per step from ``onset``: the norm rises before the loss turns."""
+    loop.lr_factor = lambda s: growth ** max(0, s - onset)
+    trained, facts = _run(family, loop, kw)
+    blew = blowup_step(trained.losses, onset)
+    require(blew is not None and blew > onset + 10, f"blow-up at {blew}")
+    return trained, facts, {
+        "cause": f"the learning rate grows {growth:g}x per step from step {onset}",
+        "verdicts": ["diverged", "nonfinite", "exploding"],
+        "onset": onset,
+        "actions": ["lower_lr", "lr_schedule"],
+        "abrupt": False,
+    }
+
+
+def bad_init(family, loop, init_scale=30.0, **kw):
+    """An unnormalised residual stack initialised ``init_scale`` times too large: a first loss thousands of
+    times chance, then NaN."""
+    trained, facts = _run(family, loop, {**kw, "init_scale": init_scale})
+    first = trained.losses[0]
+    require(first > 100 * facts["chance"], f"first loss {first:.3g}")
+    require(any(not math.isfinite(v) for v in trained.losses[1:5] + trained.norms[1:5]), "no NaN at once")
+    return trained, facts, {
+        "cause": f"residual blocks without normalisation initialised {init_scale:g}x too large: a first loss of {first:.3g} "
+        f"({first / facts['chance']:.0f}x chance), non-finite from the next steps",
+        "verdicts": ["nonfinite", "diverged"],
+        "onset": 0,
+        "actions": ["normalisation"],
+        "abrupt": True,
+    }
+
+
+def resume_jump(family, loop, onset=150, factor=7.0, **kw):
+    """A resumed run whose code changed at ``onset``: every gradient ``factor`` times what it was (a loss
+    summed where it was averaged; SGD takes a step that much longer)."""
+    loop.grad_factor = lambda s: factor if s >= onset else 1.0
+    trained, facts = _run(family, loop, kw)
+    before, after = level(trained.norms, onset - 20, onset), level(trained.norms, onset, onset + 5)
+    require(after > 4 * before, f"the norm went from {before:.3g} to {after:.3g}")
+    blew = blowup_step(trained.losses, onset)
+    n = len(trained.losses)
+    worse = level(trained.losses, n - 30, n) > 1.2 * level(trained.losses, onset - 30, onset)
+    require(blew is not None or worse, "the run only went on learning")
+    return trained, facts, {
+        "cause": f"a resumed run's code change at step {onset}: every gradient {factor:g}x (the norm "
+        f"{before:.3g} to {after:.3g}), a step too long for SGD",
+        "verdicts": ["diverged", "nonfinite", "exploding"],
+        "onset": onset,
+        "actions": ["lower_lr", "lr_schedule"],
+        "abrupt": True,
+    }
+
+
+def discriminator_wins(family, loop, **kw):
+    """A discriminator that wins: 30x the generator's learning rate, 5 steps to its 1, and the generator on
+    the saturating loss log(1 - D(G(z))), whose gradient vanishes as D(G(z)) goes to 0."""
+    trained, facts = _run(family, loop, {"lr": 1e-4, **kw, "d_lr": 3e-3, "d_steps": 5, "saturating": True})
+    n = len(trained.norms)
+    start, end = level(trained.norms, 0, 20), level(trained.norms, n - 50, n)
+    d_end = _mean(trained.extras["loss_discriminator"][-50:])
+    require(end < start / 30 and d_end < 0.1, f"norm {start:.3g} to {end:.3g}, D loss {d_end:.3g}")
+    return trained, facts, {
+        "cause": f"the discriminator wins (its loss {d_end:.2g} at the end): the generator's gradient "
+        f"vanishes ({start:.3g} to {end:.3g})",
+        "verdicts": ["vanishing", "stalled"],
+        "onset": 0,
+        "actions": ["discriminator"],
+        "abrupt": False,
+    }
+
+
+def collapse(family, loop, onset=100, factor=1e4, length=5, **kw):
+    """A burst of ``factor`` times the learning rate at ``onset`` kills the encoder's units: the inputs map
+    to nearly one embedding, the loss sits within 10% of ln 32 and the norm falls 100x and more."""
+    loop.lr_factor = lambda s: factor if onset <= s < onset + length else 1.0
+    trained, facts = _run(family, loop, kw)
+    n = len(trained.losses)
+    end = level(trained.losses, n - 50, n)
+    before, after = level(trained.norms, onset - 20, onset), level(trained.norms, n - 50, n)
+    require(end > 0.9 * facts["collapse_level"] and after < before / 100, f"loss {end:.4g}, norm {after:.3g}")
+    return trained, facts, {
+        "cause": f"a {length}-step burst of {factor:g}x the learning rate at step {onset}: a collapse "
+        f"(the loss {end:.4g} ever after, ln 32 = {facts['collapse_level']:.4g}; the norm {before:.3g} to "
+        f"{after:.3g})",
+        "verdicts": ["diverged", "stalled", "vanishing"],
+        "onset": onset,
+        "actions": ["lower_lr", "checkpoint"],
+        "abrupt": True,
+    }
+
+
+def policy_saturates(family, loop, factor=100.0, **kw):
+    """A policy-gradient learning rate far too high: the policy turns deterministic on the arms of its first
+    batches, its gradient falls to 0 and the reward stops improving."""
+    loop.lr_factor = lambda s: factor
+    trained, facts = _run(family, loop, kw)
+    n = len(trained.norms)
+    end = level(trained.norms, n - 50, n)
+    require(end < level(trained.norms, 0, 20) / 10, f"norm at the end {end:.3g}")
+    return trained, facts, {
+        "cause": f"a learning rate {factor:g}x the healthy one: the policy saturates, its gradient falls to 0",
+        "verdicts": ["vanishing", "stalled"],
+        "onset": 0,
+        "actions": ["lower_lr"],
+        "abrupt": False,
+    }
+
+
+@dataclass(frozen=True)
+class Spec:
+    name: str
+    family: str
+    cause: Callable
+    args: dict = field(default_factory=dict)
+    loop: dict = field(default_factory=dict)
+    seed: int = 0
+
+
+NOLR = {"log_settings": False, "precision": None}
+SPECS = [
+    Spec("stdlm-healthy", "stdlm", healthy, seed=401),
+    Spec("stdlm-healthy-nolr", "stdlm", healthy, loop=NOLR, seed=402),
+    Spec("stdlm-healthy-thinned", "stdlm", healthy, loop={"steps": 1000, "every": 10, "window": 5}, seed=403),
+    Spec("stdlm-lr-too-high", "stdlm", lr_too_high, {"factor": 1000.0}, seed=404),
+    Spec("stdlm-lr-too-high-nolr", "stdlm", lr_too_high, {"factor": 3000.0}, NOLR, seed=405),
+    Spec("stdlm-plateau-warmup", "stdlm", plateau, {"onset": 30, "warmup": 20}, seed=406),
+    Spec("stdlm-plateau-nolr", "stdlm", plateau, {"onset": 30}, NOLR, seed=407),
+    Spec("stdlm-resume-jump-nolr", "stdlm", resume_jump, {"opt": "sgd", "lr": 0.3}, NOLR, seed=408),
+    Spec("shapes-healthy", "shapes", healthy, seed=411),
+    Spec("shapes-healthy-sgd-nolr", "shapes", healthy, {"opt": "sgd", "lr": 0.02}, NOLR, seed=412),
+    Spec("shapes-lr-too-high-nolr", "shapes", lr_too_high, {"factor": 1000.0}, NOLR, seed=413),
+    Spec("shapes-bad-init-nolr", "shapes", bad_init, {"opt": "sgd", "lr": 0.5, "init_scale": 6.0, "blocks": 8}, NOLR, 414),
+    Spec("shapes-weight-decay-nolr", "shapes", weight_decay, {"decay": 100.0}, NOLR, seed=415),
+    Spec("finetune-healthy", "finetune", healthy, seed=421),
+    Spec("finetune-healthy-nolr", "finetune", healthy, loop=NOLR, seed=422),
+    Spec("finetune-not-attached", "finetune", nothing_trains, seed=423),
+    Spec("finetune-not-attached-nolr", "finetune", nothing_trains, loop=NOLR, seed=424),
+    Spec("finetune-weight-decay", "finetune", weight_decay, {"decay": 800.0}, seed=425),
+    Spec("denoiser-healthy", "denoiser", healthy, seed=431),
+    Spec("denoiser-healthy-thinned-nolr", "denoiser", healthy, loop={**NOLR, "steps": 1000, "every": 5,
+                                                                      "window": 5}, seed=432),
+    Spec("denoiser-slow-rise", "denoiser", slow_rise, {"onset": 120, "growth": 1.05}, seed=433),
+    Spec("denoiser-slow-rise-nolr", "denoiser", slow_rise, {"onset": 150, "growth": 1.04}, NOLR, seed=434),
+    Spec("denoiser-fp16-underflow", "denoiser", fp16_underflow, {"onset": 150}, NOLR, seed=435),
+    Spec("gan-healthy", "gan", healthy, seed=441),
+    Spec("gan-healthy-nolr", "gan", healthy, loop=NOLR, seed=442),
+    Spec("gan-discriminator-wins", "gan", discriminator_wins, seed=443),
+    Spec("gan-discriminator-wins-nolr", "gan", discriminator_wins, loop=NOLR, seed=444),
+    Spec("contrastive-healthy", "contrastive", healthy, seed=451),
+    Spec("contrastive-healthy-nolr", "contrastive", healthy, loop=NOLR, seed=452),
+    Spec("contrastive-collapse", "contrastive", collapse, {"onset": 100}, seed=453),
+    Spec("contrastive-collapse-nolr", "contrastive", collapse, {"onset": 140}, NOLR, seed=454),
+    Spec("bandit-healthy", "bandit", healthy, seed=461),
+    Spec("bandit-healthy-nolr", "bandit", healthy, loop=NOLR, seed=462),
+    Spec("bandit-detached-nolr", "bandit", nothing_trains, loop=NOLR, seed=463),
+    Spec("bandit-detached-midway", "bandit", nothing_trains, {"onset": 150}, seed=464),
+    Spec("bandit-policy-saturates", "bandit", policy_saturates, {"factor": 100.0}, seed=465),
+]
+BY_NAME = {s.name: s for s in SPECS}
+
+
+def make(spec: Spec, out: Path) -> dict:
+    started = time.perf_counter()
+    torch.manual_seed(spec.seed)
+    loop = Loop(**spec.loop)
+    trained, facts, truth = spec.cause(spec.family, loop, **spec.args)
+    truth.setdefault("abrupt", False)
+    objective = facts["objective"]
+    onset = truth["onset"] or 0
+    # A blow-up of a loss near 0 of either sign (a policy gradient's, a GAN's) is no 10x rise: only a
+    # non-finite loss counts there.
+    if objective in ("reinforcement", "adversarial"):
+        blowup = next((i for i, v in enumerate(trained.losses[onset:], onset) if not math.isfinite(v)), None)
+    else:
+        blowup = blowup_step(trained.losses, onset)
+    truth = {
+        "name": spec.name,
+        "set": SET,
+        "family": spec.family,
+        "injected": spec.cause.__name__,
+        "healthy": truth["onset"] is None,
+        **truth,
+        "objective": objective,
+        "collapse_level": facts.get("collapse_level"),
+        "blowup_step": blowup,
+        "precision": loop.precision,
+        "optimizer": trained.optimizer,
+        "lr_logged": loop.log_settings,
+        "every": loop.every,
+        "window": loop.window,
+        "steps": loop.steps,
+        "seed": spec.seed,
+    }
+    folder = out / SET / spec.name
+    write(folder, trained.records, truth)
+    size = (folder / "metrics.csv").stat().st_size
+    print(
+        f"{spec.name}: {len(trained.records)} steps logged, {size / 1024:.1f} KB, {truth['verdicts'][0]} @ "
+        f"{truth['onset']}, blow-up {truth['blowup_step']} ({time.perf_counter() - started:.1f} s)",
+        flush=True,
+    )
+    return truth
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("names", nargs="*", help="runs to regenerate (default: all)")
+    parser.add_argument("--list", action="store_true", help="list the runs")
+    parser.add_argument("--out", type=Path, default=HERE, help="write under this folder (default: here)")
+    args = parser.parse_args(argv)
+    if args.list:
+        for s in SPECS:
+            print(f"{s.name:32s} {s.family:12s} {s.cause.__name__}: {s.cause.__doc__.splitlines()[0]}")
+        return 0
+    unknown = [n for n in args.names if n not in BY_NAME]
+    if unknown:
+        parser.error(f"unknown runs: {', '.join(unknown)}")
+    torch.set_num_threads(1)
+    warnings.simplefilter("ignore")
+    for spec in [BY_NAME[n] for n in args.names] or SPECS:
+        make(spec, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
