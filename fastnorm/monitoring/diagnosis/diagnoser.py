@@ -404,7 +404,9 @@ class Diagnoser:
             actions += zero.actions
         for e in sorted(events, key=lambda e: e.kind != verdict):
             actions += [a for a in e.actions if a not in actions]
-        return Diagnosis(verdict, tuple(events), tuple(actions), self._count, signals, objective, read_as)
+        return Diagnosis(
+            verdict, tuple(events), tuple(actions), self._count, signals, objective=objective, objective_read=read_as
+        )
 
     def _ties_are_ordinary(self) -> bool:
         """A reward-driven run, as far as read: its exact zeros are batches whose rewards tied."""
