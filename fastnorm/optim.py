@@ -46,8 +46,10 @@ _FOLDING_STEPS = frozenset(
     inspect.unwrap(cls.step) for cls in (torch.optim.Adam, torch.optim.SGD, torch.optim.Adagrad)
 )
 
-# Every clipper's optimizers: one optimizer has at most one clipper.
-_CLIPPER_OF: weakref.WeakKeyDictionary[Optimizer, StepClipper] = weakref.WeakKeyDictionary()
+# Every clipper's optimizers: one optimizer has at most one clipper. The clipper
+# is held weakly too: it holds its optimizers, so a strong value would keep every
+# key (the optimizer, its parameters and state) alive for the process's life.
+_CLIPPER_OF: weakref.WeakKeyDictionary[Optimizer, weakref.ref[StepClipper]] = weakref.WeakKeyDictionary()
 
 
 def not_supported_reasons(optimizer: Optimizer) -> list[str]:
@@ -169,7 +171,7 @@ class StepClipper:
         if len({id(o) for o in opts}) != len(opts):
             raise ValueError("StepClipper: the same optimizer is given twice")
         for opt in opts:
-            if opt in _CLIPPER_OF:
+            if opt in _CLIPPER_OF and _CLIPPER_OF[opt]() is not None:
                 raise ValueError(
                     f"StepClipper: this {type(opt).__name__} already has a StepClipper "
                     "(call its remove() first)"
@@ -205,7 +207,7 @@ class StepClipper:
         for opt in self._separate:
             self._handles.append(opt.register_step_pre_hook(self._separate_step))
         for opt in opts:
-            _CLIPPER_OF[opt] = self
+            _CLIPPER_OF[opt] = weakref.ref(self)
         for opt in self._separate:
             warnings.warn(
                 f"StepClipper: {'; '.join(reasons[id(opt)])}. Its gradients are clipped by "
@@ -295,7 +297,8 @@ class StepClipper:
         self._pending.clear()
         self._armed_separate.clear()
         for opt in self.optimizers:
-            if _CLIPPER_OF.get(opt) is self:
+            ref = _CLIPPER_OF.get(opt)
+            if ref is not None and ref() is self:
                 del _CLIPPER_OF[opt]
 
     def __enter__(self) -> StepClipper:

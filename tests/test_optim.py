@@ -988,3 +988,28 @@ def test_cuda_monitor_with_the_skip_flag_never_synchronizes():
     assert [s for w in collect.windows for s, f in zip(w.steps, w.skipped) if f] == [5, 6]
     assert sum(w.stats["skipped_steps"] for w in collect.windows) == 2
     assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+def test_a_dropped_clipper_lets_its_optimizer_and_parameters_be_collected():
+    import gc
+    import weakref
+
+    model = torch.nn.Linear(64, 64)
+    optimizer = torch.optim.AdamW(model.parameters(), fused=True)
+    clipper = StepClipper(optimizer, max_norm=1.0)
+    model(torch.randn(4, 64)).square().mean().backward()
+    clipper.arm()
+    optimizer.step()
+    gone = weakref.ref(optimizer), weakref.ref(model.weight)
+    del model, optimizer, clipper
+    gc.collect()
+    assert [r() for r in gone] == [None, None]
+
+
+def test_a_live_clipper_still_refuses_a_second_one_on_its_optimizer():
+    optimizer = torch.optim.AdamW(torch.nn.Linear(4, 4).parameters(), fused=True)
+    clipper = StepClipper(optimizer, max_norm=1.0)
+    with pytest.raises(ValueError, match="already has a StepClipper"):
+        StepClipper(optimizer, max_norm=1.0)
+    clipper.remove()
+    StepClipper(optimizer, max_norm=1.0).remove()

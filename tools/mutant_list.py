@@ -1642,4 +1642,12 @@ MUTANTS = [
         "tests": ["tests/test_diagnosis_uncertainty.py"],
         "what": "a stall whose log holds no optimizer setting guesses one cause instead of naming both",
     },
+    {
+        "name": "optim-clipper-registry-holds-the-optimizer",
+        "path": "fastnorm/optim.py",
+        "old": "            _CLIPPER_OF[opt] = weakref.ref(self)",
+        "new": "            _CLIPPER_OF[opt] = (lambda clipper: lambda: clipper)(self)",
+        "tests": ["tests/test_optim.py::test_a_dropped_clipper_lets_its_optimizer_and_parameters_be_collected"],
+        "what": "the registry of clippers holds each clipper, so its optimizer and parameters never die",
+    },
 ]
