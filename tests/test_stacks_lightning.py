@@ -127,5 +127,5 @@ def test_the_fabric_recipe_of_the_trainers_page_logs_every_step(tmp_path, monkey
     namespace.update(optimizer=optimizer, loader=fabric.setup_dataloaders(data()))
     exec(compile(recipe, "docs/trainers.md", "exec"), namespace)
     rows = [json.loads(line) for line in (tmp_path / "run" / "norms.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows if "gradient_norm" in r] == list(range(STEPS))
+    assert [r["step"] for r in rows if "gradient_norm" in r] == list(range(1, STEPS + 1))
     assert namespace["monitor"].closed
