@@ -42,6 +42,7 @@ _NAMES = {
     "Event": "fastnorm.monitoring",
     "read_series": "fastnorm.monitoring",
     "Series": "fastnorm.monitoring",
+    "Locator": "fastnorm.locate",
 }
 
 __all__ = [*_NAMES, "__version__"]
