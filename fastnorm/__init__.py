@@ -19,6 +19,7 @@ _NAMES = {
     "total_norm": "fastnorm.norm",
     "clip_": "fastnorm.norm",
     "tensor_norms": "fastnorm.norm",
+    "tensor_stats": "fastnorm.norm",
     "clear_cache": "fastnorm.norm",
     "NoGradientWarning": "fastnorm.norm",
     "StepClipper": "fastnorm.optim",
