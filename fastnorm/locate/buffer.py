@@ -25,14 +25,13 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from fastnorm.locate import _engine as engine
+from fastnorm import stats as engine
 
 FIRST_NONFINITE, FIRST_OVERFLOW, STEP = 0, 1, 2
 HEAD = 3  # the cells before the first site's
 WIDTH = len(engine.COLUMNS)
 # Where NONFINITE and OVERFLOW sit among the columns, as one strided slice.
-_NF, _OV = engine.COLUMNS.index("nonfinite"), engine.COLUMNS.index("overflow")
-_FLAGS = slice(_NF, _OV + 1, _OV - _NF)
+_FLAGS = slice(engine.NONFINITE, engine.OVERFLOW + 1, engine.OVERFLOW - engine.NONFINITE)
 CURRENT, KEPT_NONFINITE, KEPT_OVERFLOW = 0, 1, 2
 
 

@@ -33,8 +33,8 @@ from torch import Tensor, nn
 
 from fastnorm.locate.buffer import CURRENT, FIRST_NONFINITE, FIRST_OVERFLOW, HEAD, STEP, WIDTH, DeviceBuffer
 from fastnorm.locate.finding import BACKWARD, FORWARD, KINDS, Finding, Frame, Located, Site
+from fastnorm.stats import MAX_ABS, NONFINITE, OVERFLOW, SUBNORMAL
 
-_NF, _MAX, _OV, _SUB = 2, 1, 5, 4  # COLUMNS: nonfinite, max_abs, overflow, subnormal
 _LIMITS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
@@ -259,7 +259,7 @@ class Locator:
         def frame(offset: int) -> Frame:
             site = events[order + offset]
             cells = row[HEAD + WIDTH * site : HEAD + WIDTH * (site + 1)]
-            return Frame(offset, self._sites[site], cells[_MAX], cells[_NF], cells[_OV], cells[_SUB])
+            return Frame(offset, self._sites[site], cells[MAX_ABS], cells[NONFINITE], cells[OVERFLOW], cells[SUBNORMAL])
 
         lo, hi = max(0, order - self.frames), min(len(events) - 1, order + self.frames)
         frames = tuple(frame(o - order) for o in range(lo, hi + 1))
