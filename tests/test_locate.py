@@ -352,3 +352,37 @@ def test_a_compiled_model_still_runs_and_its_parameter_gradients_are_watched():
     # Inside the compiled frame the hooks step aside; the parameters' gradients are read eagerly.
     assert found.nonfinite.site.role == "grad" and found.nonfinite.step == 1
     assert isinstance(found, Located)
+
+
+def test_the_monitor_logs_the_finding_and_the_diagnosis_and_fastnorm_diagnose_read_it(tmp_path):
+    torch.manual_seed(0)
+    model = MLP()
+    path = tmp_path / "metrics.jsonl"
+    locator = fastnorm.Locator(model)
+    monitor = fastnorm.GradNormMonitor(4, [fastnorm.JsonlLogger(str(path))], locate=locator, warn=False)
+    with CountSyncs() as counter:
+        for step in range(3):
+            if step == 2:
+                model.fault.kind = "backward-overflow"
+            loss = model(model.batch()).pow(2).mean()
+            loss.backward()
+            monitor.update(fastnorm.total_norm(model.parameters()), loss=loss)
+            model.zero_grad()
+            model.fault.kind = None
+    assert counter.count == 0  # between windows, neither the monitor nor the locator reads the device
+    for _ in range(9):
+        model(model.batch()).pow(2).mean().backward()
+        monitor.update(fastnorm.total_norm(model.parameters()))
+        model.zero_grad()
+    assert monitor.located.nonfinite is None  # the third window: nothing new
+    monitor.close()
+    assert not locator.active  # the monitor removed it
+    line = "first non-finite: backward, `fc1`, grad_output, float32, step 2; finite on its way in (backward, `fault`"
+    assert any(x.startswith(line) for x in monitor.diagnosis.located), monitor.diagnosis.located
+    assert "  where: " + line in monitor.diagnosis.report()
+    from fastnorm.monitoring.command import diagnose_series
+
+    offline = diagnose_series(fastnorm.read_series(path))
+    assert offline.located == monitor.diagnosis.located
+    with pytest.raises(TypeError, match="locate must be a fastnorm.Locator"):
+        fastnorm.GradNormMonitor(4, locate=model)

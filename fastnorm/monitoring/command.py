@@ -45,6 +45,7 @@ def diagnose_series(series: Series, max_norm: float | None = None) -> Diagnosis:
         optimizer={name: track.pair() for name, track in series.optimizer.items()},
         precision=series.precision,
         max_norm=max_norm if max_norm is not None else series.max_norm,
+        located=series.located,
     )
 
 

@@ -204,8 +204,10 @@ class _Recorder:
         warn: bool,
         precision: str | None = None,
         optimizer: Any = None,
+        locator: Any = None,
     ) -> None:
         self.n = n
+        self.locator = locator
         self.precision = precision
         self.optimizer = optimizer
         self.lr: float | None = None  # the learning rate at the last update
@@ -216,6 +218,7 @@ class _Recorder:
         self.diagnoser = diagnoser
         self.warn = warn
         self.diagnosis: Diagnosis | None = None
+        self.located: Any = None  # the locator's findings of the last window
         self.transfers = 0
         self.logger_failures = [0] * len(loggers)  # windows (and closes) each logger failed
         self.buffer: Tensor | None = None  # _ROWS * n per-step values, then the layers
@@ -262,6 +265,8 @@ class _Recorder:
             if lr is not None and lr != self.lr:
                 self.lr = lr
                 self.lr_steps[step] = lr
+        if self.locator is not None:
+            self.locator.step(step)
         self.steps[slot] = step
         self.has_loss[slot] = loss is not None
         self.has_skipped[slot] = skipped is not None
@@ -294,6 +299,9 @@ class _Recorder:
         has_skipped = self.has_skipped[: self.count]
         layers_step = self.layers_step
         settings = self.settings()
+        if self.locator is not None:  # the locator's window: its own one read, at the same cadence
+            self.located = self.locator.collect()
+            settings.update(self.located.metrics())
         lrs, self.lr_steps = self.lr_steps, {}
         self.count = 0
         self.layers_step = None
@@ -470,6 +478,8 @@ class _Recorder:
             if self.in_flight is not None:
                 self.land()
         finally:
+            if self.locator is not None:
+                self.locator.remove()
             for i, logger in enumerate(self.loggers):
                 try:
                     logger.close()
@@ -530,6 +540,11 @@ class GradNormMonitor:
             window's last step, so that a schedule's jump is dated to its step.
             The diagnosis reads them (a learning-rate jump, a decay too strong,
             an ``eps`` that dominates Adam's denominator).
+        locate (Locator, optional): a :class:`~fastnorm.Locator` on the model:
+            each ``update`` closes its step, each window reads it once and logs
+            where the window first went non-finite or overflowed
+            (``gradient_norm_locate_nonfinite/...``), which the diagnosis
+            reports; :attr:`located` holds it. Removed by :meth:`close`.
 
     Raises:
         TypeError: an argument of the wrong type (``max_norm='1'``, ``GradNormMonitor(True)``).
@@ -559,8 +574,14 @@ class GradNormMonitor:
         warn: bool = True,
         precision: str | None = None,
         optimizer: Any = None,
+        locate: Any = None,
     ) -> None:
         owner = "GradNormMonitor"
+        if locate is not None and not all(callable(getattr(locate, m, None)) for m in ("step", "collect")):
+            raise TypeError(
+                f"{owner}: locate must be a fastnorm.Locator (with step() and collect()), "
+                f"got {type(locate).__name__}"
+            )
         n = checks.positive_int(log_every_n_steps, "log_every_n_steps", owner)
         loggers = checks.loggers(loggers, owner)
         max_norm = checks.max_norm(max_norm, owner, optional=True)
@@ -571,7 +592,7 @@ class GradNormMonitor:
         optimizer = checks.optimizer(optimizer, owner)
         if diagnoser is not None and diagnoser.max_norm is None:
             diagnoser.max_norm = max_norm
-        self._rec = _Recorder(n, loggers, max_norm, names, diagnoser, warn, precision, optimizer)
+        self._rec = _Recorder(n, loggers, max_norm, names, diagnoser, warn, precision, optimizer, locate)
         # Delivers what is pending when the monitor is collected, or at exit (one
         # hook, weakref's, for every live monitor); close() runs it once and detaches it.
         self._finalizer = weakref.finalize(self, self._rec.close)
@@ -618,6 +639,12 @@ class GradNormMonitor:
     def diagnosis(self) -> Diagnosis | None:
         """The diagnosis of everything logged so far (None before the first window, or when off)."""
         return self._rec.diagnosis
+
+    @property
+    def located(self) -> Any:
+        """What the locator found in the last window (a :class:`~fastnorm.locate.Located`; None before the
+        first window, or without ``locate``)."""
+        return self._rec.located
 
     @property
     def transfers(self) -> int:

@@ -40,6 +40,7 @@ from fastnorm.monitoring.diagnosis.events import (
     at_steps,
     from_log,
     level,
+    located_lines,
     log_norm,
     num,
 )
@@ -191,6 +192,7 @@ class Diagnoser:
         self._loss = LossSignal()
         self._lr = LrSignal()
         self._settings = OptimizerSettings()
+        self._located: dict[str, Any] = {}  # the locator's keys of the first window with each kind of finding
         self._layers = LayerSignal(layer_orders)
         self._count = 0
         self._first_step: int | None = None
@@ -289,6 +291,13 @@ class Diagnoser:
                 self._settings.update(name, step, value)
             elif name.startswith("precision/") and value and self.precision is None:
                 self.precision = checks.precision(name.split("/", 1)[1], "Diagnoser.update_settings")
+        # The locator's findings (locate_<kind>/..., see events.located_lines): the run's first of each kind.
+        def kind(key: str) -> str:
+            return key.split("/", 1)[0].removesuffix("_frames")
+
+        kept = {kind(k) for k in self._located}
+        new = {k: v for k, v in settings.items() if k.startswith("locate_") and kind(k) not in kept}
+        self._located.update(new)
 
     def update_layers(self, step: int, norms: Mapping[str, Any]) -> None:
         """Reads one step's per-layer norms (name -> norm), e.g. the ``gradient_norm_layer/<name>``
@@ -311,7 +320,8 @@ class Diagnoser:
             if read_
         )
         if self._count < MIN_POINTS:
-            return Diagnosis(TOO_FEW, steps=self._count, signals=signals)
+            located = located_lines(self._located)
+            return Diagnosis(TOO_FEW, steps=self._count, signals=signals, located=located)
         last = self._last_step
         found, ups = self._norm.found(last)
         self._ev = self._evidence()
@@ -362,7 +372,9 @@ class Diagnoser:
         actions: list[str] = []
         for e in sorted(events, key=lambda e: e.kind != verdict):
             actions += [a for a in e.actions if a not in actions]
-        return Diagnosis(verdict, tuple(events), tuple(actions), self._count, signals)
+        return Diagnosis(
+            verdict, tuple(events), tuple(actions), self._count, signals, located_lines(self._located)
+        )
 
     def _evidence(self) -> advice.Evidence:
         """What the advice rests on, from every signal read."""
@@ -572,6 +584,7 @@ def diagnose(
     optimizer: Mapping[str, ByStep] | None = None,
     precision: str | None = None,
     max_norm: float | None = None,
+    located: Mapping[int, Mapping[str, Any]] | None = None,
     **thresholds: Any,
 ) -> Diagnosis:
     r"""Diagnoses a gradient-norm series: stable, or nonfinite, diverged, exploding, vanishing, stalled.
@@ -602,6 +615,9 @@ def diagnose(
         precision (str, optional): the run's precision (``"fp32"``,
             ``"bf16-mixed"``, ``"16-mixed"``, ...; see :class:`~fastnorm.GradNormMonitor`).
         max_norm (float, optional): the run's clipping threshold, for the advice.
+        located (mapping, optional): step -> {key: value} of a
+            :class:`~fastnorm.Locator`'s logged findings (``locate_nonfinite/...``),
+            reported as where the run first went non-finite or overflowed.
         **thresholds: the other keyword arguments of :class:`Diagnoser`.
 
     Returns:
@@ -633,4 +649,6 @@ def diagnose(
             d.update_settings(step, {name: value})
     for step in sorted(layers or {}):
         d.update_layers(step, layers[step])
+    for step in sorted(located or {}):
+        d.update_settings(step, located[step])
     return d.result()
