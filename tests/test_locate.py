@@ -377,7 +377,8 @@ def test_the_monitor_logs_the_finding_and_the_diagnosis_and_fastnorm_diagnose_re
     assert monitor.located.nonfinite is None  # the third window: nothing new
     monitor.close()
     assert not locator.active  # the monitor removed it
-    line = "first non-finite: backward, `fc1`, grad_output, float32, step 2; finite on its way in (backward, `fault`"
+    line = "first non-finite: backward, `fc1`, grad_output, float32, step 2; "
+    line += "finite on its way in (backward, `fault`"
     assert any(x.startswith(line) for x in monitor.diagnosis.located), monitor.diagnosis.located
     assert "  where: " + line in monitor.diagnosis.report()
     from fastnorm.monitoring.command import diagnose_series

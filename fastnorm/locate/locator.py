@@ -56,7 +56,7 @@ def _limit(dtype: torch.dtype, device_type: str) -> torch.dtype:
 
 def _floating(value: Any) -> list[Tensor]:
     """The floating-point tensors of a module's output: a tensor, or one level of tuple, list or dict."""
-    if isinstance(value, Tensor):
+    if type(value) is Tensor or isinstance(value, Tensor):
         return [value] if value.is_floating_point() else []
     if isinstance(value, dict):
         value = value.values()
@@ -118,11 +118,13 @@ class Locator:
         self._names: dict[int, str] = {id(m): name for name, m in model.named_modules()}
         self._params = [(name, p) for name, p in model.named_parameters()]
         self._sites: list[Site] = []
-        self._site_ids: dict[Site, int] = {}
+        self._site_ids: dict[tuple, int] = {}
+        self._param_sites: dict[tuple, tuple] = {}  # the parameters' sites and limits, by what has a gradient
         self._buffer: DeviceBuffer | None = None
         self._on = True
         self._step = 0  # the step in progress
         self._order = 0  # events so far in the step in progress
+        self._params_read: tuple = ()  # the parameters' gradients when last read (identity, version)
         self._events: list[int] = []  # the site of each event of the step in progress, by order
         self._history: list[tuple[int, list[int]]] = []  # (first step, events) each time the order changed
         # The tensors the previous hook reduced: a parent often returns its last child's output.
@@ -134,19 +136,19 @@ class Locator:
     # -- the hooks --------------------------------------------------------------
 
     def _site(
-        self, pass_: str, module: str, role: str, index: int | str, t: Tensor, limit: torch.dtype
+        self, pass_: str, module: str, index: int | str, role: str, t: Tensor, limit: torch.dtype
     ) -> int:
-        site = Site(pass_, module, role, index, _name(t.dtype), _name(limit))
-        found = self._site_ids.get(site)
+        key = (pass_, module, role, index, t.dtype, limit)
+        found = self._site_ids.get(key)
         if found is None:
-            found = self._site_ids[site] = len(self._sites)
-            self._sites.append(site)
+            found = self._site_ids[key] = len(self._sites)
+            self._sites.append(Site(pass_, module, role, index, _name(t.dtype), _name(limit)))
         return found
 
     def _record(self, tensors: list[Tensor], sites: tuple[int, ...], limits: list[torch.dtype]) -> None:
         if self._buffer is None:
             self._buffer = DeviceBuffer(tensors[0].device, 2 * len(self._names) + len(self._params) + 1)
-        self._buffer.record(tensors, sites, limits, self._order)
+        self._buffer.record(tensors, limits)
         self._order += len(tensors)
         self._events.extend(sites)
 
@@ -157,9 +159,9 @@ class Locator:
         if tensors:
             limits = [_limit(t.dtype, t.device.type) for t in tensors]
             sites = tuple(
-                self._site(FORWARD, "", "input", i, t, lim) for i, (t, lim) in enumerate(zip(tensors, limits))
+                self._site(FORWARD, "", i, "input", t, lim) for i, (t, lim) in enumerate(zip(tensors, limits))
             )
-            self._record([t.detach() for t in tensors], sites, limits)
+            self._record(tensors, sites, limits)
 
     def _outputs(self, module: nn.Module, args: tuple, output: Any) -> None:
         if not self._on or torch.compiler.is_compiling():
@@ -174,9 +176,9 @@ class Locator:
         limits = [_limit(t.dtype, t.device.type) for t in tensors]
         index = range(len(tensors)) if len(found) > 1 else [0]
         sites = tuple(
-            self._site(FORWARD, name, "output", i, t, lim) for i, t, lim in zip(index, tensors, limits)
+            self._site(FORWARD, name, i, "output", t, lim) for i, t, lim in zip(index, tensors, limits)
         )
-        self._record([t.detach() for t in tensors], sites, limits)
+        self._record(tensors, sites, limits)
         if torch.is_grad_enabled():
             for i, t, lim in zip(index, tensors, limits):
                 if t.requires_grad:
@@ -184,20 +186,27 @@ class Locator:
 
     def _gradient(self, name: str, index: int, limit: torch.dtype, grad: Tensor) -> None:
         if self._on:
-            site = self._site(BACKWARD, name, "grad_output", index, grad, limit)
+            site = self._site(BACKWARD, name, index, "grad_output", grad, limit)
             self._record([grad], (site,), [limit])
 
     def _parameter_gradients(self) -> None:
-        """One pass over the parameters' gradients (each reduced again is no change: every cell is a max)."""
+        """One pass over the parameters' gradients, unless none changed since they were last read."""
         grads = [(n, p.grad) for n, p in self._params if p.grad is not None and p.grad.is_floating_point()]
-        if not grads or not self._on:
+        # Each gradient's identity and version: a backward since the last read changed one of them.
+        seen = tuple((id(g), g._version) for _, g in grads)
+        if not grads or not self._on or seen == self._params_read:
             return
-        sites, limits = [], []
-        for name, g in grads:
-            module, _, own = name.rpartition(".")
-            limits.append(g.dtype if g.dtype in _LIMITS else torch.float32)
-            sites.append(self._site(BACKWARD, module, "grad", own, g, limits[-1]))
-        self._record([g for _, g in grads], tuple(sites), limits)
+        self._params_read = seen
+        key = tuple((n, g.dtype) for n, g in grads)
+        cached = self._param_sites.get(key)
+        if cached is None:
+            limits = [g.dtype if g.dtype in _LIMITS else torch.float32 for _, g in grads]
+            sites = tuple(
+                self._site(BACKWARD, *n.rpartition(".")[::2], "grad", g, lim)
+                for (n, g), lim in zip(grads, limits)
+            )
+            cached = self._param_sites[key] = (sites, limits)
+        self._record([g for _, g in grads], *cached)
 
     # -- the step --------------------------------------------------------------
 
@@ -216,7 +225,7 @@ class Locator:
             self._step = step
         self._parameter_gradients()
         if self._buffer is not None:
-            self._buffer.close_step(self._step)
+            self._buffer.close_step(self._step, self._order)
             if not self._history or self._history[-1][1] != self._events:
                 self._history.append((self._step, self._events))
         self._step += 1
@@ -236,6 +245,7 @@ class Locator:
         self._parameter_gradients()
         if self._buffer is None:
             return Located()
+        self._buffer.settle(self._order)
         rows = self._buffer.read()
         self.transfers += 1
         found: dict[str, Finding | None] = {}
@@ -257,9 +267,10 @@ class Locator:
 
     def _finding(self, kind: str, row: list[float], step: int, events: list[int], order: int) -> Finding:
         def frame(offset: int) -> Frame:
-            site = events[order + offset]
-            cells = row[HEAD + WIDTH * site : HEAD + WIDTH * (site + 1)]
-            return Frame(offset, self._sites[site], cells[MAX_ABS], cells[NONFINITE], cells[OVERFLOW], cells[SUBNORMAL])
+            at = order + offset
+            cells = row[HEAD + WIDTH * at : HEAD + WIDTH * (at + 1)]
+            site = self._sites[events[at]]
+            return Frame(offset, site, cells[MAX_ABS], cells[NONFINITE], cells[OVERFLOW], cells[SUBNORMAL])
 
         lo, hi = max(0, order - self.frames), min(len(events) - 1, order + self.frames)
         frames = tuple(frame(o - order) for o in range(lo, hi + 1))
