@@ -19,6 +19,7 @@ except ImportError as exc:
 
 from fastnorm import checks
 from fastnorm.integrations.patch import Patch, patch
+from fastnorm.locate.locator import Locator
 from fastnorm.monitoring.diagnosis import Diagnoser
 from fastnorm.monitoring.loggers import Logger
 from fastnorm.monitoring.monitor import GradNormMonitor
@@ -101,6 +102,10 @@ class GradNormCallback(TrainerCallback):
         log_every_n_steps (int, optional): the monitor's window. Default: the
             Trainer's ``logging_steps``.
         diagnose (bool or Diagnoser): as for :class:`~fastnorm.GradNormMonitor`.
+        locate (bool): also watch the model with a :class:`~fastnorm.Locator`
+            (on the main process): its step is closed before each optimizer
+            step, with the gradients present, and each window logs where the
+            run first went non-finite or overflowed. Default: False.
 
     Example::
 
@@ -115,8 +120,11 @@ class GradNormCallback(TrainerCallback):
         log_every_n_steps: int | None = None,
         *,
         diagnose: bool | Diagnoser = True,
+        locate: bool = False,
     ) -> None:
         owner = "GradNormCallback"
+        self.locate = checks.boolean(locate, "locate", owner)
+        self.locator: Any = None
         self.loggers = checks.loggers(loggers, owner)
         self.log_every_n_steps = (
             None
@@ -139,14 +147,22 @@ class GradNormCallback(TrainerCallback):
             self._patch = patch()
             return
         window = self.log_every_n_steps or max(1, int(state.logging_steps or args.logging_steps))
+        model = kwargs.get("model")
+        if self.locate and isinstance(model, torch.nn.Module):
+            self.locator = Locator(model)
         self.monitor = GradNormMonitor(
             window,
             self.loggers,
             max_norm=args.max_grad_norm if args.max_grad_norm and args.max_grad_norm > 0 else None,
             diagnose=self.diagnose,
             precision=_precision(args, kwargs.get("model")),
+            locate=self.locator.reader() if self.locator is not None else None,
         )
         self._patch = patch(monitor=self._step)
+
+    def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.locator is not None:  # the step the monitor records at on_step_end, after the increment
+            self.locator.step(state.global_step + 1)
 
     def on_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         optimizer = kwargs.get("optimizer")

@@ -308,6 +308,31 @@ class Locator:
     def __exit__(self, *exc: Any) -> None:
         self.remove()
 
+    def reader(self) -> LocatorReader:
+        """The locator as a :class:`~fastnorm.GradNormMonitor` holds it when something else closes its
+        steps (a trainer's callback, right after backward): the monitor reads it once per window and
+        removes it at close, and its ``update`` closes no step."""
+        return LocatorReader(self)
+
     def sites(self) -> Iterator[Site]:
         """Every site seen so far, in the order first seen."""
         return iter(list(self._sites))
+
+
+class LocatorReader:
+    """A :class:`Locator` whose steps are closed elsewhere: ``collect`` and ``remove`` only (see
+    :meth:`Locator.reader`)."""
+
+    def __init__(self, locator: Locator) -> None:
+        self.locator = locator
+
+    def step(self, step: int | None = None) -> None:
+        """Closes nothing: whoever holds the locator closes its steps."""
+
+    def collect(self) -> Located:
+        """The locator's window (see :meth:`Locator.collect`)."""
+        return self.locator.collect()
+
+    def remove(self) -> None:
+        """Removes the locator's hooks."""
+        self.locator.remove()
