@@ -75,6 +75,10 @@ PYBIND11_MODULE(_C, m) {
         py::arg("partial_addr"), py::arg("root_addr"), py::arg("root_is_double"),
         py::arg("per_tensor_addr"), py::arg("num_threads"),
         py::call_guard<py::gil_scoped_release>());
+  m.def("reduce_stats", &fastnorm::reduce_stats, py::arg("split"), py::arg("mode"), py::arg("p"),
+        py::arg("partial_addr"), py::arg("root_addr"), py::arg("root_is_double"), py::arg("thresholds_addr"),
+        py::arg("limit_codes_addr"), py::arg("stats_addr"), py::arg("num_threads"),
+        py::call_guard<py::gil_scoped_release>());
   m.def(
       "reduce_checked",
       [](const Snapshot& snapshot, const py::list& items, const py::handle& written, const TaskSplit& split,

@@ -18,6 +18,7 @@ struct F32 {
   using Bits = uint32_t;
   static constexpr int kCode = kFloat32;
   static constexpr Bits kAbsMask = 0x7FFFFFFFu;
+  static constexpr Bits kFiniteBits = 0x7F7FFFFFu;  // the largest finite |x|
   static FASTNORM_INLINE double to_double(T x) { return double(x); }
   static FASTNORM_INLINE double from_bits(Bits b) { return double(bits_to_float(b)); }
 };
@@ -26,6 +27,7 @@ struct F64 {
   using Bits = int64_t;  // |x| bits are below 2^63: signed compares vectorize on AVX2
   static constexpr int kCode = kFloat64;
   static constexpr Bits kAbsMask = 0x7FFFFFFFFFFFFFFFll;
+  static constexpr Bits kFiniteBits = 0x7FEFFFFFFFFFFFFFll;
   static FASTNORM_INLINE double to_double(T x) { return x; }
   static FASTNORM_INLINE double from_bits(Bits b) {
     double d;
@@ -42,6 +44,7 @@ struct F16 {
   using Bits = uint16_t;
   static constexpr int kCode = kFloat16;
   static constexpr Bits kAbsMask = 0x7FFFu;
+  static constexpr Bits kFiniteBits = 0x7BFFu;
   static constexpr double kFiniteBound = 0x1p128;
   static FASTNORM_INLINE double to_double(T x) { return double(half_to_float(x)); }
   static FASTNORM_INLINE double from_bits(Bits b) { return double(half_to_float(b)); }
@@ -51,6 +54,7 @@ struct BF16 {
   using Bits = uint16_t;
   static constexpr int kCode = kBFloat16;
   static constexpr Bits kAbsMask = 0x7FFFu;
+  static constexpr Bits kFiniteBits = 0x7F7Fu;
   static constexpr double kFiniteBound = 0x1p128;
   static FASTNORM_INLINE double to_double(T x) { return double(bf16_to_float(x)); }
   static FASTNORM_INLINE double from_bits(Bits b) { return double(bf16_to_float(b)); }

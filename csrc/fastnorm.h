@@ -155,6 +155,38 @@ void reduce(const TaskSplit& split, int mode, double p, uintptr_t partial_addr, 
 bool reduce_checked(const TaskSplit& split, const std::function<bool(std::atomic<int64_t>&)>& check, int mode, double p,
                     uintptr_t partial_addr, uintptr_t root_addr, bool root_is_double, int num_threads);
 
+// Per-tensor statistics (fastnorm/_stats.py): the tensor's L2 partial as the
+// norm accumulates it, the largest finite |x|, and exact counts of non-finite
+// values, zeros, nonzero values with |x| < tiny and finite ones with |x| > margin.
+struct Stats {
+  Partial l2;
+  double max_abs = 0.0;
+  int64_t nonfinite = 0;
+  int64_t zeros = 0;
+  int64_t subnormal = 0;
+  int64_t overflow = 0;
+};
+
+// How a limit dtype judges the elements of one dtype: its smallest normal
+// (tiny) and overflow margin as the magnitude bits of the elements' dtype: lo,
+// of its smallest value at least tiny (nonzero |x| < tiny iff bits < lo); hi,
+// of its largest value at most the margin (|x| > margin iff bits > hi).
+struct Limits {
+  int64_t lo;
+  int64_t hi;
+};
+
+// reduce() (per-tensor partials aside), plus each tensor's statistics: 6
+// doubles per tensor at stats_addr, in split order (sum_sq, max_abs,
+// nonfinite, zeros, subnormal, overflow). thresholds_addr holds 4 x 4 Limits,
+// [element dtype code][limit dtype code]; limit_codes_addr one int32 per
+// tensor, the dtype code of its limit (-1: its own), or 0 for every tensor by
+// its own. The norm's bits are reduce()'s; the statistics do not depend on the
+// thread count either. A separate loop from reduce()'s, which stays as it is.
+void reduce_stats(const TaskSplit& split, int mode, double p, uintptr_t partial_addr, uintptr_t root_addr,
+                  bool root_is_double, uintptr_t thresholds_addr, uintptr_t limit_codes_addr,
+                  uintptr_t stats_addr, int num_threads);
+
 // Reads the norm at norm_addr (float64 or float32), computes the coefficient as
 // torch.nn.utils.clip_grad_norm_ does, and scales every tensor in place by it,
 // unless it is >= 1, in which case no tensor is read or written. Returns

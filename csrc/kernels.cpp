@@ -71,12 +71,14 @@ namespace {
 
 using ReduceFn = void (*)(int, int, double, const void*, int64_t, Partial&);
 using ScaleFn = void (*)(int, void*, int64_t, float, double);
+using StatsFn = void (*)(int, int, double, const void*, int64_t, const Limits&, Partial&, Stats&);
 
 struct Kernels {
   const char* name;
   ReduceFn reduce;
   ScaleFn scale;
   bool (*supported)();
+  StatsFn stats;
 };
 
 bool always() { return true; }
@@ -95,10 +97,10 @@ bool cpu_has_avx512() {
 
 // Narrowest first.
 const Kernels kAll[] = {
-    {"generic", generic::reduce_piece, generic::scale_piece, always},
+    {"generic", generic::reduce_piece, generic::scale_piece, always, generic::stats_piece},
 #if defined(FASTNORM_HAVE_X86)
-    {"avx2", avx2::reduce_piece, avx2::scale_piece, cpu_has_avx2},
-    {"avx512", avx512::reduce_piece, avx512::scale_piece, cpu_has_avx512},
+    {"avx2", avx2::reduce_piece, avx2::scale_piece, cpu_has_avx2, avx2::stats_piece},
+    {"avx512", avx512::reduce_piece, avx512::scale_piece, cpu_has_avx512, avx512::stats_piece},
 #endif
 };
 
@@ -337,6 +339,70 @@ void reduce(const TaskSplit& split, int mode, double p, uintptr_t partial_addr, 
             bool root_is_double, uintptr_t per_tensor_addr, int num_threads) {
   reduce_tasks(split, mode, p, partial_addr, root_addr, root_is_double, per_tensor_addr, num_threads,
                [](int64_t) { return true; }, nullptr, nullptr);
+}
+
+void reduce_stats(const TaskSplit& split, int mode, double p, uintptr_t partial_addr, uintptr_t root_addr,
+                  bool root_is_double, uintptr_t thresholds_addr, uintptr_t limit_codes_addr,
+                  uintptr_t stats_addr, int num_threads) {
+  if (mode < kL2 || mode > kLp) throw std::invalid_argument("fastnorm._C.reduce_stats: unknown mode");
+  const auto* limits = reinterpret_cast<const Limits*>(thresholds_addr);
+  const auto* codes = reinterpret_cast<const int32_t*>(limit_codes_addr);
+  for (int64_t t = 0; codes != nullptr && t < split.num_tensors(); ++t) {
+    if (codes[t] < -1 || codes[t] > kBFloat16) {
+      throw std::invalid_argument("fastnorm._C.reduce_stats: unknown limit dtype code " +
+                                  std::to_string(codes[t]));
+    }
+  }
+  const StatsFn stats_piece = kernels().stats;
+  std::vector<Partial> partial(size_t(split.num_tasks()));
+  std::vector<Stats> pieces(size_t(split.num_pieces()));
+  ThreadPool::instance().run(split.num_tasks(), threads_for(split, num_threads), [&](int64_t task) {
+    Partial acc;
+    split.for_each_piece(task, [&](int64_t index, const TaskSplit::Piece& piece) {
+      const int32_t code = codes == nullptr ? -1 : codes[piece.tensor];
+      Partial own;
+      stats_piece(piece.dtype, mode, p, reinterpret_cast<const void*>(piece.addr), piece.numel,
+                  limits[4 * piece.dtype + (code < 0 ? piece.dtype : code)], own, pieces[size_t(index)]);
+      merge(acc, own, mode, p);
+    });
+    partial[size_t(task)] = acc;
+  });
+
+  Partial total;
+  for (const Partial& acc : partial) merge(total, acc, mode, p);
+  auto* out = reinterpret_cast<double*>(partial_addr);
+  out[0] = total.m;
+  out[1] = total.s;
+  const double root = root_of(total, mode, p);
+  if (root_is_double) {
+    *reinterpret_cast<double*>(root_addr) = root;
+  } else {
+    *reinterpret_cast<float*>(root_addr) = float(root);
+  }
+
+  // Pieces into their tensors in order, the way reduce() merges per-tensor partials.
+  std::vector<Stats> tensors(size_t(split.num_tensors()));
+  for (int64_t i = 0; i < split.num_pieces(); ++i) {
+    Stats& t = tensors[size_t(split.piece(i).tensor)];
+    const Stats& own = pieces[size_t(i)];
+    merge_l2(t.l2, own.l2);
+    t.max_abs = own.max_abs > t.max_abs ? own.max_abs : t.max_abs;
+    t.nonfinite += own.nonfinite;
+    t.zeros += own.zeros;
+    t.subnormal += own.subnormal;
+    t.overflow += own.overflow;
+  }
+  auto* rows = reinterpret_cast<double*>(stats_addr);
+  for (size_t t = 0; t < tensors.size(); ++t) {
+    const Stats& st = tensors[t];
+    double* row = rows + 6 * t;
+    row[0] = st.l2.m > 0.0 ? st.l2.s * (st.l2.m * st.l2.m) : st.l2.s;
+    row[1] = st.max_abs;
+    row[2] = double(st.nonfinite);
+    row[3] = double(st.zeros);
+    row[4] = double(st.subnormal);
+    row[5] = double(st.overflow);
+  }
 }
 
 void TaskSplit::set_gates(const std::vector<int64_t>& first_item) {

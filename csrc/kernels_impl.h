@@ -138,6 +138,112 @@ FASTNORM_INLINE void reduce_as(int mode, double p, const void* ptr, int64_t n, P
   }
 }
 
+// ---------------------------------------------------------------------------
+// Statistics (fastnorm/_stats.py). A piece's sum of squares is the norm's own
+// (reduce_as in mode L2: the same code, so the same bits); the maximum and the
+// counts come from a second loop over the piece's bits, which the first has
+// just brought into cache (a piece is at most a task, 256 KiB, inside L2).
+//
+// That loop reads each element's magnitude bits (E::Bits with the sign
+// cleared), whose order is that of the magnitudes, with inf and NaN above
+// every finite value, so every count is an integer compare and the largest
+// magnitude an integer max: zeros (a == 0) and values below lo (zeros
+// included), the two counts every piece needs. Only a piece whose largest
+// magnitude is above hi holds values above the margin or non-finite ones:
+// count_high reads it once more for those (and for the largest finite one).
+// Lanes of one 64-byte register of the element's width, flushed every 4096
+// blocks, before a 16-bit count can wrap. The bits are below the sign bit, so
+// signed compares serve, which vectorize on every target.
+template <class E>
+FASTNORM_NOINLINE void count_high(const typename E::Bits* x, int64_t n, int64_t hi, Stats& st) {
+  using S = std::make_signed_t<typename E::Bits>;
+  const S finite = S(E::kFiniteBits);
+  S top = 0;
+  int64_t above = 0, nonfinite = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const S a = S(x[i] & E::kAbsMask);
+    const S shown = a > finite ? S(0) : a;
+    top = shown > top ? shown : top;
+    above += a > S(hi);
+    nonfinite += a > finite;
+  }
+  st.max_abs = E::from_bits(typename E::Bits(top));
+  st.nonfinite = nonfinite;
+  st.overflow = above - nonfinite;  // hi <= the largest finite value
+}
+
+template <class E>
+FASTNORM_INLINE void count_bits(const void* ptr, int64_t n, const Limits& lim, Stats& st) {
+  using S = std::make_signed_t<typename E::Bits>;
+  constexpr int kWidth = 64 / int(sizeof(S));
+  constexpr int64_t kFlush = int64_t(kWidth) * 4096;
+  const auto* x = static_cast<const typename E::Bits*>(ptr);
+  const S lo = S(lim.lo);
+  S top[kWidth] = {};
+  int64_t zeros = 0, below = 0;
+  int64_t i = 0;
+  while (i < n) {
+    const int64_t end = std::min(n, i + kFlush);
+    S z[kWidth] = {}, b[kWidth] = {};
+    for (; i + kWidth <= end; i += kWidth) {
+      for (int j = 0; j < kWidth; ++j) {
+        const S a = S(x[i + j] & E::kAbsMask);
+        top[j] = a > top[j] ? a : top[j];
+        z[j] = S(z[j] + S(a == 0));
+        b[j] = S(b[j] + S(a < lo));
+      }
+    }
+    for (; i < end; ++i) {  // the tail, in lane 0
+      const S a = S(x[i] & E::kAbsMask);
+      top[0] = a > top[0] ? a : top[0];
+      z[0] = S(z[0] + S(a == 0));
+      b[0] = S(b[0] + S(a < lo));
+    }
+    for (int j = 0; j < kWidth; ++j) {
+      zeros += z[j];
+      below += b[j];
+    }
+  }
+  S m = 0;
+  for (int j = 0; j < kWidth; ++j) m = top[j] > m ? top[j] : m;
+  st.zeros = zeros;
+  st.subnormal = below - zeros;  // lo > 0: every zero is below it
+  if (m > S(lim.hi)) {
+    count_high<E>(x, n, lim.hi, st);
+  } else {
+    st.max_abs = E::from_bits(typename E::Bits(m));
+    st.nonfinite = st.overflow = 0;
+  }
+}
+
+// The statistics of a piece into st, and its partial of the norm (mode) into
+// acc, as reduce_piece adds it.
+template <class E>
+FASTNORM_INLINE void stats_as(int mode, double p, const void* ptr, int64_t n, const Limits& lim, Partial& acc,
+                              Stats& st) {
+  reduce_as<E>(kL2, p, ptr, n, st.l2);
+  if (mode == kL2) {
+    merge_l2(acc, st.l2);
+  } else {
+    reduce_as<E>(mode, p, ptr, n, acc);
+  }
+  count_bits<E>(ptr, n, lim, st);
+}
+
+inline void stats_piece(int dtype, int mode, double p, const void* ptr, int64_t n, const Limits& lim,
+                        Partial& acc, Stats& st) {
+  switch (dtype) {
+    case kFloat32:
+      return stats_as<F32>(mode, p, ptr, n, lim, acc, st);
+    case kFloat64:
+      return stats_as<F64>(mode, p, ptr, n, lim, acc, st);
+    case kFloat16:
+      return stats_as<F16>(mode, p, ptr, n, lim, acc, st);
+    default:
+      return stats_as<BF16>(mode, p, ptr, n, lim, acc, st);
+  }
+}
+
 inline void reduce_piece(int dtype, int mode, double p, const void* ptr, int64_t n, Partial& acc) {
   switch (dtype) {
     case kFloat32:

@@ -19,6 +19,7 @@ _NAMES = {
     "total_norm": "fastnorm.norm",
     "clip_": "fastnorm.norm",
     "tensor_norms": "fastnorm.norm",
+    "tensor_stats": "fastnorm.norm",
     "clear_cache": "fastnorm.norm",
     "NoGradientWarning": "fastnorm.norm",
     "StepClipper": "fastnorm.optim",
@@ -42,6 +43,7 @@ _NAMES = {
     "Event": "fastnorm.monitoring",
     "read_series": "fastnorm.monitoring",
     "Series": "fastnorm.monitoring",
+    "Locator": "fastnorm.locate",
 }
 
 __all__ = [*_NAMES, "__version__"]

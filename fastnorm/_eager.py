@@ -1,4 +1,5 @@
-"""The eager stages of ``total_norm``, ``clip_`` and ``tensor_norms``, on checked arguments.
+"""The eager stages of ``total_norm``, ``clip_``, ``tensor_norms`` and ``tensor_stats``, on
+checked arguments.
 
 A call is three stages (see docs/design.md): each device's backend computes a
 local partial in one fused pass (``fastnorm.backends``); partials that belong
@@ -39,6 +40,7 @@ from fastnorm import _partial, _plan, distributed
 from fastnorm._collect import Items
 from fastnorm._partial import Mode, accumulate_dtype, to_device
 from fastnorm._plan import Plan, Reduced
+from fastnorm._stats import COLUMNS
 
 _get_grad = attrgetter("grad")
 _is_inference = Tensor.is_inference
@@ -93,6 +95,17 @@ def _item_gather(plan: Plan) -> list[int]:
     return [total if r is None else offsets[r[0]] + r[1] for r in plan.item_rows]
 
 
+def _total(plan: Plan, results: list[tuple[Tensor, Tensor, Any]], mode: Mode, p: float, dtype: torch.dtype) -> Tensor:
+    """The total norm from each group's ``(partial, root, _)``, on the plan's result device."""
+    first = plan.result_device
+    if len(results) == 1 and not plan.distributed:
+        return to_device(results[0][1], first)  # the backend's own root: no extra launch
+    if not results and not plan.distributed:
+        return torch.zeros((), dtype=dtype, device=first)
+    local = [(g.domain, partial) for g, (partial, _, _) in zip(plan.norm_groups, results)]
+    return _partial.root(distributed.total_partial(local, plan.domains, mode, p, first), mode, p, dtype)
+
+
 def _reduce(
     plan: Plan,
     p: float,
@@ -116,13 +129,7 @@ def _reduce(
     else:
         results = [g.backend.reduce(g.prepared, mode, p, dtype, per_item) for g in plan.norm_groups]
 
-    if len(results) == 1 and not plan.distributed:
-        total = to_device(results[0][1], first)  # the backend's own root: no extra launch
-    elif not results and not plan.distributed:
-        total = torch.zeros((), dtype=dtype, device=first)
-    else:
-        local = [(g.domain, partial) for g, (partial, _, _) in zip(plan.norm_groups, results)]
-        total = _partial.root(distributed.total_partial(local, plan.domains, mode, p, first), mode, p, dtype)
+    total = _total(plan, results, mode, p, dtype)
     if not per_item:
         return total, None
 
@@ -257,3 +264,48 @@ def tensor_norms(items: list[Any], p: float, group: Any) -> tuple[Tensor, Tensor
         total, per_item = _reduce(plan, p, "tensor_norms", per_item=True)
     assert per_item is not None
     return total, per_item, plan
+
+
+def _group_limits(plan: Plan, limits: list[torch.dtype | None]) -> list[list[torch.dtype | None]]:
+    """Each group's limit dtype per row, from each item's (None: the tensor's own)."""
+    rows: list[list[torch.dtype | None]] = [[None] * g.size for g in plan.norm_groups]
+    given: dict[tuple[int, int], int] = {}
+    for item, (where, limit) in enumerate(zip(plan.item_rows, limits)):
+        if where is None:
+            continue
+        if where in given and limits[given[where]] != limit:
+            raise ValueError(
+                f"tensor_stats: items {given[where]} and {item} are the same tensor with different "
+                f"limit dtypes ({limits[given[where]]} and {limit})"
+            )
+        given[where] = item
+        rows[where[0]][where[1]] = limit
+    return rows
+
+
+def tensor_stats(
+    items: list[Any], p: float, group: Any, limits: list[torch.dtype | None]
+) -> tuple[Tensor, Tensor, Plan]:
+    """The total norm and each item's statistics (see ``fastnorm.tensor_stats``), and the plan.
+
+    ``limits``: one limit dtype per item (``fastnorm._stats``), checked already.
+    """
+    held: list[Tensor] = []  # what the plan reads, alive until it is reduced
+    hit = _plan.lookup(items, group, p, held=held)
+    plan = _plan.build(items, p, "tensor_stats", group, held) if hit is None else hit.plan
+    mode = Mode.of(p)
+    if not all(hasattr(g.backend, "reduce_stats") for g in plan.norm_groups):
+        # A backend without statistics yet: torch's ops read these tensors (not cached).
+        plan = _plan.uncached(items, p, "tensor_stats", group, "torch")
+    if mode == Mode.ZERO and any(d.key[0] == "mesh" for d in plan.domains):
+        raise NotImplementedError("tensor_stats: norm_type=0 is not supported on DTensor shards")
+    dtype, first = plan.result_dtype, plan.result_device
+    per_group = _group_limits(plan, limits)
+    results = [
+        g.backend.reduce_stats(g.prepared, mode, p, dtype, lim) for g, lim in zip(plan.norm_groups, per_group)
+    ]
+    total = _total(plan, results, mode, p, dtype)
+    acc = accumulate_dtype(first)
+    rows = [to_device(t, first).to(acc) for _, _, t in results]
+    rows.append(torch.zeros((1, len(COLUMNS)), dtype=acc, device=first))  # items without a gradient
+    return total, torch.cat(rows)[_index(plan, "gather", first, lambda: _item_gather(plan))], plan

@@ -472,6 +472,11 @@ def same_facts(plan: Plan, held: list[Tensor]) -> bool:
     return _signature(held) == plan.facts
 
 
+def uncached(items: list[Any], p: float, fn: str, group: Any, request: str) -> Plan:
+    """A new plan for ``items`` with the backend ``request`` forced, never cached."""
+    return _plan(collect(items, p, fn, group), request, Mode.of(p))
+
+
 def clear_cache() -> None:
     """Forgets every cached plan (they are rebuilt on the next call)."""
     _CACHE.clear()

@@ -11,7 +11,7 @@ through the public functions.
 
 Ops: ``fastnorm::total_norm``, ``fastnorm::clip_`` (mutates its gradients),
 ``fastnorm::scale_`` (clip with a given norm; mutates) and
-``fastnorm::tensor_norms``. Under compile, DTensors, ``group=``, sparse
+``fastnorm::tensor_norms`` and ``fastnorm::tensor_stats``. Under compile, DTensors, ``group=``, sparse
 gradients and ``error_if_nonfinite=True`` are not supported (each raises a
 clear error); call those eagerly.
 """
@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from fastnorm import _eager, distributed
+from fastnorm import _eager, _stats, distributed
 from fastnorm._collect import Items, gradient_of
 
 
@@ -74,6 +74,24 @@ def tensor_norms_op(grads: list[Tensor], norm_type: float) -> tuple[Tensor, Tens
 def _(grads: list[Tensor], norm_type: float) -> tuple[Tensor, Tensor]:
     total = _result(grads)
     return total, total.new_empty((len(grads),))
+
+
+def limit_codes(limits: list[torch.dtype | None]) -> list[int]:
+    """Limit dtypes as the op's schema takes them: an index into ``_stats.LIMIT_DTYPES``, -1 for None."""
+    return [-1 if limit is None else _stats.LIMIT_DTYPES.index(limit) for limit in limits]
+
+
+@torch.library.custom_op("fastnorm::tensor_stats", mutates_args=())
+def tensor_stats_op(grads: list[Tensor], norm_type: float, limits: list[int]) -> tuple[Tensor, Tensor]:
+    dtypes = [None if code < 0 else _stats.LIMIT_DTYPES[code] for code in limits]
+    total, stats, _ = _eager.tensor_stats(Items(grads, gradients=True), norm_type, None, dtypes)
+    return total, stats
+
+
+@tensor_stats_op.register_fake
+def _(grads: list[Tensor], norm_type: float, limits: list[int]) -> tuple[Tensor, Tensor]:
+    total = _result(grads)
+    return total, total.new_empty((len(grads), len(_stats.COLUMNS)), dtype=torch.float64)
 
 
 def traced_gradients(items: list[Any], fn: str, *, keep_missing: bool = False) -> list[Tensor]:

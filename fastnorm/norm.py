@@ -1,4 +1,4 @@
-"""``total_norm``, ``clip_`` and ``tensor_norms``: the public functions.
+"""``total_norm``, ``clip_``, ``tensor_norms`` and ``tensor_stats``: the public functions.
 
 Each checks its arguments (``fastnorm.checks``, the item rule of
 ``fastnorm._collect``), then runs the eager stages (``fastnorm._eager``) or,
@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 from torch.nn import Parameter
 
-from fastnorm import _eager, checks, custom_ops, distributed
+from fastnorm import _eager, _stats, checks, custom_ops, distributed
 from fastnorm._collect import (
     Items,
     TensorOrTensors,
@@ -28,7 +28,7 @@ from fastnorm._collect import (
 )
 from fastnorm._plan import Plan, clear_cache
 
-__all__ = ["total_norm", "clip_", "tensor_norms", "clear_cache", "NoGradientWarning"]
+__all__ = ["total_norm", "clip_", "tensor_norms", "tensor_stats", "clear_cache", "NoGradientWarning"]
 
 _PARAMETERS_ONLY = {Parameter}
 
@@ -330,3 +330,62 @@ def tensor_norms(
     total, per_item, plan = _eager.tensor_norms(items, p, group)
     warn_if_no_gradient("tensor_norms", len(items), plan)
     return total, per_item
+
+
+def tensor_stats(
+    tensors: TensorOrTensors,
+    norm_type: float | str = 2.0,
+    *,
+    gradients: bool = False,
+    limit_dtypes: list[torch.dtype | None] | None = None,
+    group: Any = None,
+) -> tuple[Tensor, Tensor]:
+    r"""The total norm and each item's statistics, from the same fused pass.
+
+    Where :func:`tensor_norms` tells which tensor is large, these tell which
+    went non-finite, how many of its values did, and how close the others came
+    to the ends of their dtype's range, for the price of the bytes the norm
+    reads anyway (the C++ and Triton kernels compute them in the norm's own
+    loop). Nothing is read on the host.
+
+    Args:
+        tensors (Tensor or iterable of Tensors): as for :func:`total_norm`
+            (parameters contribute their ``.grad``).
+        norm_type (float or str): as for :func:`total_norm`.
+        gradients (bool): read every tensor as given (see :func:`total_norm`).
+        limit_dtypes (list of dtypes or None, optional): one per item, the
+            dtype whose smallest normal and overflow margin the item's
+            gradient is judged by (None: its own dtype). Default: None.
+        group (ProcessGroup, optional): see :func:`total_norm`: the total is
+            global; the statistics are always those of each rank's own
+            (local) tensors, DTensors' local shards included.
+
+    Returns:
+        tuple[Tensor, Tensor]: ``(total, stats)``. ``total`` equals
+        ``total_norm(tensors, norm_type)``; ``stats`` is a float64 tensor of
+        shape ``(len(items), 6)`` on ``total``'s device, one row per item given
+        (zeros for an item without a gradient) in the columns
+        ``fastnorm.stats.COLUMNS``: ``sum_sq`` (as the norm accumulates it),
+        ``max_abs`` (of the finite values), and the exact counts
+        ``nonfinite``, ``zeros``, ``subnormal`` (nonzero, below the limit
+        dtype's smallest normal) and ``overflow`` (finite, above
+        ``finfo(limit).max / 16``). Sparse gradients count their stored values.
+
+    Example::
+
+        >>> total, stats = fastnorm.tensor_stats(model.parameters())
+        >>> names = [name for name, _ in model.named_parameters()]
+        >>> bad = stats[:, fastnorm.stats.NONFINITE] > 0  # a device mask, no sync
+    """
+    p = checks.norm_type(norm_type, "tensor_stats")
+    items = _as_given(
+        items_of(tensors, "tensor_stats"), checks.boolean(gradients, "gradients", "tensor_stats")
+    )
+    limits = _stats.check_limits(limit_dtypes, len(items), "tensor_stats")
+    if torch.compiler.is_compiling():
+        custom_ops.check_compilable("tensor_stats", group)
+        grads = custom_ops.traced_gradients(items, "tensor_stats", keep_missing=True)
+        return torch.ops.fastnorm.tensor_stats(grads, p, custom_ops.limit_codes(limits))
+    total, stats, plan = _eager.tensor_stats(items, p, group, limits)
+    warn_if_no_gradient("tensor_stats", len(items), plan)
+    return total, stats

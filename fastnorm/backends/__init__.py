@@ -10,7 +10,9 @@ and implements three steps:
 * ``reduce(prepared, mode, p, result_dtype, per_tensor)``: the partial, the
   local root and, on request, each tensor's partial from the same pass;
 * ``scale_(prepared, norm, max_norm)``: ``x *= min(1, max_norm / (norm + 1e-6))``
-  in place, decided on the device, touching no memory when it is 1.
+  in place, decided on the device, touching no memory when it is 1;
+* ``reduce_stats(prepared, mode, p, result_dtype, limits)``: ``reduce`` plus
+  each tensor's statistics (``fastnorm._stats``) from the same pass.
 
 A backend may also read a cached plan's tensors while the cache checks them
 (``CheckedReduce``), so that the check of many small gradients and the read
@@ -79,6 +81,21 @@ class Backend(Protocol):
         ``per_tensor``, ``per_tensor`` holds each tensor's own partial (shape
         ``(n, 2)``, in the order given to ``prepare``), from the same pass; else None.
         """
+        ...
+
+    def reduce_stats(
+        self,
+        prepared: Any,
+        mode: Mode,
+        p: float,
+        result_dtype: torch.dtype,
+        limits: list[torch.dtype | None],
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(partial, root, stats)``: ``partial`` and ``root`` as ``reduce`` gives them,
+        bit for bit, and ``stats`` a float64 tensor ``(n, 6)`` (float32 where the
+        device has no float64) of each tensor's statistics, the columns of
+        ``fastnorm._stats.COLUMNS``, judged against ``limits[i]`` (one dtype per
+        tensor, in the order given to ``prepare``; None: the tensor's own). No host sync."""
         ...
 
     def scale_(self, prepared: Any, norm: torch.Tensor, max_norm: float) -> None:

@@ -10,7 +10,11 @@ any thread count. The tasks run on torch's own OpenMP threads where the
 process has loaded an OpenMP runtime (Linux); a second set of threads would
 compete with them, still spinning after the last torch op, for the cores.
 ``scale_`` reads the norm, and returns without touching the gradients when
-the clip coefficient is 1.
+the clip coefficient is 1. ``reduce_stats`` (``_C.reduce_stats``) runs, per
+piece of the same split, the norm's own loop and then one over the piece's
+bits while it is in cache (integer compares against the limit dtype's bounds,
+expressed in the element dtype's bits: ``_limits_table``); ``reduce`` is
+untouched by it.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from typing import Any
 
 import torch
 
-from fastnorm import _extension
+from fastnorm import _extension, _stats
 from fastnorm._partial import Mode
 from fastnorm.backends.fused import fused_reasons
 
@@ -35,6 +39,55 @@ DTYPE_CODES = {torch.float32: 0, torch.float64: 1, torch.float16: 2, torch.bfloa
 # which parses its arguments, on calls of a few microseconds).
 _PARTIAL = torch.empty(2, dtype=torch.float64)
 _ROOTS = {dtype: torch.empty((), dtype=dtype) for dtype in (torch.float32, torch.float64)}
+
+_BITS = {torch.float16: torch.int16, torch.bfloat16: torch.int16, torch.float32: torch.int32}
+
+
+def _bits(value: float, dtype: torch.dtype, up: bool) -> int:
+    """The bits of the smallest value of ``dtype`` >= ``value`` (``up``), else of the
+    largest <= ``value`` (both positive, at most the largest finite value)."""
+    if dtype == torch.float64:
+        return int(torch.tensor(value, dtype=torch.float64).view(torch.int64))
+    near = torch.tensor(value, dtype=torch.float64).to(dtype)
+    bits = int(near.view(_BITS[dtype]))
+    if up and float(near) < value:
+        bits += 1  # the next larger value: positive floats' bits count up with them
+    if not up and float(near) > value:
+        bits -= 1  # inf, or rounded up
+    return bits
+
+
+def _limits_table() -> torch.Tensor:
+    """``csrc/fastnorm.h``'s Limits for each (element dtype code, limit dtype code), as int64 words."""
+    dtypes = sorted(DTYPE_CODES, key=DTYPE_CODES.__getitem__)
+    rows = []
+    for element in dtypes:
+        for limit in dtypes:
+            tiny, margin = _stats.thresholds(limit)
+            rows.append([_bits(tiny, element, True), _bits(margin, element, False)])
+    return torch.tensor(rows, dtype=torch.int64)
+
+
+_THRESHOLDS = _limits_table()
+_STATS = torch.empty((0, len(_stats.COLUMNS)), dtype=torch.float64)
+# Limit-dtype codes of recent calls that name some (int32, one per tensor).
+_LIMIT_CODES: dict[tuple[torch.dtype | None, ...], torch.Tensor] = {}
+_LIMIT_CODES_KEPT = 64
+
+
+def _limit_codes(limits: list[torch.dtype | None]) -> torch.Tensor | None:
+    """The int32 codes of ``limits`` (-1: the tensor's own dtype), None when every one is."""
+    if all(limit is None for limit in limits):
+        return None
+    key = tuple(limits)
+    codes = _LIMIT_CODES.get(key)
+    if codes is None:
+        if len(_LIMIT_CODES) >= _LIMIT_CODES_KEPT:
+            _LIMIT_CODES.pop(next(iter(_LIMIT_CODES)))
+        codes = torch.tensor([-1 if d is None else DTYPE_CODES[d] for d in limits], dtype=torch.int32)
+        _LIMIT_CODES[key] = codes
+    return codes
+
 
 # 256 KiB: large enough that a task's fixed cost vanishes, small enough to
 # balance 2 to 64 threads on a 100 MB model and to stay in L2 while scaled.
@@ -132,6 +185,32 @@ class CppBackend:
             torch.get_num_threads(),
         )
         return partial, root, tensors
+
+    def reduce_stats(
+        self,
+        prepared: _C.TaskSplit,
+        mode: Mode,
+        p: float,
+        result_dtype: torch.dtype,
+        limits: list[torch.dtype | None],
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        partial = torch.empty_like(_PARTIAL)
+        root = torch.empty_like(_ROOTS[result_dtype])
+        stats = _STATS.new_empty((prepared.num_tensors, len(_stats.COLUMNS)))
+        codes = _limit_codes(limits)
+        _C.reduce_stats(
+            prepared,
+            int(mode),
+            p,
+            partial.data_ptr(),
+            root.data_ptr(),
+            result_dtype == torch.float64,
+            _THRESHOLDS.data_ptr(),
+            0 if codes is None else codes.data_ptr(),
+            stats.data_ptr(),
+            torch.get_num_threads(),
+        )
+        return partial, root, stats
 
     def gate(self, prepared: _C.TaskSplit, first_item: list[int]) -> bool:
         prepared.set_gates(first_item)

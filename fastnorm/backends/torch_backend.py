@@ -11,13 +11,15 @@ float64 sums of squares by a power of two near it, so the norm is finite
 wherever the true norm is. Unlike the fused backends, ``scale_`` always
 rewrites the gradients (by exactly 1.0 when nothing needs clipping), as torch
 does.
+``reduce_stats`` adds each tensor's statistics (``fastnorm._stats``), a few
+reductions per tensor beside the norm's own rows.
 """
 
 from __future__ import annotations
 
 import torch
 
-from fastnorm import _partial
+from fastnorm import _partial, _stats
 from fastnorm._partial import Mode, accumulate_dtype
 
 # Moving a scaled sum back by a power of two is exact while the result is a
@@ -99,6 +101,36 @@ def _rows(tensors: list[torch.Tensor], mode: Mode, p: float, acc: torch.dtype) -
     return torch.stack([m, sums], 1)
 
 
+def _counts(t: torch.Tensor, limit: torch.dtype | None, acc: torch.dtype) -> torch.Tensor:
+    """``[max_abs, nonfinite, zeros, subnormal, overflow]`` of one tensor (``fastnorm._stats``),
+    judged by ``limit`` (None: its own dtype)."""
+    limit = limit or t.dtype
+    tiny, margin = _stats.thresholds(limit)
+    # The thresholds are exact in the tensor's own dtype; another limit's may not be.
+    a = t.abs() if limit == t.dtype else t.to(torch.float64).abs()
+    finite = torch.isfinite(a)
+    nonzero = a != 0
+    values = [
+        torch.where(finite, a, torch.zeros_like(a)).amax() if a.numel() else a.new_zeros(()),
+        (~finite).sum(),
+        (~nonzero).sum(),
+        ((a < tiny) & nonzero).sum(),
+        ((a > margin) & finite).sum(),
+    ]
+    return torch.stack([v.to(acc) for v in values])
+
+
+def stats_rows(
+    tensors: list[torch.Tensor], l2: torch.Tensor, limits: list[torch.dtype | None]
+) -> torch.Tensor:
+    """Each tensor's statistics row (``fastnorm._stats.COLUMNS``) from its L2 row ``[m, s]``."""
+    sum_sq = l2[:, 1] * _partial.l2_scale(l2[:, 0]).square()
+    if not tensors:
+        return l2.new_zeros((0, len(_stats.COLUMNS)))
+    counts = torch.stack([_counts(t, limit, l2.dtype) for t, limit in zip(tensors, limits)])
+    return torch.cat([sum_sq[:, None], counts], 1)
+
+
 class TorchBackend:
     name = "torch"
     cacheable = False  # its prepared state is the tensors themselves
@@ -122,6 +154,19 @@ class TorchBackend:
         rows = _rows(prepared, mode, p, accumulate_dtype(prepared[0].device))
         partial = _partial.of_tensors(rows, mode, p)
         return partial, _partial.root(partial, mode, p, result_dtype), rows if per_tensor else None
+
+    def reduce_stats(
+        self,
+        prepared: list[torch.Tensor],
+        mode: Mode,
+        p: float,
+        result_dtype: torch.dtype,
+        limits: list[torch.dtype | None],
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        partial, root, rows = self.reduce(prepared, mode, p, result_dtype, per_tensor=True)
+        assert rows is not None
+        l2 = rows if mode == Mode.L2 else _l2_rows(prepared, accumulate_dtype(prepared[0].device))
+        return partial, root, stats_rows(prepared, l2, limits)
 
     def scale_(self, prepared: list[torch.Tensor], norm: torch.Tensor, max_norm: float) -> None:
         coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0)

@@ -18,6 +18,7 @@ the pytest-benchmark suites under ``benchmarks/`` use the same registries.
 """
 
 from fastnorm.bench import distributed, step  # noqa: F401  (register their workloads)
+from fastnorm.bench import locate  # noqa: F401  (the train-* workloads: what watching a step costs)
 from fastnorm.bench.contenders import Contender, register_contender
 from fastnorm.bench.harness import CorrectnessError, run_workload
 from fastnorm.bench.workloads import Workload, prepare, register_workload

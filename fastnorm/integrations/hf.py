@@ -22,6 +22,7 @@ except ImportError as exc:
 from fastnorm import checks
 from fastnorm.integrations._step_optimizer import StepOptimizer
 from fastnorm.integrations.patch import Patch, patch
+from fastnorm.locate.locator import Locator
 from fastnorm.monitoring.diagnosis import Diagnoser
 from fastnorm.monitoring.loggers import Logger
 from fastnorm.monitoring.monitor import GradNormMonitor
@@ -86,6 +87,10 @@ class GradNormCallback(TrainerCallback):
         log_every_n_steps (int, optional): the monitor's window. Default: the
             Trainer's ``logging_steps``.
         diagnose (bool or Diagnoser): as for :class:`~fastnorm.GradNormMonitor`.
+        locate (bool): also watch the model with a :class:`~fastnorm.Locator`
+            (on the main process): its step is closed before each optimizer
+            step, with the gradients present, and each window logs where the
+            run first went non-finite or overflowed. Default: False.
 
     Example::
 
@@ -100,8 +105,11 @@ class GradNormCallback(TrainerCallback):
         log_every_n_steps: int | None = None,
         *,
         diagnose: bool | Diagnoser = True,
+        locate: bool = False,
     ) -> None:
         owner = "GradNormCallback"
+        self.locate = checks.boolean(locate, "locate", owner)
+        self.locator: Any = None
         self.loggers = checks.loggers(loggers, owner)
         self.log_every_n_steps = (
             None
@@ -124,6 +132,9 @@ class GradNormCallback(TrainerCallback):
             self._patch = patch()
             return
         window = self.log_every_n_steps or max(1, int(state.logging_steps or args.logging_steps))
+        model = kwargs.get("model")
+        if self.locate and isinstance(model, torch.nn.Module):
+            self.locator = Locator(model)
         self.monitor = GradNormMonitor(
             window,
             self.loggers,
@@ -131,8 +142,13 @@ class GradNormCallback(TrainerCallback):
             diagnose=self.diagnose,
             precision=_precision(args, kwargs.get("model")),
             close_loggers=False,  # the user's: they outlive this train()
+            locate=self.locator.reader() if self.locator is not None else None,
         )
         self._patch = patch(monitor=self._step)
+
+    def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.locator is not None:  # the step the monitor records at on_step_end, after the increment
+            self.locator.step(state.global_step + 1)
 
     def on_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         optimizer = kwargs.get("optimizer")

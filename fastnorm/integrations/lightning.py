@@ -21,6 +21,7 @@ except ImportError as exc:
 from fastnorm import checks
 from fastnorm.integrations._step_optimizer import StepOptimizer
 from fastnorm.layers import LayerGradNorms
+from fastnorm.locate.locator import Locator
 from fastnorm.monitoring.diagnosis import Diagnoser
 from fastnorm.monitoring.loggers import Logger
 from fastnorm.monitoring.monitor import GradNormMonitor
@@ -84,6 +85,10 @@ class GradNormCallback(Callback):
         diagnose (bool or Diagnoser): as for :class:`~fastnorm.GradNormMonitor`.
         loggers (sequence of Logger): fastnorm loggers to write to as well,
             e.g. a :class:`~fastnorm.JsonlLogger` for ``fastnorm diagnose``.
+        locate (bool): also watch the module with a :class:`~fastnorm.Locator`:
+            its step is closed before each optimizer step, with the gradients
+            present, and each window logs where the run first went non-finite
+            or overflowed. Default: False.
 
     Example::
 
@@ -101,8 +106,11 @@ class GradNormCallback(Callback):
         layer_depth: int | None = None,
         diagnose: bool | Diagnoser = True,
         loggers: Sequence[Logger] = (),
+        locate: bool = False,
     ) -> None:
         owner = "GradNormCallback"
+        self.locate = checks.boolean(locate, "locate", owner)
+        self.locator: Any = None
         self.max_norm = checks.max_norm(max_norm, owner, optional=True)
         self.norm_type = norm_type
         self.log_every_n_steps = (
@@ -132,6 +140,8 @@ class GradNormCallback(Callback):
                 "GradNormCallback: max_norm and the Trainer's gradient_clip_val both clip; set only one"
             )
         self._layers = LayerGradNorms(pl_module, self.layer_depth, self.norm_type) if self.per_layer else None
+        if self.locate:
+            self.locator = Locator(pl_module)
         self.monitor = GradNormMonitor(
             self.log_every_n_steps or trainer.log_every_n_steps,
             [_TrainerLoggers(trainer), *self.loggers],
@@ -140,6 +150,7 @@ class GradNormCallback(Callback):
             diagnose=self.diagnose,
             precision=_precision(trainer),
             close_loggers=False,  # the trainer's and the user's: they outlive this fit()
+            locate=self.locator.reader() if self.locator is not None else None,
         )
         self._optimizer = None
 
@@ -163,6 +174,8 @@ class GradNormCallback(Callback):
         if self.max_norm is not None:
             clip_(params, self.max_norm, self.norm_type, total_norm=norm)
         self._pending = (norm, trainer.global_step, layers, self._optimizer.rates())
+        if self.locator is not None:
+            self.locator.step(trainer.global_step)
 
     def on_train_batch_end(
         self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int

@@ -51,6 +51,7 @@ def diagnose_series(series: Series, max_norm: float | None = None, objective: st
         max_norm=max_norm if max_norm is not None else series.max_norm,
         objective=objective,
         keys=series.columns,
+        located=series.located,
     )
 
 

@@ -174,9 +174,11 @@ class _Recorder:
         precision: str | None = None,
         optimizer: Any = None,
         close_loggers: bool = True,
+        locator: Any = None,
     ) -> None:
         self.n = n
         self.close_loggers = close_loggers
+        self.locator = locator
         self.precision = precision
         self.optimizer = optimizer
         self.lr: float | None = None  # the learning rate at the last update
@@ -189,6 +191,7 @@ class _Recorder:
         # Before the first window: nothing read yet (a verdict that says so, never None while diagnosing).
         self.diagnosis: Diagnosis | None = Diagnosis(TOO_FEW) if diagnoser is not None else None
         self.steps_read = 0  # norms handed to the diagnosis
+        self.located: Any = None  # the locator's findings of the last window
         self.transfers = 0
         self.logger_failures = [0] * len(loggers)  # windows (and closes) each logger failed
         self.buffer: Tensor | None = None  # _ROWS * n per-step values, then the layers
@@ -235,6 +238,8 @@ class _Recorder:
             if lr is not None and lr != self.lr:
                 self.lr = lr
                 self.lr_steps[step] = lr
+        if self.locator is not None:
+            self.locator.step(step)
         self.steps[slot] = step
         self.has_loss[slot] = loss is not None
         self.has_skipped[slot] = skipped is not None
@@ -267,6 +272,9 @@ class _Recorder:
         has_skipped = self.has_skipped[: self.count]
         layers_step = self.layers_step
         settings = self.settings()
+        if self.locator is not None:  # the locator's window: its own one read, at the same cadence
+            self.located = self.locator.collect()
+            settings.update(self.located.metrics())
         lrs, self.lr_steps = self.lr_steps, {}
         self.count = 0
         self.layers_step = None
@@ -467,6 +475,8 @@ class _Recorder:
             if self.in_flight is not None:
                 self.land()
         finally:
+            if self.locator is not None:
+                self.locator.remove()
             for i, logger in enumerate(self.loggers):
                 try:
                     logger.close() if self.close_loggers else logger.flush()
@@ -531,15 +541,20 @@ class GradNormMonitor:
         close_loggers (bool): whether :meth:`close` closes the loggers (default)
             or only flushes them, for loggers that outlive the monitor (a
             trainer callback's, given by its user, serve every ``train()``).
-
-    A monitor is not copied or pickled (``TypeError``): it holds a device
-    buffer, open loggers and a hook that delivers at exit, which a copy
-    would share or lose.
         objective (str, optional): what the loss is, for the diagnosis:
             ``"minimise"``, ``"adversarial"`` (a GAN generator's),
             ``"reinforcement"`` (a policy gradient's) or ``"contrastive"`` (see
             :class:`~fastnorm.Diagnoser`). Default: None (read from the loss: a
             negative one is reward-driven; a loss to minimise otherwise).
+        locate (Locator, optional): a :class:`~fastnorm.Locator` on the model:
+            each ``update`` closes its step, each window reads it once and logs
+            where the window first went non-finite or overflowed
+            (``gradient_norm_locate_nonfinite/...``), which the diagnosis
+            reports; :attr:`located` holds it. Removed by :meth:`close`.
+
+    A monitor is not copied or pickled (``TypeError``): it holds a device
+    buffer, open loggers and a hook that delivers at exit, which a copy
+    would share or lose.
 
     Raises:
         TypeError: an argument of the wrong type (``max_norm='1'``, ``GradNormMonitor(True)``).
@@ -571,8 +586,14 @@ class GradNormMonitor:
         optimizer: Any = None,
         close_loggers: bool = True,
         objective: str | None = None,
+        locate: Any = None,
     ) -> None:
         owner = "GradNormMonitor"
+        if locate is not None and not all(callable(getattr(locate, m, None)) for m in ("step", "collect")):
+            raise TypeError(
+                f"{owner}: locate must be a fastnorm.Locator (with step() and collect()), "
+                f"got {type(locate).__name__}"
+            )
         n = checks.positive_int(log_every_n_steps, "log_every_n_steps", owner)
         if n > MAX_WINDOW:
             raise ValueError(
@@ -592,7 +613,7 @@ class GradNormMonitor:
             diagnoser.max_norm = max_norm
         if diagnoser is not None and diagnoser.objective is None:
             diagnoser.objective = objective
-        self._rec = _Recorder(n, loggers, max_norm, names, diagnoser, warn, precision, optimizer, close_loggers)
+        self._rec = _Recorder(n, loggers, max_norm, names, diagnoser, warn, precision, optimizer, close_loggers, locate)
         # Delivers what is pending when the monitor is collected, or at exit (one
         # hook, weakref's, for every live monitor); close() runs it once and detaches it.
         self._finalizer = weakref.finalize(self, self._rec.close)
@@ -644,6 +665,12 @@ class GradNormMonitor:
         diagnosis raised (reported once with a :class:`MonitorWarning`; the next window is tried again).
         """
         return self._rec.diagnosis
+
+    @property
+    def located(self) -> Any:
+        """What the locator found in the last window (a :class:`~fastnorm.locate.Located`; None before the
+        first window, or without ``locate``)."""
+        return self._rec.located
 
     @property
     def transfers(self) -> int:

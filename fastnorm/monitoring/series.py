@@ -56,6 +56,8 @@ KEY = "gradient_norm"  # what GradNormMonitor logs each step's norm as
 LOSS_KEY = f"{KEY}_loss"  # the loss given to GradNormMonitor.update
 SKIPPED_KEY = f"{KEY}_skipped"  # 1 where the optimizer skipped the step, 0 where it applied it
 LAYER_PREFIX = f"{KEY}_layer/"  # per-layer norms: gradient_norm_layer/<name>
+# Where it broke (fastnorm.Locator): gradient_norm_locate_nonfinite/<site>, ..._frames/<offset>/<site>.
+LOCATE_PREFIX = f"{KEY}_locate_"
 MAX_NORM_KEY = f"{KEY}_max_norm"
 # What the monitor reads from the optimizer once per window (``GradNormMonitor(optimizer=)``), logged at
 # the window's last step: the largest learning rate and weight decay over the parameter groups, the
@@ -147,6 +149,8 @@ class Series:
         precision (str, optional): the run's precision, when logged.
         columns (tuple of str): every metric the file holds, by name (they say what the loss is: a
             ``reward`` beside it, a discriminator's loss).
+        located (dict): step -> {key: value} of the locator's findings
+            (``locate_nonfinite/<site>``, ...), where they were logged.
     """
 
     steps: tuple[int, ...]
@@ -163,6 +167,7 @@ class Series:
     optimizer: dict[str, Track] = field(default_factory=dict)
     precision: str | None = None
     columns: tuple[str, ...] = ()
+    located: dict[int, dict[str, Any]] = field(default_factory=dict)
 
 
 def read_series(path: str | os.PathLike, key: str | None = None) -> Series:
@@ -341,6 +346,7 @@ def _from_records(records: list[dict], key: str | None, source: Path) -> Series:
     norm: list[tuple[int, Any]] = []
     other: dict[str, list[tuple[int, Any]]] = {name: [] for name in [*tracks, *settings]}
     layers: dict[int, dict[str, Any]] = {}
+    located: dict[int, dict[str, Any]] = {}
     max_norm = None
     for position, record in enumerate(records):
         step = _step_of(record, source)
@@ -355,6 +361,9 @@ def _from_records(records: list[dict], key: str | None, source: Path) -> Series:
         for layer_key, name in layer_keys.items():
             if record.get(layer_key) is not None:
                 layers.setdefault(step, {})[name] = _value(record[layer_key])
+        for k, v in record.items():
+            if k.startswith(LOCATE_PREFIX) and v is not None:
+                located.setdefault(step, {})[k[len(KEY) + 1 :]] = _value(v)
     steps, values = _by_step(norm)
     keys = {**tracks, **settings}
     found = {name: Track(keys[name], *_by_step(pairs)) if pairs else None for name, pairs in other.items()}
@@ -372,6 +381,7 @@ def _from_records(records: list[dict], key: str | None, source: Path) -> Series:
         optimizer=optimizer,
         precision=precisions[-1] if precisions else None,
         columns=tuple(present),
+        located=located,
         **found,
     )
 

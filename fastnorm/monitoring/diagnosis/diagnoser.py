@@ -41,6 +41,7 @@ from fastnorm.monitoring.diagnosis.events import (
     at_steps,
     from_log,
     level,
+    located_lines,
     log_norm,
     num,
 )
@@ -205,6 +206,7 @@ class Diagnoser:
         self._loss = LossSignal()
         self._lr = LrSignal()
         self._settings = OptimizerSettings()
+        self._located: dict[str, Any] = {}  # the locator's keys of the first window with each kind of finding
         self._layers = LayerSignal(layer_orders)
         self._zeros = ZeroSignal()
         self._count = 0
@@ -308,6 +310,13 @@ class Diagnoser:
                 self._settings.update(name, step, value)
             elif name.startswith("precision/") and value and self.precision is None:
                 self.precision = checks.precision(name.split("/", 1)[1], "Diagnoser.update_settings")
+        # The locator's findings (locate_<kind>/..., see events.located_lines): the run's first of each kind.
+        def kind(key: str) -> str:
+            return key.split("/", 1)[0].removesuffix("_frames")
+
+        kept = {kind(k) for k in self._located}
+        new = {k: v for k, v in settings.items() if k.startswith("locate_") and kind(k) not in kept}
+        self._located.update(new)
 
     def update_keys(self, keys: Iterable[str]) -> None:
         """Reads the names of the metrics the log holds (``reward``, ``loss_discriminator``, ...): where
@@ -336,7 +345,8 @@ class Diagnoser:
             if read_
         )
         if self._count < MIN_POINTS:
-            return Diagnosis(TOO_FEW, steps=self._count, signals=signals)
+            located = located_lines(self._located)
+            return Diagnosis(TOO_FEW, steps=self._count, signals=signals, located=located)
         last = self._last_step
         found, ups = self._norm.found(last)
         self._ev = self._evidence()
@@ -405,7 +415,8 @@ class Diagnoser:
         for e in sorted(events, key=lambda e: e.kind != verdict):
             actions += [a for a in e.actions if a not in actions]
         return Diagnosis(
-            verdict, tuple(events), tuple(actions), self._count, signals, objective=objective, objective_read=read_as
+            verdict, tuple(events), tuple(actions), self._count, signals, objective=objective, objective_read=read_as,
+            located=located_lines(self._located),
         )
 
     def _ties_are_ordinary(self) -> bool:
@@ -670,6 +681,7 @@ def diagnose(
     max_norm: float | None = None,
     objective: str | None = None,
     keys: Iterable[str] = (),
+    located: Mapping[int, Mapping[str, Any]] | None = None,
     **thresholds: Any,
 ) -> Diagnosis:
     r"""Diagnoses a gradient-norm series: stable, or nonfinite, diverged, exploding, vanishing, stalled.
@@ -703,6 +715,9 @@ def diagnose(
         objective (str, optional): what the loss is (see :class:`Diagnoser`); default: read from ``keys``
             and the loss.
         keys (iterable of str): the names of the metrics the log holds, for the objective.
+        located (mapping, optional): step -> {key: value} of a
+            :class:`~fastnorm.Locator`'s logged findings (``locate_nonfinite/...``),
+            reported as where the run first went non-finite or overflowed.
         **thresholds: the other keyword arguments of :class:`Diagnoser`.
 
     Returns:
@@ -737,4 +752,6 @@ def diagnose(
             d.update_settings(step, {name: value})
     for step in sorted(layers or {}):
         d.update_layers(step, layers[step])
+    for step in sorted(located or {}):
+        d.update_settings(step, located[step])
     return d.result()

@@ -7,7 +7,9 @@ that every line of a report reads the same way.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
+from typing import Any
 
 STABLE = "stable"
 NONFINITE = "nonfinite"
@@ -85,6 +87,8 @@ class Diagnosis:
         objective (str): what the loss is: ``"minimise"`` (a loss to a floor), ``"adversarial"``,
             ``"reinforcement"`` or ``"contrastive"``, as given or read from the log.
         objective_read (str): where it was read from the log, how ("" when given or the default).
+        located (tuple of str): where the run first went non-finite or
+            overflowed, as a :class:`~fastnorm.Locator` logged it (one line each).
     """
 
     verdict: str
@@ -95,6 +99,7 @@ class Diagnosis:
     error: str = ""
     objective: str = "minimise"
     objective_read: str = ""  # how the objective was read from the log ("" where given, or the default)
+    located: tuple[str, ...] = ()
 
     @property
     def unstable(self) -> bool:
@@ -144,6 +149,7 @@ class Diagnosis:
             **({"error": self.error} if self.error else {}),
             "objective": self.objective,
             "objective_read": self.objective_read,
+            "located": list(self.located),
         }
 
     def report(self) -> str:
@@ -154,7 +160,8 @@ class Diagnosis:
                 if self.steps == 0
                 else f"{self.steps} step{'s' if self.steps > 1 else ''} read"
             )
-            return f"verdict: {TOO_FEW} ({read}; at least {MIN_POINTS} are needed to judge a run)"
+            text = f"verdict: {TOO_FEW} ({read}; at least {MIN_POINTS} are needed to judge a run)"
+            return "\n".join([text, *(f"  where: {line}" for line in self.located)])
         if self.verdict == FAILED:
             return f"verdict: {FAILED} ({self.steps} steps read): {self.error}; the run is not judged"
         read = f"{self.steps} steps read"
@@ -187,7 +194,51 @@ class Diagnosis:
             lines.extend(f"    - {a}" for a in e.actions)
         if not self.events:
             lines.append("  no event: the norm stayed within its band")
+        lines.extend(f"  where: {line}" for line in self.located)
         return "\n".join(lines)
+
+
+# The locator's keys (fastnorm.locate.finding): locate_<kind>/<site>, locate_<kind>_frames/<offset>/<site>.
+LOCATE = "locate_"
+
+
+def located_lines(found: Mapping[str, Any]) -> tuple[str, ...]:
+    """The locator's logged keys (name -> value, without the monitor's prefix) as sentences.
+
+    ``locate_nonfinite/<pass>:<module>:<role>:<dtype>:<limit>`` holds the step,
+    ``locate_nonfinite_frames/<offset>/<site>`` each frame's largest finite |x|
+    (``locate_overflow`` alike); keys that do not parse are passed over.
+    """
+
+    def where(site: str) -> str:
+        pass_, module, role, dtype, limit = site.split(":")
+        module = "the model" if module == "-" else f"`{module}`"
+        judged = f", judged by {limit}" if limit != dtype else ""
+        return f"{pass_}, {module}, {role}, {dtype}{judged}"
+
+    lines = []
+    for kind, what in (("nonfinite", "first non-finite"), ("overflow", "first overflow")):
+        try:
+            sites = [(k.split("/", 1)[1], v) for k, v in found.items() if k.startswith(f"{LOCATE}{kind}/")]
+            if not sites:
+                continue
+            site, step = sites[0]
+            text = f"{what}: {where(site)}, step {int(step)}"
+            frames = {}
+            for k, v in found.items():
+                if k.startswith(f"{LOCATE}{kind}_frames/"):
+                    _, offset, frame = k.split("/", 2)
+                    frames[int(offset)] = (frame, v)
+            if -1 in frames:
+                frame, value = frames[-1]
+                text += f"; finite on its way in ({where(frame)}), max |x| {value:.3g}"
+            if 1 in frames:
+                frame, value = frames[1]
+                text += f"; next: {where(frame)}"
+            lines.append(text)
+        except (ValueError, TypeError):
+            continue
+    return tuple(lines)
 
 
 def _id(action: str) -> str:

@@ -1,0 +1,283 @@
+"""Per-tensor statistics (fastnorm.stats, fastnorm.tensor_stats) against a float64 reference.
+
+The reference counts with NumPy on float64 copies and takes the thresholds
+from the documented definitions (``finfo(limit).tiny``, ``finfo(limit).max /
+16``), sharing no code with any backend. The data is fresh random values with
+NaN, inf, zeros, subnormals and values on both sides of the overflow margin
+injected at random places, tails included.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import fastnorm
+from fastnorm.stats import COLUMNS, reduce_stats
+
+DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+
+
+def reference(tensors: list[torch.Tensor], limits: list[torch.dtype | None]) -> np.ndarray:
+    rows = []
+    for t, limit in zip(tensors, limits):
+        info = torch.finfo(limit or t.dtype)
+        x = t.detach().to(torch.float64).reshape(-1).numpy()
+        a = np.abs(x)
+        finite = np.isfinite(x)
+        with np.errstate(over="ignore", invalid="ignore"):
+            sum_sq = float(np.sum(x * x)) if x.size else 0.0
+        rows.append(
+            [
+                sum_sq,
+                float(a[finite].max()) if finite.any() else 0.0,
+                float((~finite).sum()),
+                float((x == 0).sum()),
+                float(((a < info.tiny) & (a != 0)).sum()),
+                float(((a > info.max / 16) & finite).sum()),
+            ]
+        )
+    return np.array(rows, dtype=np.float64).reshape(len(tensors), len(COLUMNS))
+
+
+def injected(n: int, dtype: torch.dtype, gen: torch.Generator, limit: torch.dtype | None = None) -> torch.Tensor:
+    """``n`` random values of ``dtype`` with every special kind injected (near the
+    end too, so that loop tails see them), on the scale of the limit dtype."""
+    info = torch.finfo(limit or dtype)
+    x = torch.randn(n, generator=gen, dtype=torch.float64)
+    margin = info.max / 16
+    specials = [
+        float("nan"),
+        float("inf"),
+        -float("inf"),
+        0.0,
+        -0.0,
+        info.tiny / 4,
+        -info.tiny / 2,
+        info.tiny,
+        margin * 1.25,
+        -margin * 1.5,
+        margin * 0.75,
+    ]
+    if n:
+        count = max(1, n // 17)
+        where = torch.randint(0, n, (count,), generator=gen)
+        picks = torch.randint(0, len(specials), (count,), generator=gen)
+        x[where] = torch.tensor(specials, dtype=torch.float64)[picks]
+        x[-1] = specials[int(torch.randint(0, len(specials), (1,), generator=gen))]
+    return x.to(dtype)
+
+
+def check(got: torch.Tensor, want: np.ndarray, dtype: torch.dtype) -> None:
+    assert got.dtype == torch.float64 and tuple(got.shape) == want.shape
+    got_np = got.numpy()
+    np.testing.assert_array_equal(got_np[:, 1:], want[:, 1:])  # exact: maxima and counts
+    # Sums: float64 accumulation of exact squares; a float64 tensor's squares round.
+    rtol = 1e-12 if dtype != torch.float64 else 1e-10
+    np.testing.assert_allclose(got_np[:, 0], want[:, 0], rtol=rtol, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_every_column_matches_the_reference(backend, dtype):
+    gen = torch.Generator().manual_seed(hash((str(dtype), backend)) % 2**31)
+    sizes = [123, 4097, 1, 0, 32, 31, 200_000]
+    tensors = [injected(n, dtype, gen) for n in sizes]
+    limits = [None] * len(tensors)
+    check(reduce_stats(tensors), reference(tensors, limits), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_tensors_with_gaps_are_read_by_torch_ops_beside_dense_ones(mixing, dtype):
+    gen = torch.Generator().manual_seed(5)
+    tensors = [
+        injected(4097 * 3, dtype, gen).reshape(3, 4097)[:, ::3],  # gaps: torch's ops
+        injected(123, dtype, gen),
+        injected(64 * 5, dtype, gen).reshape(64, 5).t(),  # a transpose: dense, any order
+    ]
+    check(reduce_stats(tensors), reference(tensors, [None] * 3), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("limit", (torch.float16, torch.bfloat16, torch.float32))
+def test_a_limit_dtype_judges_by_its_range(backend, dtype, limit):
+    if limit == dtype:
+        pytest.skip("the tensor's own dtype")
+    gen = torch.Generator().manual_seed(7)
+    tensors = [injected(n, dtype, gen, limit) for n in (123, 4097)]
+    limits = [limit, None]
+    want = reference(tensors, limits)
+    check(reduce_stats(tensors, limits), want, dtype)
+    if torch.finfo(dtype).max >= torch.finfo(limit).max:  # the data reaches the limit's ends
+        assert want[0, COLUMNS.index("overflow")] > 0 and want[0, COLUMNS.index("subnormal")] > 0
+
+
+def test_many_small_tensors_and_one_large(backend):
+    gen = torch.Generator().manual_seed(3)
+    tensors = [injected(int(n), torch.float32, gen) for n in torch.randint(1, 70, (300,), generator=gen)]
+    tensors.append(injected(300_000, torch.bfloat16, gen))  # more than one task of the C++ split
+    tensors += [injected(5, torch.float16, gen), injected(33, torch.float64, gen)]
+    got = reduce_stats(tensors)
+    want = reference(tensors, [None] * len(tensors))
+    np.testing.assert_array_equal(got.numpy()[:, 1:], want[:, 1:])
+    np.testing.assert_allclose(got.numpy()[:, 0], want[:, 0], rtol=1e-10, equal_nan=True)
+
+
+def test_tensor_stats_gives_the_total_norm_of_the_same_call(backend):
+    gen = torch.Generator().manual_seed(11)
+    model = torch.nn.Sequential(torch.nn.Linear(7, 33), torch.nn.ReLU(), torch.nn.Linear(33, 5))
+    model(torch.randn(9, 7, generator=gen)).square().sum().backward()
+    params = list(model.parameters())
+    extra = torch.nn.Parameter(torch.zeros(3))  # no gradient: a row of zeros
+    for p in (2.0, 1.0, float("inf"), 3.0):
+        total, stats = fastnorm.tensor_stats([*params, extra], p)
+        assert torch.equal(total, fastnorm.total_norm(params, p))
+        grads = [q.grad for q in params]
+        want = np.vstack([reference(grads, [None] * len(grads)), np.zeros((1, len(COLUMNS)))])
+        np.testing.assert_array_equal(stats.numpy()[:, 1:], want[:, 1:])
+        np.testing.assert_allclose(stats.numpy()[:, 0], want[:, 0], rtol=1e-12)
+
+
+def test_gradients_true_reads_parameters_as_given():
+    w = torch.nn.Parameter(torch.tensor([0.0, float("inf"), 2.0]))
+    w.grad = torch.ones(3)
+    _, as_param = fastnorm.tensor_stats([w])
+    _, as_given = fastnorm.tensor_stats([w], gradients=True)
+    assert as_param[0, COLUMNS.index("nonfinite")] == 0
+    assert as_given[0, COLUMNS.index("nonfinite")] == 1 and as_given[0, COLUMNS.index("zeros")] == 1
+    assert torch.equal(reduce_stats([w]), as_given)
+
+
+def test_refusals_name_the_bad_argument():
+    x = torch.ones(3)
+    with pytest.raises(ValueError, match="limit_dtypes has 1 entries for 2 tensors"):
+        reduce_stats([x, x], [None])
+    with pytest.raises(TypeError, match=r"limit_dtypes\[1\] is torch.int32"):
+        reduce_stats([x, x], [None, torch.int32])
+    with pytest.raises(TypeError, match="one Tensor"):
+        reduce_stats(x)
+    with pytest.raises(TypeError, match=r"tensors\[1\] is a float"):
+        reduce_stats([x, 1.0])
+    with pytest.raises(ValueError, match="2 devices"):
+        reduce_stats([x, torch.ones(2, device="meta")])
+    with pytest.raises(ValueError, match="same tensor with different limit dtypes"):
+        reduce_stats([x, x], [None, torch.float16])
+    assert reduce_stats([]).shape == (0, len(COLUMNS))
+
+
+def test_no_host_sync(backend):
+    from torch.overrides import TorchFunctionMode
+
+    class CountSyncs(TorchFunctionMode):
+        syncs = 0
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            if getattr(func, "__name__", "") in ("item", "__bool__", "tolist", "__float__", "__int__"):
+                CountSyncs.syncs += 1
+            return func(*args, **(kwargs or {}))
+
+    tensors = [torch.randn(100), torch.randn(4097, dtype=torch.float16)]
+    reduce_stats(tensors)  # builds and caches the plan
+    with CountSyncs():
+        reduce_stats(tensors, [torch.bfloat16, None])
+        fastnorm.tensor_stats(tensors, gradients=True)
+    assert CountSyncs.syncs == 0
+
+
+def test_opcheck_and_compile():
+    grads = [torch.randn(5), torch.randn(3, 4, dtype=torch.float64), torch.empty(0)]
+    torch.library.opcheck(torch.ops.fastnorm.tensor_stats, (grads, 2.0, [-1, 0, -1]))
+
+    def step(ts):
+        return fastnorm.tensor_stats(ts, gradients=True, limit_dtypes=[torch.float16, None, None])
+
+    eager = step(grads)
+    compiled = torch.compile(step, backend="eager", fullgraph=True)(grads)
+    assert torch.equal(eager[0], compiled[0]) and torch.equal(eager[1], compiled[1])
+
+
+# ---------------------------------------------------------------------------
+# The C++ kernel: the norm's own bits, every instruction set, any thread count
+
+def _cpp():
+    from fastnorm.backends import cpp
+
+    if cpp._C is None:
+        pytest.skip("the C++ kernels are not built")
+    return cpp
+
+
+@pytest.fixture
+def isas():
+    cpp = _cpp()
+    default = cpp._C.isa()
+    yield cpp._C.supported_isas()
+    cpp._C.use_isa(default)
+
+
+def _mixed(gen: torch.Generator) -> list[torch.Tensor]:
+    tensors = [injected(n, dt, gen) for n in (1, 31, 33, 4097, 70001) for dt in DTYPES]
+    tensors.append(injected(300_000, torch.bfloat16, gen))  # over one task of 256 KiB, into the threads
+    return tensors
+
+
+def test_cpp_statistics_keep_the_norms_bits_in_every_mode(isas):
+    """The partial and root of every mode, and the L2 sums, bit for bit those of
+    the norm's own loop (``_C.reduce``), in every instruction set."""
+    from fastnorm._partial import Mode
+
+    cpp = _cpp()
+    gen = torch.Generator().manual_seed(13)
+    tensors = [t.nan_to_num(0.0, 0.0, 0.0) for t in _mixed(gen)]  # finite: NaN's bits differ by path
+    tensors.append(torch.tensor([1e300, -3e300], dtype=torch.float64))  # a scaled float64 partial
+    want = reference(tensors, [None] * len(tensors))
+    for isa in isas:
+        cpp._C.use_isa(isa)
+        prepared = cpp.BACKEND.prepare(tensors)
+        for p in (2.0, 1.0, float("inf"), 3.0):
+            partial, root, rows = cpp.BACKEND.reduce(prepared, Mode.of(p), p, torch.float64, True)
+            s_partial, s_root, stats = cpp.BACKEND.reduce_stats(
+                prepared, Mode.of(p), p, torch.float64, [None] * len(tensors)
+            )
+            assert torch.equal(partial, s_partial) and torch.equal(root, s_root), (isa, p)
+            if p == 2.0:
+                plain = rows[:, 0] == 0
+                assert torch.equal(stats[plain, 0], rows[plain, 1]), isa
+            np.testing.assert_array_equal(stats.numpy()[:, 1:], want[:, 1:])
+        assert stats[-1, 0] == float("inf")  # 1e600 overflows the unscaled sum; the norm does not
+
+
+def test_cpp_statistics_do_not_depend_on_the_thread_count_or_the_isa(isas, monkeypatch):
+    monkeypatch.setenv("FASTNORM_BACKEND", "cpp")
+    cpp = _cpp()
+    gen = torch.Generator().manual_seed(17)
+    tensors = _mixed(gen)
+    limits = [torch.float16 if i % 3 == 0 else None for i in range(len(tensors))]
+    threads = torch.get_num_threads()
+    results = []
+    try:
+        for isa in isas:
+            cpp._C.use_isa(isa)
+            for n in (1, 2):
+                torch.set_num_threads(n)
+                results.append(reduce_stats(tensors, limits))
+    finally:
+        torch.set_num_threads(threads)
+    for other in results[1:]:
+        assert torch.equal(other.nan_to_num(7.0), results[0].nan_to_num(7.0))
+    check(results[0], reference(tensors, limits), torch.float64)
+
+
+def test_cpp_refuses_an_unknown_limit_code():
+    cpp = _cpp()
+    x = torch.ones(3)
+    prepared = cpp.BACKEND.prepare([x])
+    out = torch.empty(2, dtype=torch.float64)
+    root = torch.empty((), dtype=torch.float64)
+    stats = torch.empty((1, 6), dtype=torch.float64)
+    codes = torch.tensor([9], dtype=torch.int32)
+    with pytest.raises(ValueError, match="unknown limit dtype code 9"):
+        cpp._C.reduce_stats(
+            prepared, 0, 2.0, out.data_ptr(), root.data_ptr(), True, cpp._THRESHOLDS.data_ptr(),
+            codes.data_ptr(), stats.data_ptr(), 1,
+        )
