@@ -42,6 +42,7 @@ from fastnorm import checks
 from fastnorm.monitoring.diagnosis import UNSTABLE, Diagnoser, Diagnosis, Event
 from fastnorm.monitoring.diagnosis.events import FAILED, TOO_FEW
 from fastnorm.monitoring.diagnosis.objective import check as check_objective
+from fastnorm.monitoring import values
 from fastnorm.monitoring.loggers import Logger, Window, window_stats
 from fastnorm.monitoring.optimizer import optimizer_lr, optimizer_settings, precision_of
 
@@ -84,58 +85,6 @@ def _key(event: Event) -> tuple[str, str]:
 def _name(logger: Any) -> str:
     text = repr(logger)
     return text if len(text) <= 200 else type(logger).__name__
-
-
-# -- the values given to update --------------------------------------------------
-
-
-def _dense(value: Tensor, name: str) -> None:
-    """A tensor whose value can be copied into the buffer: not a meta tensor (no data), not sparse."""
-    if value.is_meta or value.layout != torch.strided:
-        kind = "meta" if value.is_meta else str(value.layout).replace("torch.", "")
-        raise ValueError(f"GradNormMonitor.update: {name} must be a dense tensor with data, got a {kind} tensor")
-
-
-def _scalar(value: Any, name: str) -> Tensor | float:
-    """A one-value real tensor or a real number, checked before anything is recorded."""
-    if isinstance(value, Tensor):
-        _dense(value, name)
-        if value.numel() != 1:
-            raise ValueError(
-                f"GradNormMonitor.update: {name} must hold one value, got shape {tuple(value.shape)}"
-            )
-        if value.dtype == torch.bool or value.is_complex():
-            raise TypeError(f"GradNormMonitor.update: {name} must be real, got a {value.dtype} tensor")
-        return value
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(
-            f"GradNormMonitor.update: {name} must be a Tensor or a number, "
-            f"got {value!r} ({type(value).__name__})"
-        )
-    return float(value)
-
-
-def _flag(value: Any) -> Tensor | float:
-    """A skip flag: a one-value tensor (bool or real; nonzero: skipped) or a bool, 0 or 1 (numpy's too)."""
-    if isinstance(value, Tensor):
-        _dense(value, "skipped")
-        if value.numel() != 1:
-            raise ValueError(
-                f"GradNormMonitor.update: skipped must hold one value, got shape {tuple(value.shape)}"
-            )
-        if value.is_complex():
-            raise TypeError(f"GradNormMonitor.update: skipped must be real, got a {value.dtype} tensor")
-        return value
-    if getattr(value, "shape", None) == () and callable(getattr(value, "item", None)):
-        value = value.item()  # a numpy bool or number (np.True_, np.int64(1)), as the Python one
-    if not isinstance(value, numbers.Real):
-        raise TypeError(
-            "GradNormMonitor.update: skipped must be a one-value Tensor (e.g. StepClipper.skipped) "
-            f"or a bool, got {value!r} ({type(value).__name__})"
-        )
-    if value not in (0, 1):
-        raise ValueError(f"GradNormMonitor.update: skipped must be True/False (or 1/0), got {value!r}")
-    return float(value)
 
 
 # -- the recorder: everything a monitor holds, so that a finalizer can deliver it --------
@@ -739,11 +688,11 @@ class GradNormMonitor:
         rec = self._rec
         if rec.closed:
             raise RuntimeError("GradNormMonitor: update() after close()")
-        norm = _scalar(norm, "norm")
+        norm = values.scalar(norm, "norm")
         if loss is not None:
-            loss = _scalar(loss, "loss")
+            loss = values.scalar(loss, "loss")
         if skipped is not None:
-            skipped = _flag(skipped)
+            skipped = values.flag(skipped)
         if step is None:
             step = rec.next_step
         elif isinstance(step, bool) or not isinstance(step, numbers.Integral):
