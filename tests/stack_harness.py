@@ -129,6 +129,11 @@ class Spy:
     def count(self, name: str) -> int:
         return sum(c.name == name for c in self.calls)
 
+    def measured(self) -> int:
+        """The norms taken: by ``clip_grad_norm_``, or by ``get_total_norm`` where a framework
+        composes the clip from torch's two halves (accelerate from 1.16 on)."""
+        return self.count("clip_grad_norm_") + self.count("get_total_norm")
+
 
 class Monitor:
     """Stands for a GradNormMonitor: keeps what ``patch(monitor=...)`` hands it."""
@@ -157,7 +162,8 @@ class Run:
 
     @property
     def norms(self) -> list[float]:
-        return [c.value for c in self.spy.calls]
+        """The norms measured, one per step (not the norm handed back to ``clip_grads_with_norm_``)."""
+        return [c.value for c in self.spy.calls if c.name in ("clip_grad_norm_", "get_total_norm")]
 
 
 def params_of(module: torch.nn.Module) -> dict[str, Tensor]:

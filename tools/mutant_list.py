@@ -505,18 +505,18 @@ MUTANTS = [
         "name": "front-clip-writes-before-finite-check",
         "path": "fastnorm/_eager.py",
         "old": (
-            "    if error_if_nonfinite:\n"
-            "        check_finite(norm, p)\n"
-            "    torch._C._increment_version(written)\n"
-            "    with torch.no_grad():\n"
-            "        _scale(plan, norm, max_norm)\n"
+            "        if error_if_nonfinite:\n"
+            "            check_finite(norm, p)\n"
+            "        torch._C._increment_version(written)\n"
+            "        with torch.no_grad():\n"
+            "            _scale(plan, norm, max_norm)\n"
         ),
         "new": (
-            "    torch._C._increment_version(written)\n"
-            "    with torch.no_grad():\n"
-            "        _scale(plan, norm, max_norm)\n"
-            "    if error_if_nonfinite:\n"
-            "        check_finite(norm, p)\n"
+            "        torch._C._increment_version(written)\n"
+            "        with torch.no_grad():\n"
+            "            _scale(plan, norm, max_norm)\n"
+            "        if error_if_nonfinite:\n"
+            "            check_finite(norm, p)\n"
         ),
         "tests": ["tests/test_clip.py::test_error_if_nonfinite_raises_before_scaling"],
         "what": "error_if_nonfinite raises after the gradients were scaled",
@@ -644,8 +644,8 @@ MUTANTS = [
     {
         "name": "plan-caches-torch-backend-plans",
         "path": "fastnorm/_plan.py",
-        "old": "    cacheable = grads.cacheable and all(g.backend.cacheable for g in norm_groups)",
-        "new": "    cacheable = grads.cacheable",
+        "old": "    cacheable = grads.cacheable and not subclassed and all(g.backend.cacheable for g in norm_groups)",
+        "new": "    cacheable = grads.cacheable and not subclassed",
         "tests": ["tests/test_backends.py::test_cache_does_not_keep_gradients_alive"],
         "what": "plans whose backend state holds the gradients are cached (and keep them alive)",
     },
@@ -1317,7 +1317,7 @@ MUTANTS = [
     },
     {
         "name": "hf-lr-one-step-ahead",
-        "path": "fastnorm/integrations/hf.py",
+        "path": "fastnorm/integrations/_step_optimizer.py",
         "old": "        if len(self.lrs) != len(groups):\n            return groups\n",
         "new": "        return groups\n",
         "tests": [
