@@ -387,3 +387,14 @@ def test_the_monitor_logs_the_finding_and_the_diagnosis_and_fastnorm_diagnose_re
     assert offline.located == monitor.diagnosis.located
     with pytest.raises(TypeError, match="locate must be a fastnorm.Locator"):
         fastnorm.GradNormMonitor(4, locate=model)
+
+
+def test_the_docs_example_names_the_backward_that_overflowed(capsys):
+    import runpy
+    from pathlib import Path
+
+    runpy.run_path(str(Path(__file__).resolve().parents[1] / "examples" / "locate_backward_overflow.py"))
+    out = capsys.readouterr().out
+    assert "loss 0.123 (finite)" in out
+    assert "first non-finite: backward, `1`, gradient of its output" in out
+    assert "finite on its way in (backward, `2`, gradient of its output)" in out
