@@ -1650,4 +1650,20 @@ MUTANTS = [
         "tests": ["tests/test_optim.py::test_a_dropped_clipper_lets_its_optimizer_and_parameters_be_collected"],
         "what": "the registry of clippers holds each clipper, so its optimizer and parameters never die",
     },
+    {
+        "name": "locate-first-offender-is-the-last",
+        "path": "fastnorm/locate/buffer.py",
+        "old": "        self.rows[CURRENT, :STEP] = keys.amax(0)",
+        "new": "        self.rows[CURRENT, :STEP] = keys.amin(0).where(keys.amax(0) > float(\"-inf\"), keys.amax(0))",
+        "tests": ["tests/test_locate.py::test_the_first_offender_is_named_on_the_failing_step"],
+        "what": "the first offender taken over every event, flagged or not: a step with a finding reports none",
+    },
+    {
+        "name": "locate-remove-keeps-the-hooks",
+        "path": "fastnorm/locate/locator.py",
+        "old": "        for h in handles:\n            h.remove()\n",
+        "new": "        for h in handles[1:]:\n            h.remove()\n",
+        "tests": ["tests/test_locate.py::test_remove_restores_every_hook_by_identity"],
+        "what": "remove() leaves one of the locator's hooks on the model",
+    },
 ]
