@@ -22,8 +22,12 @@ MUTANTS = [
     {
         "name": "cpp-merge-grouped-by-thread",
         "path": "csrc/kernels.cpp",
-        "old": "  Partial total;\n  for (const Partial& acc : partial) merge(total, acc, mode, p);\n",
+        "old": (
+            "  if (failed != nullptr && failed->load(std::memory_order_acquire)) return;\n\n"
+            "  Partial total;\n  for (const Partial& acc : partial) merge(total, acc, mode, p);\n"
+        ),
         "new": (
+            "  if (failed != nullptr && failed->load(std::memory_order_acquire)) return;\n\n"
             "  Partial total;\n"
             "  const int64_t threads = threads_for(split, num_threads);\n"
             "  for (int64_t t = 0; t < threads; ++t) {\n"
