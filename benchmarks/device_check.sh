@@ -14,7 +14,8 @@
 # 2. runs the CUDA tests (tests/test_cuda.py and the monitor's: against the
 #    float64 oracle, no host sync under set_sync_debug_mode("error"), launch
 #    counts from torch.profiler, > 2^31 elements, CUDA graph capture and replay,
-#    torch.compile);
+#    torch.compile; the per-tensor statistics against the CPU's, the locator with
+#    no host read under set_sync_debug_mode("error"));
 # 3. runs `fastnorm bench --device cuda`: GPT-2 small, ResNet-50, LLaMA-2 7B
 #    shapes, many small and tiny tensors (fp32, bf16), and the host cost per call
 #    at 150, 2000 and 10000 tensors, against torch and apex (when installed);
@@ -31,6 +32,12 @@ mkdir -p "$out"
 cd "$(dirname "$0")/.."
 export TRITON_INTERPRET=0 PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 status=0
+
+# Every path and name used below must exist, or the check stops here, before the device time is spent.
+for path in tests/test_cuda.py tests/test_monitor.py tests/test_locate.py tests/test_stats.py; do
+  [ -f "$path" ] || { echo "missing $path"; exit 2; }
+done
+python3 -c "import torch, triton, fastnorm.stats, fastnorm.locate" || { echo "an import failed"; exit 2; }
 
 {
   date -u

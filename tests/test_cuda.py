@@ -272,3 +272,35 @@ def _partial_of(tensors):
     from fastnorm.backends.triton_backend import BACKEND
 
     return BACKEND.reduce(BACKEND.prepare(tensors), Mode.L2, 2.0, torch.float64)
+
+
+def test_reduce_stats_on_cuda_matches_the_same_reduction_on_the_cpu():
+    from fastnorm.stats import reduce_stats
+
+    tensors = cuda_grads([(123,), (4097,), (768, 3072)], torch.float32, seed=5, scale=3.0)
+    tensors[0][7] = float("nan")
+    tensors[1][:5] = 0.0
+    tensors[2][0, :3] = float("inf")
+    got = reduce_stats(tensors)
+    assert got.device.type == "cuda" and got.dtype == torch.float64
+    want = reduce_stats([t.cpu() for t in tensors])
+    torch.testing.assert_close(got.cpu()[:, 1:], want[:, 1:], rtol=0, atol=0)  # max |x| and exact counts
+    torch.testing.assert_close(got.cpu()[:, 0], want[:, 0], rtol=1e-12, atol=0)  # sums of squares
+
+
+def test_the_locator_reads_nothing_on_the_host_during_a_cuda_step():
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1)).cuda()
+    locator = fastnorm.Locator(model)
+    x = torch.randn(32, 64, device="cuda")
+    model(x).square().mean().backward()  # the first step allocates; the next are watched for syncs
+    locator.step(1)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for step in (2, 3):
+            model(x).square().mean().backward()
+            locator.step(step)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert "nothing non-finite" in locator.report()
+    locator.remove()
