@@ -95,6 +95,10 @@ class Call:
     value: float  # the norm it returned or was given
 
 
+# The clip functions that take a step's norm (clip_grads_with_norm_ is handed one).
+MEASURING = ("clip_grad_norm_", "get_total_norm")
+
+
 class Spy:
     """Records every call of torch's three clip functions through ``torch.nn.utils``
     (as frameworks call them), in order, with the implementation that served it."""
@@ -132,7 +136,7 @@ class Spy:
     def measured(self) -> int:
         """The norms taken: by ``clip_grad_norm_``, or by ``get_total_norm`` where a framework
         composes the clip from torch's two halves (accelerate from 1.16 on)."""
-        return self.count("clip_grad_norm_") + self.count("get_total_norm")
+        return sum(c.name in MEASURING for c in self.calls)
 
 
 class Monitor:
@@ -163,7 +167,7 @@ class Run:
     @property
     def norms(self) -> list[float]:
         """The norms measured, one per step (not the norm handed back to ``clip_grads_with_norm_``)."""
-        return [c.value for c in self.spy.calls if c.name in ("clip_grad_norm_", "get_total_norm")]
+        return [c.value for c in self.spy.calls if c.name in MEASURING]
 
 
 def params_of(module: torch.nn.Module) -> dict[str, Tensor]:

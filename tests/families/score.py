@@ -275,12 +275,16 @@ def report(rows: list[Row]) -> str:
     lines = [table(rows), ""]
     faulty = sum(r.faulty for r in rows)
     lines.append(f"{len(rows)} runs: {len(rows) - faulty} healthy, {faulty} faulty")
-    for name, g in goals(rows).items():
-        measured = g["measured"]
-        text = f"{measured:.0%}" if isinstance(measured, float) else str(measured)
-        target = f">= {g['target']:.0%}" if isinstance(g["target"], float) else f"= {g['target']}"
-        lines.append(f"  {name:22s} {text:>5s} (goal {target}): {'met' if g['met'] else 'NOT MET'}")
+    lines += [goal_line(name, g) for name, g in goals(rows).items()]
     return "\n".join(lines)
+
+
+def goal_line(name: str, g: dict) -> str:
+    """One goal as the tables print it: measured, the goal, met or not."""
+    measured = g["measured"]
+    text = f"{measured:.0%}" if isinstance(measured, float) else str(measured)
+    target = f">= {g['target']:.0%}" if isinstance(g["target"], float) else f"= {g['target']}"
+    return f"  {name:22s} {text:>5s} (goal {target}): {'met' if g['met'] else 'NOT MET'}"
 
 
 # The goals on runs the rules were not tuned on: the same verdicts, a first action that fits less often,
@@ -381,11 +385,7 @@ def lofo_report(families: dict[str, list[dict]], whence: dict[str, str]) -> str:
             continue
         faulty = sum(not r["healthy"] for r in part)
         lines.append(f"{label}: {len(part)} runs, {len(part) - faulty} healthy, {faulty} faulty")
-        for name, g in lofo_goals(part).items():
-            m = g["measured"]
-            text = f"{m:.0%}" if isinstance(m, float) else str(m)
-            target = f">= {g['target']:.0%}" if isinstance(g["target"], float) else f"= {g['target']}"
-            lines.append(f"  {name:22s} {text:>5s} (goal {target}): {'met' if g['met'] else 'NOT MET'}")
+        lines += [goal_line(name, g) for name, g in lofo_goals(part).items()]
     if misses:
         lines += ["missed (a verdict, a first action, an offline alarm or a late warning):", *misses]
     return "\n".join(lines)
