@@ -4,7 +4,8 @@
 ``clip_grad_norm_``; both return a device scalar and never synchronize.
 ``GradNormMonitor`` keeps that scalar for every step on the device, logs it at
 a cadence and diagnoses the trend (``diagnose``, also ``fastnorm diagnose PATH``).
-``StepClipper`` folds the clip into torch's fused optimizer step.
+``StepClipper`` folds the clip into torch's fused optimizer step, and skips a
+non-finite step (and, with ``SpikeGuard``, a spiking one) on the device.
 ``patch`` makes torch's clip functions, and the trainers that call them, run fastnorm.
 
 Names are imported on first use: ``fastnorm.diagnose`` runs without torch, and
@@ -23,6 +24,7 @@ _NAMES = {
     "clear_cache": "fastnorm.norm",
     "NoGradientWarning": "fastnorm.norm",
     "StepClipper": "fastnorm.optim",
+    "SpikeGuard": "fastnorm.guard",
     "patch": "fastnorm.integrations.patch",
     "backend_report": "fastnorm.backends:report",
     "GradNormMonitor": "fastnorm.monitoring",

@@ -30,6 +30,7 @@ from torch.optim import Optimizer
 
 from fastnorm import _eager, checks
 from fastnorm import norm as _norm
+from fastnorm.guard import SpikeGuard
 
 __all__ = ["StepClipper", "not_supported_reasons"]
 
@@ -126,6 +127,15 @@ class StepClipper:
             (default). False keeps torch's behaviour: every gradient is scaled
             by the non-finite coefficient (0 for an inf norm, NaN for a NaN
             one) and the step is applied.
+        skip_spikes (bool or SpikeGuard): also skip the step whose norm (or
+            loss, given to :meth:`arm`) spikes above its recent band, decided on
+            the device by a :class:`~fastnorm.SpikeGuard` (True: one with the
+            defaults, z > 6 over the last 128 applied steps after 20). The flag
+            reaches the fused step through ``found_inf``, as the non-finite one
+            does. An optimizer that cannot fold applies its step: its gradients
+            are multiplied by 0 at a spike, which freezes plain SGD but not an
+            optimizer with momentum or weight decay (Adam's moments decay and its
+            update goes on); ``strict=True`` refuses such an optimizer. Default: False.
         strict (bool): raise a ValueError for an optimizer that cannot fold
             the clip, instead of clipping it with a separate pass. Default: False.
         group (ProcessGroup, optional): see :func:`fastnorm.total_norm`.
@@ -135,9 +145,16 @@ class StepClipper:
             armed by the last :meth:`arm` skipped (non-finite norm, or a
             ``GradScaler`` that found an inf), else 0; read it after the steps
             (a ``GradScaler``'s flag joins it in ``step()``), e.g. for
-            ``GradNormMonitor.update(norm, skipped=clipper.skipped)``. An
+            ``GradNormMonitor.update(norm, skipped=clipper.skip_reason)``. An
             optimizer that cannot fold applies its step: once its ``step()``
             has run, ``skipped`` is 0. None before the first :meth:`arm`.
+        skip_reason (Tensor or None): a float32 device scalar: 0 where the
+            steps were applied, 1 where they were skipped for a non-finite norm
+            (or a ``GradScaler``'s inf), 2 where they were skipped for a spike
+            alone; what :meth:`GradNormMonitor.update <fastnorm.GradNormMonitor.update>`
+            logs as ``gradient_norm_skipped``. None before the first :meth:`arm`.
+        guard (SpikeGuard or None): the spike rule (``skip_spikes``); may be
+            replaced or set to None between steps.
 
     Example::
 
@@ -157,6 +174,7 @@ class StepClipper:
         norm_type: float | str = 2.0,
         *,
         skip_nonfinite: bool = True,
+        skip_spikes: bool | SpikeGuard = False,
         strict: bool = False,
         group: Any = None,
     ) -> None:
@@ -182,7 +200,16 @@ class StepClipper:
                 "StepClipper(strict=True): these optimizers cannot apply the clip in their step:\n  "
                 + "\n  ".join(r for o in opts for r in reasons[id(o)])
             )
+        if isinstance(skip_spikes, SpikeGuard):
+            guard: SpikeGuard | None = skip_spikes
+        elif isinstance(skip_spikes, bool):
+            guard = SpikeGuard() if skip_spikes else None
+        else:
+            raise TypeError(
+                f"StepClipper: skip_spikes must be a bool or a fastnorm.SpikeGuard, got {type(skip_spikes).__name__}"
+            )
         self.optimizers = opts
+        self.guard = guard
         self.skip_nonfinite = bool(skip_nonfinite)
         self.strict = bool(strict)
         self.group = group
@@ -191,6 +218,8 @@ class StepClipper:
         # gradients a GradScaler multiplied, whose float32 norm may overflow).
         self._nonfinite: Tensor | None = None
         self._wide_nonfinite: Tensor | None = None
+        self._spike: Tensor | None = None  # the guard's flag of the last arm()
+        self._spike_guard: SpikeGuard | None = None  # the guard that set it, to commit the step to
         self._skip_counted = False  # a step armed by the last arm() set `skipped` already
         self._folding = [o for o in opts if not reasons[id(o)]]
         self._separate = [o for o in opts if reasons[id(o)]]
@@ -209,10 +238,15 @@ class StepClipper:
         for opt in opts:
             _CLIPPER_OF[opt] = weakref.ref(self)
         for opt in self._separate:
+            spikes = (
+                " A spike zeroes its gradients, but the step is applied (momentum and weight decay move on)."
+                if guard is not None
+                else ""
+            )
             warnings.warn(
                 f"StepClipper: {'; '.join(reasons[id(opt)])}. Its gradients are clipped by "
                 "fastnorm.clip_ in a separate pass, and a step with a non-finite norm is "
-                "applied, as torch does (strict=True makes this an error).",
+                f"applied, as torch does.{spikes} (strict=True makes this an error.)",
                 stacklevel=2,
             )
 
@@ -232,7 +266,35 @@ class StepClipper:
                         params.append(p)
         return params
 
-    def arm(self, *, total_norm: Tensor | None = None) -> Tensor:
+    @property
+    def skip_reason(self) -> Tensor | None:
+        """Why the last armed steps were skipped: 0 applied, 1 non-finite (or the scaler's inf), 2 a spike."""
+        if self.skipped is None:
+            return None
+        if self._spike is None:
+            return self.skipped.to(torch.float32)
+        # Skipped without the guard's flag: the scaler's inf; with it: a spike, unless the norm was non-finite.
+        hard = self._spike == 0
+        if self._nonfinite is not None:
+            hard = hard | (self._nonfinite > 0)
+        return torch.where(self.skipped == 0, 0.0, torch.where(hard, 1.0, 2.0)).to(torch.float32)
+
+    def _lrs(self) -> list[float | None]:
+        """Each group's learning rate, as set for the coming step (None where it is a Tensor: not read)."""
+        return [
+            None if isinstance(g.get("lr"), Tensor) or not isinstance(g.get("lr"), (int, float)) else float(g["lr"])
+            for opt in self.optimizers
+            for g in opt.param_groups
+        ]
+
+    def _commit_guard(self) -> None:
+        """Tells the guard whether the last armed steps were skipped (the weights untouched)."""
+        guard, self._spike_guard = self._spike_guard, None
+        if guard is None or self.skipped is None or self._spike is None:
+            return
+        guard.commit(torch.maximum(self.skipped, self._spike))
+
+    def arm(self, *, total_norm: Tensor | None = None, loss: Tensor | None = None) -> Tensor:
         r"""Computes the norm and arms each optimizer's next ``step()`` to clip by it.
 
         Writes no gradient of a folding optimizer and reads nothing on the
@@ -243,6 +305,10 @@ class StepClipper:
             total_norm (Tensor, optional): a norm already computed over the
                 same gradients (e.g. by :func:`fastnorm.tensor_norms` for a
                 monitor). It is used as is: no second reduction.
+            loss (Tensor, optional): the step's loss, for the spike rule
+                (``skip_spikes``); ignored without a guard. The guard also reads
+                the learning rates the optimizers hold now (set them before, as a
+                scheduler stepped after the last ``step()`` does).
 
         Returns:
             Tensor: the total norm before clipping (see :func:`fastnorm.total_norm`).
@@ -259,8 +325,11 @@ class StepClipper:
             raise ValueError(
                 f"StepClipper.arm: total_norm must hold one value, got shape {tuple(total_norm.shape)}"
             )
+        if loss is not None and not isinstance(loss, Tensor):
+            raise TypeError(f"StepClipper.arm: loss must be a Tensor, got {type(loss).__name__}")
         for opt in self._folding:
             self._uninstall(opt)  # left by a step that raised
+        self._commit_guard()
         params = self.parameters()
         if total_norm is not None:
             norm = wide = total_norm.reshape(())
@@ -273,9 +342,16 @@ class StepClipper:
         if self.skip_nonfinite:
             self._nonfinite = torch.isfinite(norm).logical_not_().to(torch.float32)
             self._wide_nonfinite = torch.isfinite(wide).logical_not_().to(torch.float32)
-            self.skipped = self._nonfinite
         else:
-            self.skipped = torch.zeros((), dtype=torch.float32, device=norm.device)
+            self._nonfinite = self._wide_nonfinite = None
+        self._spike = self._spike_guard = None
+        if self.guard is not None:
+            if loss is not None and loss.device != norm.device:
+                loss = loss.detach().to(norm.device, non_blocking=True)
+            self._spike = self.guard.decide(norm, loss, self._lrs() if self.guard.lr_jump is not None else None)
+            self._spike_guard = self.guard
+        skip = _either(self._nonfinite, self._spike)
+        self.skipped = skip if skip is not None else torch.zeros((), dtype=torch.float32, device=norm.device)
         self._skip_counted = False
         for opt in self._folding:
             self._pending[id(opt)] = (norm, wide)
@@ -283,7 +359,8 @@ class StepClipper:
         self._separate_applied = False
         if self._separate:
             separate = [p for opt in self._separate for g in opt.param_groups for p in g["params"]]
-            _norm.clip_(separate, self.max_norm, self.norm_type, total_norm=norm, group=self.group)
+            by = norm if self._spike is None else torch.where(self._spike > 0, torch.inf, norm)
+            _norm.clip_(separate, self.max_norm, self.norm_type, total_norm=by, group=self.group)
         return norm
 
     def remove(self) -> None:
@@ -333,10 +410,10 @@ class StepClipper:
             if outer_scale is None:
                 # 1 / min(1, max_norm / (norm + 1e-6)) in one division; NaN stays NaN.
                 grad_scale = torch.clamp_min((norm + 1e-6) / self.max_norm, 1.0)
-                found_inf = self._nonfinite
+                found_inf = _either(self._nonfinite, self._spike)
             else:
                 grad_scale = self._unscaling_grad_scale(opt, wide, outer_scale)
-                found_inf = self._wide_nonfinite
+                found_inf = _either(self._wide_nonfinite, self._spike)
             grad_scale = grad_scale.to(torch.float32)  # what the fused kernels read
             if outer_inf is not None:
                 outer = torch.as_tensor(outer_inf, device=norm.device).to(torch.float32)
@@ -421,6 +498,13 @@ class StepClipper:
                 setattr(opt, attr, None)
             else:
                 vars(opt).pop(attr, None)
+
+
+def _either(a: Tensor | None, b: Tensor | None) -> Tensor | None:
+    """The larger of two optional 0/1 flags (the fused kernels skip only at exactly 1)."""
+    if a is None or b is None:
+        return a if b is None else b
+    return torch.maximum(a, b)
 
 
 def _sgd_first_step(opt: Optimizer) -> list[tuple[list[Tensor], float]]:

@@ -144,8 +144,8 @@ def test_numpy_skip_flags_are_read_as_pythons(flag, skipped):
 
 
 def test_a_numpy_flag_out_of_range_is_refused():
-    with pytest.raises(ValueError, match="skipped must be True/False"):
-        GradNormMonitor(1, diagnose=False).update(1.0, skipped=np.int64(2))
+    with pytest.raises(ValueError, match="skipped must be True/False, or 0, 1 or 2"):
+        GradNormMonitor(1, diagnose=False).update(1.0, skipped=np.int64(3))
 
 
 @pytest.mark.parametrize("name", ["norm", "loss", "skipped"])

@@ -336,3 +336,53 @@ def test_the_monitor_under_patch_and_the_callback_number_steps_as_the_trainer(tm
         logged = norm_steps(tmp_path / f"{name}.jsonl")
         assert sorted(logged) == sorted(trainers), name
         assert all(logged[s] == pytest.approx(trainers[s], rel=1e-6) for s in trainers), name
+
+
+def _spike_guard_callback():
+    """The SpikeGuardCallback of docs/trainers.md, run from the page itself."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "trainers.md").read_text()
+    start = text.index("## Skipping a spike inside a trainer")
+    code = text[text.index("```python\n", start) + len("```python\n") : text.index("```", text.index("```python\n", start) + 10)]
+    namespace: dict = {}
+    exec(compile(code, "docs/trainers.md", "exec"), namespace)
+    return namespace["SpikeGuardCallback"]
+
+
+def test_the_documented_spike_guard_callback_skips_a_learning_rate_blip_in_the_trainer(tmp_path, one_thread):
+    steps, blip = 40, 30
+
+    class Blip(transformers.TrainerCallback):
+        """Sets a 100x learning rate for one step (the scheduler puts it back after the step)."""
+
+        def on_step_begin(self, args, state, control, optimizer=None, **kwargs):
+            if state.global_step == blip:
+                for group in optimizer.param_groups:
+                    group["lr"] *= 100
+
+    class Watch(transformers.TrainerCallback):
+        def __init__(self, guard_callback):
+            self.guard_callback, self.reasons, self.unmoved = guard_callback, [], []
+
+        def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
+            self.before = [p.detach().clone() for p in model.parameters()]
+
+        def on_optimizer_step(self, args, state, control, model=None, **kwargs):
+            self.reasons.append(self.guard_callback.clipper.skip_reason.item())
+            self.unmoved.append(all(torch.equal(a, p) for a, p in zip(self.before, model.parameters())))
+
+    guard = _spike_guard_callback()(1.0)
+    watch = Watch(guard)
+    model = gpt2()
+    trainer = transformers.Trainer(
+        model=model,
+        args=arguments(tmp_path, max_steps=steps, max_grad_norm=0.0, optim="adamw_torch_fused"),
+        train_dataset=Tokens(steps * 4),
+        callbacks=[Blip(), guard, watch],
+    )
+    trainer.train()
+    assert len(watch.reasons) == steps
+    assert [i for i, r in enumerate(watch.reasons) if r] == [blip] and watch.reasons[blip] == 2.0
+    # The skipped step left every weight as it was (as did the warm-up's first step, at a rate of 0).
+    assert [i for i, unmoved in enumerate(watch.unmoved) if unmoved] == [0, blip]

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from fastnorm.monitoring.diagnosis import Diagnosis
+from fastnorm.monitoring.diagnosis.skips import SPIKE_CODE
 from fastnorm.monitoring.series import KEY, LAYER_PREFIX, LOSS_KEY, LR_KEY, SKIPPED_KEY
 
 
@@ -44,7 +45,8 @@ class Window:
         values (tuple of float): the gradient norm of each step.
         stats (dict): ``min``, ``max`` and ``mean`` over the finite values
             (NaN when there is none), ``nonfinite_steps``, with skip flags
-            given ``skipped_steps`` (the steps the optimizer skipped), and with
+            given ``skipped_steps`` (the steps the optimizer skipped) and, where
+            a spike guard skipped some, ``spike_skipped_steps``, and with
             ``max_norm`` known ``clipped_fraction`` (the share of the applied
             steps, those not skipped, whose norm the clip scaled down) and
             ``max_norm``.
@@ -62,6 +64,9 @@ class Window:
             ``precision/<name>`` (1.0); logged as ``gradient_norm_<name>``.
         lrs (dict): step -> the learning rate, at the steps where it changed
             (the first update's included); logged there as ``gradient_norm_lr``.
+        spiked (tuple of bool): whether each step was skipped for a spike alone
+            (:class:`~fastnorm.SpikeGuard`); empty when none was. Such a step
+            is logged with ``gradient_norm_skipped`` 2.
     """
 
     steps: tuple[int, ...]
@@ -74,6 +79,7 @@ class Window:
     skipped: tuple[bool | None, ...] = ()
     settings: dict[str, float] = field(default_factory=dict)
     lrs: dict[int, float] = field(default_factory=dict)
+    spiked: tuple[bool, ...] = ()
 
     def metrics(self) -> Iterator[tuple[int, dict[str, float]]]:
         """``(step, metrics)`` in step order: each step's norm, the statistics
@@ -84,7 +90,8 @@ class Window:
             if self.losses and self.losses[i] is not None:
                 metrics[LOSS_KEY] = self.losses[i]
             if self.skipped and self.skipped[i] is not None:
-                metrics[SKIPPED_KEY] = float(self.skipped[i])
+                spike = bool(self.spiked) and self.spiked[i]
+                metrics[SKIPPED_KEY] = SPIKE_CODE if spike else float(self.skipped[i])
             if step in self.lrs:
                 metrics[LR_KEY] = self.lrs[step]
             if step == self.layers_step:
@@ -96,7 +103,10 @@ class Window:
 
 
 def window_stats(
-    values: list[float], max_norm: float | None, skipped: Sequence[bool | None] = ()
+    values: list[float],
+    max_norm: float | None,
+    skipped: Sequence[bool | None] = (),
+    spiked: Sequence[bool] = (),
 ) -> dict[str, float]:
     """The statistics of a window (see :class:`Window`).
 
@@ -105,6 +115,8 @@ def window_stats(
         max_norm (float, optional): the clipping threshold, when known.
         skipped (sequence of bool or None): whether the optimizer skipped each
             step (None: no flag given); empty when no step had a flag.
+        spiked (sequence of bool): whether each step was skipped for a spike
+            alone; empty when none was.
 
     Returns:
         dict: name -> value, the names as :attr:`Window.stats` lists them.
@@ -119,6 +131,8 @@ def window_stats(
     }
     if any(s is not None for s in skipped):
         stats["skipped_steps"] = float(sum(s is True for s in skipped))
+    if any(spiked):
+        stats["spike_skipped_steps"] = float(sum(spiked))
     if max_norm is not None:
         # A skipped step clipped nothing: it is left out, of the count and of the share.
         applied = [v for i, v in enumerate(values) if not (i < len(skipped) and skipped[i])]
@@ -369,7 +383,8 @@ class ConsoleLogger(Logger):
             f"{int(s['nonfinite_steps'])} non-finite",
         ]
         if s.get("skipped_steps"):
-            parts.append(f"{int(s['skipped_steps'])} skipped")
+            spikes = int(s.get("spike_skipped_steps", 0))
+            parts.append(f"{int(s['skipped_steps'])} skipped" + (f" ({spikes} for a spike)" if spikes else ""))
         if "clipped_fraction" in s:
             parts.append(f"{s['clipped_fraction']:.0%} clipped at {s['max_norm']:g}")
         text = f"step {window.steps[-1]}: grad_norm={window.values[-1]:.4g} ({'; '.join(parts)})"

@@ -44,6 +44,7 @@ from fastnorm.monitoring.diagnosis.events import FAILED, TOO_FEW
 from fastnorm.monitoring.diagnosis.objective import check as check_objective
 from fastnorm.monitoring import values
 from fastnorm.monitoring.loggers import Logger, Window, window_stats
+from fastnorm.monitoring.diagnosis.skips import SPIKE_CODE
 from fastnorm.monitoring.optimizer import optimizer_lr, optimizer_settings, precision_of
 
 # The per-step quantities, one row of the device buffer each, all crossing in the
@@ -268,21 +269,23 @@ class _Recorder:
         losses = tuple(host[_LOSS * n + i] if given else None for i, given in enumerate(has_loss))
         if not any(has_loss):
             losses = ()
-        skipped = tuple(host[_SKIPPED * n + i] != 0 if given else None for i, given in enumerate(has_skipped))
+        codes = tuple(host[_SKIPPED * n + i] if given else None for i, given in enumerate(has_skipped))
         if not any(has_skipped):
-            skipped = ()
+            codes = ()
+        skipped = tuple(None if c is None else c != 0 for c in codes)
+        spiked = tuple(c == SPIKE_CODE for c in codes) if any(c == SPIKE_CODE for c in codes) else ()
         layers = dict(zip(self.layer_names, host[_ROWS * n :])) if layers_step is not None else {}
         self.check_values(steps, values)
         interrupted: BaseException | None = None  # a Ctrl-C, raised again once every logger has the window
         if self.diagnoser is not None:
             try:
-                self.diagnose(steps, values, losses, skipped, layers, layers_step, settings, lrs)
+                self.diagnose(steps, values, losses, codes, layers, layers_step, settings, lrs)
             except BaseException as exc:
                 interrupted = exc
         window = Window(
             tuple(steps),
             tuple(values),
-            window_stats(values, self.max_norm, skipped),
+            window_stats(values, self.max_norm, skipped, spiked),
             layers,
             layers_step,
             self.diagnosis,
@@ -290,6 +293,7 @@ class _Recorder:
             skipped,
             settings,
             lrs,
+            spiked,
         )
         for i, logger in enumerate(self.loggers):
             try:
@@ -652,7 +656,7 @@ class GradNormMonitor:
         *,
         layers: Tensor | None = None,
         loss: Tensor | float | None = None,
-        skipped: Tensor | bool | None = None,
+        skipped: Tensor | bool | int | None = None,
     ) -> None:
         """Records one step's norm (and loss, and skip flag); never reads a device value.
 
@@ -671,10 +675,12 @@ class GradNormMonitor:
                 tensor ``backward`` was called on: logged as ``gradient_norm_loss``
                 and read by the diagnosis (divergence, stalls, loss-scaler skips).
             skipped (Tensor or bool, optional): whether the optimizer skipped
-                this step, e.g. :attr:`StepClipper.skipped <fastnorm.StepClipper>`
+                this step, e.g. :attr:`StepClipper.skip_reason <fastnorm.StepClipper>`
                 read after ``optimizer.step()`` (a device scalar, nonzero when
-                skipped; copied on the device like the norm). Logged as
-                ``gradient_norm_skipped``; each window counts the skipped steps
+                skipped, 2 when skipped for a spike alone; copied on the device
+                like the norm). Logged as ``gradient_norm_skipped`` (0, 1, or 2
+                for a spike); each window counts the skipped steps (and those
+                skipped for a spike)
                 and leaves them out of the clipped share, and the diagnosis
                 reads non-finite norms at skipped steps as skipped steps, not
                 a collapse. The norm is still the one given: the norm before

@@ -54,7 +54,7 @@ from fastnorm.checks import InputError
 
 KEY = "gradient_norm"  # what GradNormMonitor logs each step's norm as
 LOSS_KEY = f"{KEY}_loss"  # the loss given to GradNormMonitor.update
-SKIPPED_KEY = f"{KEY}_skipped"  # 1 where the optimizer skipped the step, 0 where it applied it
+SKIPPED_KEY = f"{KEY}_skipped"  # 1 (2: for a spike) where the optimizer skipped the step, 0 where applied
 LAYER_PREFIX = f"{KEY}_layer/"  # per-layer norms: gradient_norm_layer/<name>
 # Where it broke (fastnorm.Locator): gradient_norm_locate_nonfinite/<site>, ..._frames/<offset>/<site>.
 LOCATE_PREFIX = f"{KEY}_locate_"

@@ -36,7 +36,11 @@ def scalar(value: Any, name: str) -> Tensor | float:
 
 
 def flag(value: Any) -> Tensor | float:
-    """A skip flag: a one-value tensor (bool or real; nonzero: skipped) or a bool, 0 or 1 (numpy's too)."""
+    """A skip flag: a one-value tensor (bool or real; nonzero: skipped, 2: for a spike) or a bool, 0, 1 or 2.
+
+    numpy's scalars too. 2 is :attr:`StepClipper.skip_reason <fastnorm.StepClipper>`'s code of a step
+    skipped for a spike alone.
+    """
     if isinstance(value, Tensor):
         dense(value, "skipped")
         if value.numel() != 1:
@@ -53,6 +57,8 @@ def flag(value: Any) -> Tensor | float:
             "GradNormMonitor.update: skipped must be a one-value Tensor (e.g. StepClipper.skipped) "
             f"or a bool, got {value!r} ({type(value).__name__})"
         )
-    if value not in (0, 1):
-        raise ValueError(f"GradNormMonitor.update: skipped must be True/False (or 1/0), got {value!r}")
+    if value not in (0, 1, 2):
+        raise ValueError(
+            f"GradNormMonitor.update: skipped must be True/False, or 0, 1 or 2 (a spike), got {value!r}"
+        )
     return float(value)

@@ -51,7 +51,7 @@ from fastnorm.monitoring.diagnosis.norm import Found, NormSignal
 from fastnorm.monitoring.diagnosis import objective as objectives
 from fastnorm.monitoring.diagnosis.robust import median, number, times
 from fastnorm.monitoring.diagnosis.schedule import LrSignal, OptimizerSettings
-from fastnorm.monitoring.diagnosis.skips import SkipSignal
+from fastnorm.monitoring.diagnosis.skips import SPIKE_CODE, SkipSignal
 from fastnorm.monitoring.diagnosis.zeros import ZeroSignal
 
 # Another metric given to :func:`diagnose`: a ``(steps, values)`` pair or a mapping step -> value.
@@ -256,24 +256,29 @@ class Diagnoser:
 
         Args:
             steps (iterable of int): the step of each flag.
-            flags (iterable): true or nonzero where the step was skipped; false or 0 where it
-                was applied. Anything else (None, text) is passed over.
+            flags (iterable): true or nonzero where the step was skipped (2: skipped for a spike
+                alone, by a :class:`~fastnorm.SpikeGuard`); false or 0 where it was applied.
+                Anything else (None, text) is passed over.
         """
         for step, raw in _pairs(steps, flags, "skipped"):
             value = raw if isinstance(raw, bool) else number(raw)
             if value is not None:
-                self._skips.flag(step, value != 0, self._last_step)
+                self._skips.flag(step, value != 0, self._last_step, spike=value == SPIKE_CODE)
 
     def update_loss(self, steps: Iterable[int], losses: Iterable[Any]) -> None:
         """Reads the training loss at some steps, in step order (non-numeric values are skipped).
+
+        The loss of a step already flagged as skipped for a spike (:meth:`update_skipped`, flag 2)
+        is left out: it is the bad batch's, and the weights did not take it.
 
         Args:
             steps (iterable of int): the step of each loss.
             losses (iterable of float): the losses (NaN and inf allowed).
         """
+        spiked = self._skips.spiked_steps
         for step, raw in _pairs(steps, losses, "loss"):
             value = number(raw)
-            if value is not None:
+            if value is not None and step not in spiked:
                 self._loss.update(step, value)
                 self._losses_read += 1
 
@@ -356,6 +361,10 @@ class Diagnoser:
             loss = None  # no floor to stall at, no rise that is a divergence: the norm is read alone
         events = self._skips.events(last, self._loss.read, self._loss.nonfinite)
         events += self._skips.invalid_events()
+        guard = self._skips.guard_events(last)
+        events += guard
+        # A guard that skips every step to the end: nothing learned since, whatever the norm did there.
+        stall = next((e for e in guard if e.kind == STALLED), None)
         read = (
             loss_event(loss, found, ups, self._norm.levels.all(), self.spike_orders)
             if loss is not None
@@ -412,6 +421,9 @@ class Diagnoser:
             # Nothing trains: the loudest finding, whatever the loss did (short of non-finite values).
             verdict = NONFINITE if NONFINITE in kinds else VANISHING
             actions += zero.actions
+        elif stall is not None and verdict != NONFINITE:
+            verdict = STALLED
+            actions += stall.actions
         for e in sorted(events, key=lambda e: e.kind != verdict):
             actions += [a for a in e.actions if a not in actions]
         return Diagnosis(

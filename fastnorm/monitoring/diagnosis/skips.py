@@ -4,7 +4,10 @@ Non-finite norms with a finite loss, after which the norm comes back, are steps 
 loss scaler (or an inf check) skipped: counted, not a collapse. A non-finite
 loss, or non-finite norms that persist to the end of the log (with a finite
 loss: for more than ``max_skip_run`` points or steps, whichever ends first),
-are a collapse. Where the optimizer's skip flag was logged
+are a collapse. Steps skipped for a spike (a :class:`~fastnorm.SpikeGuard`, flag 2)
+are counted; a run of skipped steps that lasts to the end of the log for more than
+``max_skip_run`` flags is a stalled run (nothing learned since), however the norm
+looks. Where the optimizer's skip flag was logged
 (``StepClipper.skipped``) it settles the question: non-finite norms at steps it
 skipped are skipped steps, also at the end of the log and with a non-finite
 loss there (a bad batch), unless they persist to the end for more than
@@ -18,11 +21,19 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from fastnorm.monitoring.diagnosis.advice import CHECK_DATA_NAN, CHECKPOINT, INVALID_ACTION, SKIP_NONFINITE
-from fastnorm.monitoring.diagnosis.events import INVALID, NONFINITE, SKIPPED, Event, num
+from fastnorm.monitoring.diagnosis.advice import (
+    CHECK_DATA_NAN,
+    CHECKPOINT,
+    INVALID_ACTION,
+    LOWER_LR,
+    SKIP_NONFINITE,
+)
+from fastnorm.monitoring.diagnosis.events import INVALID, NONFINITE, SKIPPED, STALLED, Event, num
 from fastnorm.monitoring.diagnosis.robust import held
 
 _UNFLAGGED = 4096  # non-finite steps kept waiting for a skip flag that comes after their norm
+SPIKE_CODE = 2.0  # a skip flag's value (gradient_norm_skipped) at a step skipped for a spike alone
+_SKIP_RUNS = 4096  # runs of skipped steps kept (the oldest go first)
 
 
 @dataclass
@@ -81,6 +92,10 @@ class SkipSignal:
         self._flags: deque[tuple[int, bool]] = deque()  # skip flags of steps whose norm is not read yet
         self._unflagged: dict[int, Run] = {}  # recent non-finite steps read without a flag yet
         self.flags_read = False
+        # Runs of consecutive skip flags; each Run's `skipped` counts those skipped for a spike.
+        self.skip_runs: deque[Run] = deque(maxlen=_SKIP_RUNS)
+        # Recent steps skipped for a spike: their loss is the bad batch's, not the model's (left out).
+        self.spiked_steps: dict[int, None] = {}
         self.scale: deque[tuple[int, float]] = deque(maxlen=4096)
 
     # -- input ---------------------------------------------------------------
@@ -105,9 +120,22 @@ class SkipSignal:
     def finite_value(self) -> None:
         close_run(self.nonfinite)
 
-    def flag(self, step: int, flag: bool, last_step: int | None) -> None:
-        """The optimizer's skip flag of ``step``, read before or after its norm."""
+    def flag(self, step: int, flag: bool, last_step: int | None, spike: bool = False) -> None:
+        """The optimizer's skip flag of ``step`` (``spike``: skipped for a spike), read before or after its norm."""
         self.flags_read = True
+        runs = self.skip_runs
+        if flag:
+            if runs and runs[-1].open:
+                runs[-1].end, runs[-1].count = step, runs[-1].count + 1
+            else:
+                runs.append(Run(step, step, 1, None))
+            runs[-1].skipped += spike
+            if spike:
+                self.spiked_steps[step] = None
+                if len(self.spiked_steps) > _SKIP_RUNS:
+                    del self.spiked_steps[next(iter(self.spiked_steps))]
+        elif runs:
+            runs[-1].open = False
         if last_step is None or step > last_step:
             self._flags.append((step, flag))
             return
@@ -193,6 +221,29 @@ class SkipSignal:
             detail += " (a dynamic loss scaler skips each overflowing step and lowers its scale)"
             detail += self._scale_note(r) + ("; not back by the last step" if r.open else "")
             events.append(Event(SKIPPED, r.start, r.end, detail, count=r.count))
+        return events
+
+    def guard_events(self, last: int | None) -> list[Event]:
+        """The runs of skipped steps with spikes among them (the non-finite ones are the norm's runs)."""
+        events = []
+        for r in self.skip_runs:
+            if not r.skipped:
+                continue
+            if r.open and r.longer_than(self.max_skip_run):
+                detail = (
+                    f"the optimizer skipped every step from step {r.start} to the last ({r.count} steps, "
+                    f"{r.skipped} for a spike): nothing has been learned since; the spike guard's band no "
+                    "longer fits the run (a lasting change of level: the learning rate, the data)"
+                )
+                events.append(Event(STALLED, r.start, last, detail, (LOWER_LR, CHECKPOINT), r.count))
+                continue
+            detail = f"{r.skipped} step(s) skipped for a spike (the norm or the loss above the guard's band)"
+            if r.count > r.skipped:
+                detail += f", {r.count - r.skipped} more for a non-finite norm"
+            if r.longer_than(self.max_skip_run):
+                detail += f"; {r.count} in a row, more than {self.max_skip_run}: the band did not fit the run"
+            detail += ", the weights left as they were" + ("; still skipping at the last step" if r.open else "")
+            events.append(Event(SKIPPED, r.start, r.end, detail, count=r.skipped))
         return events
 
     def _skipped_by_optimizer(self, r: Run, last: int | None, loss_nonfinite: list[Run]) -> Event:
