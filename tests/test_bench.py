@@ -788,7 +788,7 @@ def _every_target_run():
     steps["results"] = [step_result(step.BARE, None)] + [
         {**step_result(name, 1.2), "samples_ms": [1.0, 2.0], "applied_coef": 0.5, "expected_coef": 0.5}
         for name in (step.CLIP_THEN_STEP, step.FOLDED, step.FOLDED_STEP)
-    ]
+    ] + [{**step_result(step.GUARDED, 1.01), "samples_ms": [1.0, 2.0]}]
     return {"environment": {"device": "cpu", "cpp_isa": "avx2"}, "workloads": records + [steps]}
 
 

@@ -18,7 +18,7 @@ from fastnorm.bench.workloads import WORKLOADS, prepare
 from fastnorm.cli import main
 
 CPU = torch.device("cpu")
-NAMES = ["adamw.step", "adamw.clip_+step", "adamw.folded", "adamw.scale+step", "adamw.folded-step"]
+NAMES = ["adamw.step", "adamw.clip_+step", "adamw.folded", "adamw.guarded", "adamw.scale+step", "adamw.folded-step"]
 
 
 def test_the_step_workloads():
@@ -93,16 +93,18 @@ def test_step_rows_in_a_quick_run(tmp_path, capsys, monkeypatch):
     nbytes = record["bytes"]
     for name in NAMES[1:]:
         r = by_name[name]
-        assert r["baseline"] == "adamw.step" and r["norm_error"] < 1e-4
-        # the ratio of each round, paired with the bare step of the same round
-        ratios = [t / b for t, b in zip(r["samples_ms"], bare["samples_ms"])]
+        # the guarded step is paired with the folded one, every other with the bare step
+        base = "adamw.folded" if name == "adamw.guarded" else "adamw.step"
+        assert r["baseline"] == base and r["norm_error"] < 1e-4
+        # the ratio of each round, paired with its baseline in the same round
+        ratios = [t / b for t, b in zip(r["samples_ms"], by_name[base]["samples_ms"])]
         assert r["paired_ratio"] == pytest.approx(statistics.median(ratios), rel=1e-4)
         # every one of them clipped to half the norm, the folded steps in torch's kernel
         assert r["applied_coef"] == pytest.approx(r["expected_coef"], rel=1e-5)
         assert r["expected_coef"] == pytest.approx(0.5, rel=1e-5)
         traffic = 8 if r["kind"] == "clip-step" else 7
         assert r["gbps"] == pytest.approx(traffic * nbytes / r["ms"] / 1e6, rel=1e-9)
-    kinds = ["step", "clip-step", "clip-step", "scale-step", "scale-step"]
+    kinds = ["step", "clip-step", "clip-step", "clip-step", "scale-step", "scale-step"]
     assert [by_name[n]["kind"] for n in NAMES] == kinds
 
     assert run["goals"] == []  # --quick figures are not results
@@ -113,6 +115,8 @@ def test_step_rows_in_a_quick_run(tmp_path, capsys, monkeypatch):
     alone = by_goal["folded step (alone, the norm computed before) / bare fused AdamW step"]
     assert alone["value"] == by_name["adamw.folded-step"]["paired_ratio"]
     assert by_goal["folded step (with its norm) / (clip_ + step)"]["threshold"] == 1.0
+    guarded = by_goal["folded step with the spike guard / folded step (with its norm)"]
+    assert guarded["value"] == by_name["adamw.guarded"]["paired_ratio"] and guarded["threshold"] == 1.02
     for name in ("adamw.folded", "adamw.folded-step"):
         clipped = by_goal[f"{name} clipped: |coefficient applied / max_norm/(norm+1e-6) - 1|"]
         assert clipped["pass"] and clipped["value"] < 1e-5
@@ -120,7 +124,7 @@ def test_step_rows_in_a_quick_run(tmp_path, capsys, monkeypatch):
     markdown = (tmp_path / "cpu.md").read_text()
     assert "| dtype | bare fused AdamW step | `clip_` + step | folded (with its norm) |" in markdown
     row = next(line for line in markdown.splitlines() if line.startswith("| step-gpt2-small | fp32 |"))
-    assert row.count("x (") == 4
+    assert row.count("x (") == 5
     with (tmp_path / "results.csv").open() as f:
         rows = list(csv.DictReader(f))
     assert [row["contender"] for row in rows] == NAMES

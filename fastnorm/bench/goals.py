@@ -56,6 +56,7 @@ EXTRA_MEMORY_MIN_BYTES = 64e6  # below this the resident-set measure is mostly n
 FOLDED = {step.FOLDED: "with its norm", step.FOLDED_STEP: "alone, the norm computed before"}
 FOLDED_OVER_STEP = 1.05
 FOLDED_OVER_CLIP_THEN_STEP = 1.0
+GUARDED_OVER_FOLDED = 1.02  # the spike guard costs at most 2% of the folded step
 # How far the gradients a step used may be from the originals times the clip
 # coefficient, relatively (a float32 coefficient; 16-bit gradients stored back).
 COEF_RTOL = {"fp64": 1e-6, "fp32": 1e-5}
@@ -166,6 +167,11 @@ TARGETS: dict[str, Target] = {
         False,
         lambda: [(f"{FOLDED_OVER_CLIP_THEN_STEP:g}", "`step-*`")],
     ),
+    "guarded": Target(
+        "folded step with the spike guard / folded step (paired ratio)",
+        False,
+        lambda: [(f"{GUARDED_OVER_FOLDED:g}", "`step-*`")],
+    ),
     "applied": Target(
         "the folded steps applied the clip: \\|coefficient in the gradients they used / "
         "(max_norm / (norm + 1e-6)) - 1\\|",
@@ -249,6 +255,16 @@ def _step(record: Record) -> Iterator[Record]:
             paired_ratio(folded["samples_ms"], separate["samples_ms"]),
             FOLDED_OVER_CLIP_THEN_STEP,
             [folded, separate],
+        )
+    guarded = _result(record, step.GUARDED)
+    if guarded is not None and guarded.get("paired_ratio") is not None:
+        yield _goal(
+            "guarded",
+            "folded step with the spike guard / folded step (with its norm)",
+            record,
+            guarded["paired_ratio"],
+            GUARDED_OVER_FOLDED,
+            [guarded],
         )
     rtol = COEF_RTOL.get(record["dtype"], COEF_RTOL_DEFAULT)
     for r in record["results"]:

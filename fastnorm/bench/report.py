@@ -41,6 +41,7 @@ STEP_COLUMNS = (
     (step.FOLDED, "folded (with its norm)"),
     (step.SCALE_THEN_STEP, "`clip_(total_norm=)` + step"),
     (step.FOLDED_STEP, "folded step alone (norm computed before)"),
+    (step.GUARDED, "folded with the spike guard (x folded)"),
 )
 
 CSV_FIELDS = [

@@ -10,6 +10,11 @@ gradients, backward excluded, every call clipping (to half the gradients' norm):
 - ``adamw.folded``: :class:`fastnorm.StepClipper`'s ``arm()`` (the norm, one
   read of the gradients, nothing written), then the step, which divides each
   gradient by the coefficient as it reads it;
+- ``adamw.guarded``: ``adamw.folded`` with the spike guard on (a
+  :class:`fastnorm.SpikeGuard`: its decision, the learning-rate check, and the
+  commit of the step into its statistics), timed against ``adamw.folded`` in
+  the same rounds. The same gradients every call: the guard flags nothing, and
+  the step clips as the folded one does;
 - ``adamw.scale+step`` and ``adamw.folded-step``: the same two with the norm
   computed before the clock starts (``clip_(..., total_norm=norm)`` then the
   step; the armed step alone): what clipping itself costs when the norm is
@@ -51,6 +56,7 @@ CLIP_THEN_STEP = "adamw.clip_+step"
 FOLDED = "adamw.folded"
 SCALE_THEN_STEP = "adamw.scale+step"
 FOLDED_STEP = "adamw.folded-step"
+GUARDED = "adamw.guarded"
 
 
 @dataclass
@@ -107,8 +113,22 @@ def _folded(w: StepPrepared, max_norm: float | None) -> Call:
     clipper, step = w.clipper(max_norm), w.optimizer.step
 
     def call() -> torch.Tensor:
+        clipper.guard = None  # the clipper is shared with adamw.guarded
         norm = clipper.arm()
         step()
+        return norm
+
+    return call
+
+
+def _guarded(w: StepPrepared, max_norm: float | None) -> Call:
+    clipper, step, guard = w.clipper(max_norm), w.optimizer.step, fastnorm.SpikeGuard()
+
+    def call() -> torch.Tensor:
+        clipper.guard = guard
+        norm = clipper.arm()
+        step()
+        clipper._commit_guard()  # the commit the next arm() would make, timed with this step
         return norm
 
     return call
@@ -147,6 +167,7 @@ CONTENDERS = (
     Contender(BARE, "step", _bare, group="torch", only_listed=True),
     Contender(CLIP_THEN_STEP, "clip-step", _clip_then_step, BARE, "fastnorm", only_listed=True),
     Contender(FOLDED, "clip-step", _folded, BARE, "fastnorm", only_listed=True),
+    Contender(GUARDED, "clip-step", _guarded, FOLDED, "fastnorm", only_listed=True),
     Contender(SCALE_THEN_STEP, "scale-step", _scale_then_step, BARE, "fastnorm", only_listed=True),
     Contender(FOLDED_STEP, "scale-step", _folded_step, BARE, "fastnorm", only_listed=True),
 )
