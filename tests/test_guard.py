@@ -450,3 +450,35 @@ def test_the_injected_runs_of_one_family_short_guarded_and_not(fault, one_thread
     assert guarded.after_fault_loss < 1.1 * healthy.after_fault_loss
     assert abs(guarded.final_loss / healthy.final_loss - 1) < 0.05
     assert healthy.skipped_for_spike == 0
+
+
+@pytest.mark.cuda
+def test_the_guard_captured_in_a_cuda_graph_replays_the_eager_flags():
+    device = torch.device("cuda")
+    norms = _series(240, 3, [(150, 1e3), (200, 50.0)])
+    eager, graphed = SpikeGuard(), SpikeGuard()
+    static = torch.zeros((), device=device)
+    expected = []
+    for v in norms:
+        expected.append(eager.decide(torch.tensor(v, device=device)).item())
+        eager.commit(eager.flagged)
+    got = []
+    # Three eager steps allocate the state; the step is then captured once and replayed.
+    for v in norms[:3]:
+        got.append(graphed.decide(torch.tensor(v, device=device)).item())
+        graphed.commit(graphed.flagged)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        flag = graphed.decide(static)
+        graphed.commit(flag)
+    torch.cuda.set_sync_debug_mode("error")  # a replay reads nothing on the host
+    try:
+        flags = []
+        for v in norms[3:]:
+            static.fill_(v)
+            graph.replay()
+            flags.append(flag.clone())
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    got += torch.stack(flags).tolist()
+    assert got == expected and sum(expected) == 2
