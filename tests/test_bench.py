@@ -17,7 +17,7 @@ import torch
 
 import fastnorm
 from fastnorm.bench import contenders as C
-from fastnorm.bench import goals, harness, plot, report, step
+from fastnorm.bench import goals, harness, locate, plot, report, step
 from fastnorm.bench.workloads import WORKLOADS, Workload, prepare
 from fastnorm.cli import main
 
@@ -789,7 +789,9 @@ def _every_target_run():
         {**step_result(name, 1.2), "samples_ms": [1.0, 2.0], "applied_coef": 0.5, "expected_coef": 0.5}
         for name in (step.CLIP_THEN_STEP, step.FOLDED, step.FOLDED_STEP)
     ] + [{**step_result(step.GUARDED, 1.01), "samples_ms": [1.0, 2.0]}]
-    return {"environment": {"device": "cpu", "cpp_isa": "avx2"}, "workloads": records + [steps]}
+    watched = _record("train-resnet", "fp32", {})
+    watched["results"] = [step_result(locate.PLAIN, None), {**step_result(locate.LOCATOR, 1.03), "samples_ms": [1.0]}]
+    return {"environment": {"device": "cpu", "cpp_isa": "avx2"}, "workloads": records + [steps, watched]}
 
 
 def test_the_targets_table_lists_every_target_goals_judges_with_its_threshold():
@@ -805,6 +807,7 @@ def test_the_targets_table_lists_every_target_goals_judges_with_its_threshold():
                 f"`{g['workload']}`" in where
                 or "every" in where
                 or ("`step-*`" in where and "step-" in g["workload"])
+                or ("`train-*`" in where and "train-" in g["workload"])
             )
             for _, threshold, where, _ in rows
         ), (g, rows)

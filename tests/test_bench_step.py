@@ -260,3 +260,22 @@ def test_the_table_of_a_disturbed_step_record_names_no_figure():
             "workloads": [record],
         }
     )
+
+
+def test_the_watched_training_step_rows_and_their_table(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(harness, "LoadMeter", QuietMeter)
+    argv = ["bench", "--quick", "--workloads", "train-resnet", "--repeats", "3", "--no-plot", "--out", str(tmp_path)]
+    assert main(argv) == 0
+    capsys.readouterr()
+    run = json.loads((tmp_path / "cpu.json").read_text())
+    (record,) = run["workloads"]
+    by_name = {r["contender"]: r for r in record["results"]}
+    assert {"train.plain", "train.locator", "train.detect-anomaly"} <= set(by_name)
+    assert by_name["train.locator"]["baseline"] == "train.plain" and by_name["train.locator"]["paired_ratio"] > 0
+    markdown = (tmp_path / "cpu.md").read_text()
+    # Its own table, not the optimizer step's; no memory target (the activations are the step's).
+    assert "| workload | dtype | forward and backward | with `fastnorm.Locator` |" in markdown
+    assert "bare fused AdamW step" not in markdown
+    evaluated = goals.evaluate({**run, "workloads": [{**record, "quick": False}]})
+    assert [g["target"] for g in evaluated] == ["locator"]
+    assert evaluated[0]["value"] == by_name["train.locator"]["paired_ratio"]

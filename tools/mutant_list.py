@@ -1734,4 +1734,12 @@ MUTANTS = [
         "tests": ["tests/test_guard.py"],
         "what": "a guard that skips every step to the end is read by the norm alone, not as a stalled run",
     },
+    {
+        "name": "bench-train-rows-in-the-step-table",
+        "path": "fastnorm/bench/report.py",
+        "old": "    steps = [rec for rec in run[\"workloads\"] if is_step(rec) and rec not in watched]",
+        "new": "    steps = [rec for rec in run[\"workloads\"] if is_step(rec)]",
+        "tests": ["tests/test_bench_step.py::test_the_watched_training_step_rows_and_their_table"],
+        "what": "the watched training step's rows land in the optimizer step's table, as empty cells",
+    },
 ]

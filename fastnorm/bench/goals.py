@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from fastnorm.bench import step
+from fastnorm.bench import locate, step
 from fastnorm.bench.harness import disturbed, paired_ratio
 
 Record = dict[str, Any]
@@ -57,6 +57,7 @@ FOLDED = {step.FOLDED: "with its norm", step.FOLDED_STEP: "alone, the norm compu
 FOLDED_OVER_STEP = 1.05
 FOLDED_OVER_CLIP_THEN_STEP = 1.0
 GUARDED_OVER_FOLDED = 1.02  # the spike guard costs at most 2% of the folded step
+LOCATOR_OVER_STEP = 1.05  # the locator, always on, costs at most 5% of a training step
 # How far the gradients a step used may be from the originals times the clip
 # coefficient, relatively (a float32 coefficient; 16-bit gradients stored back).
 COEF_RTOL = {"fp64": 1e-6, "fp32": 1e-5}
@@ -172,6 +173,11 @@ TARGETS: dict[str, Target] = {
         False,
         lambda: [(f"{GUARDED_OVER_FOLDED:g}", "`step-*`")],
     ),
+    "locator": Target(
+        "forward and backward with the locator on / the bare forward and backward (paired ratio)",
+        False,
+        lambda: [(f"{LOCATOR_OVER_STEP:g}", "`train-*`")],
+    ),
     "applied": Target(
         "the folded steps applied the clip: \\|coefficient in the gradients they used / "
         "(max_norm / (norm + 1e-6)) - 1\\|",
@@ -233,6 +239,16 @@ def _goal(
 
 def _step(record: Record) -> Iterator[Record]:
     """The training-step targets of a step workload's record."""
+    located = _result(record, locate.LOCATOR)
+    if located is not None and located.get("paired_ratio") is not None:
+        yield _goal(
+            "locator",
+            "forward and backward with the locator on / the bare forward and backward",
+            record,
+            located["paired_ratio"],
+            LOCATOR_OVER_STEP,
+            [located],
+        )
     if _result(record, step.BARE) is None:
         return
     for name, what in FOLDED.items():
@@ -339,7 +355,8 @@ def _per_record(record: Record, isa: str | None) -> Iterator[Record]:
                 HOST_US_PER_TENSOR,
                 [r],
             )
-    if record["bytes"] >= EXTRA_MEMORY_MIN_BYTES:
+    # A training step's activations are its own, not a fastnorm call's: no memory target there.
+    if record["bytes"] >= EXTRA_MEMORY_MIN_BYTES and _result(record, locate.PLAIN) is None:
         for r in record["results"]:
             if r["group"] == "fastnorm" and r["extra_bytes"] is not None:
                 yield _goal(

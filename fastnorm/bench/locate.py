@@ -36,6 +36,9 @@ from fastnorm.bench.contenders import Call, Contender, register_contender
 from fastnorm.bench.workloads import Prepared, Shape, Workload, register_workload
 
 PLAIN = "train.plain"
+LOCATOR = "train.locator"
+HF_DEBUG = "train.hf-debug-overflow"
+ANOMALY = "train.detect-anomaly"
 
 
 class _Block(nn.Module):
@@ -225,9 +228,9 @@ def _needs_transformers(device: torch.device) -> list[str]:
 
 CONTENDERS = (
     Contender(PLAIN, "step", _plain, group="torch", only_listed=True),
-    Contender("train.locator", "step", _locator, PLAIN, "fastnorm", only_listed=True),
+    Contender(LOCATOR, "step", _locator, PLAIN, "fastnorm", only_listed=True),
     Contender(
-        "train.hf-debug-overflow",
+        HF_DEBUG,
         "step",
         _hf_debug,
         PLAIN,
@@ -236,7 +239,7 @@ CONTENDERS = (
         optional=True,
         only_listed=True,
     ),
-    Contender("train.detect-anomaly", "step", _anomaly, PLAIN, "other", only_listed=True),
+    Contender(ANOMALY, "step", _anomaly, PLAIN, "other", only_listed=True),
 )
 for _contender in CONTENDERS:
     register_contender(_contender)

@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from fastnorm.bench import goals, step
+from fastnorm.bench import goals, locate, step
 from fastnorm.bench.contenders import STEPS
 from fastnorm.bench.harness import disturbed
 
@@ -42,6 +42,14 @@ STEP_COLUMNS = (
     (step.SCALE_THEN_STEP, "`clip_(total_norm=)` + step"),
     (step.FOLDED_STEP, "folded step alone (norm computed before)"),
     (step.GUARDED, "folded with the spike guard (x folded)"),
+)
+
+# The watched training step's columns: contender, heading.
+WATCH_COLUMNS = (
+    (locate.PLAIN, "forward and backward"),
+    (locate.LOCATOR, "with `fastnorm.Locator`"),
+    (locate.HF_DEBUG, "with HF's `DebugUnderflowOverflow`"),
+    (locate.ANOMALY, "in `torch.autograd.detect_anomaly`"),
 )
 
 CSV_FIELDS = [
@@ -404,7 +412,15 @@ def markdown(run: dict[str, Any]) -> str:
                 f"{cell(rec, 'torch.clip_grad_norm_/clips')} | {speedup} |"
             )
 
-    steps = [rec for rec in run["workloads"] if is_step(rec)]
+    watched = [rec for rec in run["workloads"] if _result(rec, locate.PLAIN) is not None]
+    steps = [rec for rec in run["workloads"] if is_step(rec) and rec not in watched]
+
+    def step_cell(record: dict[str, Any], name: str) -> str:
+        r = _result(record, name)
+        if r is None or disturbed(record, r) or r.get("paired_ratio") is None:
+            return _time_cell(record, name)
+        return f"{r['paired_ratio']:.2f}x ({fmt_time(r['ms'])})"
+
     if steps:
         lines += [
             "",
@@ -417,14 +433,20 @@ def markdown(run: dict[str, Any]) -> str:
             "| --- | --- |" + " ---: |" * len(STEP_COLUMNS),
         ]
 
-        def step_cell(record: dict[str, Any], name: str) -> str:
-            r = _result(record, name)
-            if r is None or disturbed(record, r) or r.get("paired_ratio") is None:
-                return _time_cell(record, name)
-            return f"{r['paired_ratio']:.2f}x ({fmt_time(r['ms'])})"
-
         for rec in steps:
             cells = [step_cell(rec, name) for name, _ in STEP_COLUMNS]
+            lines.append(f"| {rec['workload']} | {rec['dtype']} | " + " | ".join(cells) + " |")
+    if watched:
+        lines += [
+            "",
+            "Watching a training step (`train-*`): one forward and backward pass, one thread, each watcher "
+            "against the bare pass in the same round (its time over the bare one's, the median over rounds):",
+            "",
+            "| workload | dtype | " + " | ".join(heading for _, heading in WATCH_COLUMNS) + " |",
+            "| --- | --- |" + " ---: |" * len(WATCH_COLUMNS),
+        ]
+        for rec in watched:
+            cells = [step_cell(rec, name) for name, _ in WATCH_COLUMNS]
             lines.append(f"| {rec['workload']} | {rec['dtype']} | " + " | ".join(cells) + " |")
     if run.get("goals"):
         lines += ["", goals.markdown(run["goals"]).rstrip("\n")]
