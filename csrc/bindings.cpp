@@ -79,6 +79,9 @@ PYBIND11_MODULE(_C, m) {
         py::arg("partial_addr"), py::arg("root_addr"), py::arg("root_is_double"), py::arg("thresholds_addr"),
         py::arg("limit_codes_addr"), py::arg("stats_addr"), py::arg("num_threads"),
         py::call_guard<py::gil_scoped_release>());
+  m.def("count_stats", &fastnorm::count_stats, py::arg("addr"), py::arg("numel"), py::arg("dtype"),
+        py::arg("limit_code"), py::arg("task_bytes"), py::arg("thresholds_addr"), py::arg("stats_addr"),
+        py::arg("num_threads"), py::call_guard<py::gil_scoped_release>());
   m.def(
       "reduce_checked",
       [](const Snapshot& snapshot, const py::list& items, const py::handle& written, const TaskSplit& split,

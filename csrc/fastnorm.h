@@ -28,6 +28,8 @@ namespace fastnorm {
 // Codes shared with fastnorm/backends/cpp.py.
 enum DType : int { kFloat32 = 0, kFloat64 = 1, kFloat16 = 2, kBFloat16 = 3 };
 enum Mode : int { kL2 = 0, kL1 = 1, kLinf = 2, kLp = 3 };
+// reduce_stats only: the counts and maximum without a norm (sum_sq written as NaN, the norm 0).
+constexpr int kCountsOnly = -1;
 
 // A partial reduction (the contract of fastnorm/backends/__init__.py).
 // L2: scale = m when m > 0, else 1; the norm^2 is scale^2 * s. L1: s is the
@@ -183,9 +185,19 @@ struct Limits {
 // tensor, the dtype code of its limit (-1: its own), or 0 for every tensor by
 // its own. The norm's bits are reduce()'s; the statistics do not depend on the
 // thread count either. A separate loop from reduce()'s, which stays as it is.
+// mode kCountsOnly: the loop over the bits alone, for tensors whose sum of
+// squares nobody reads (a pass's activations): sum_sq is NaN, the norm 0.
 void reduce_stats(const TaskSplit& split, int mode, double p, uintptr_t partial_addr, uintptr_t root_addr,
                   bool root_is_double, uintptr_t thresholds_addr, uintptr_t limit_codes_addr,
                   uintptr_t stats_addr, int num_threads);
+
+// reduce_stats(kCountsOnly) of one tensor (numel elements of dtype at addr, read
+// as flat), judged by limit_code (-1: its own dtype), into the 6 doubles at
+// stats_addr, split into tasks of task_bytes as a TaskSplit of it would be:
+// one call from Python per tensor read once (a pass's activations), no split
+// object to build there.
+void count_stats(uintptr_t addr, int64_t numel, int dtype, int limit_code, int64_t task_bytes,
+                 uintptr_t thresholds_addr, uintptr_t stats_addr, int num_threads);
 
 // Reads the norm at norm_addr (float64 or float32), computes the coefficient as
 // torch.nn.utils.clip_grad_norm_ does, and scales every tensor in place by it,

@@ -115,3 +115,76 @@ FASTNORM_INLINE int64_t scale_blocks(uint16_t* x, int64_t n, float coef) {
   }
   return i;
 }
+
+// The counts' loop (kernels_impl.h, count_bits) over whole pairs of 64-byte
+// registers: the magnitude bits' maximum and, as masked adds of 1 in lanes of
+// the element's width, the zeros and the values below lo. The compiler's loop
+// materialises each compare's mask as a register of ones before adding it (8
+// vector operations a register against 6 here: 47 against 67 GB/s on a 512 KiB
+// float32 piece in L2 on Zen 4). Integers, so every target's counts agree.
+// Returns how many elements it read (a multiple of two registers); m, zeros and
+// below are raised by what it found. n <= kCountBlock: a lane's count stays
+// far below its type's range.
+template <int Bytes>
+struct CountLanes;
+template <>
+struct CountLanes<2> {
+  static FASTNORM_INLINE __m512i max(__m512i a, __m512i b) { return _mm512_max_epi16(a, b); }
+  static FASTNORM_INLINE __mmask32 zero(__m512i a) { return _mm512_testn_epi16_mask(a, a); }
+  static FASTNORM_INLINE __mmask32 less(__m512i a, __m512i b) { return _mm512_cmplt_epi16_mask(a, b); }
+  static FASTNORM_INLINE __m512i inc(__m512i c, __mmask32 k, __m512i one) { return _mm512_mask_add_epi16(c, k, c, one); }
+  static FASTNORM_INLINE __m512i set1(int64_t v) { return _mm512_set1_epi16(int16_t(v)); }
+};
+template <>
+struct CountLanes<4> {
+  static FASTNORM_INLINE __m512i max(__m512i a, __m512i b) { return _mm512_max_epi32(a, b); }
+  static FASTNORM_INLINE __mmask16 zero(__m512i a) { return _mm512_testn_epi32_mask(a, a); }
+  static FASTNORM_INLINE __mmask16 less(__m512i a, __m512i b) { return _mm512_cmplt_epi32_mask(a, b); }
+  static FASTNORM_INLINE __m512i inc(__m512i c, __mmask16 k, __m512i one) { return _mm512_mask_add_epi32(c, k, c, one); }
+  static FASTNORM_INLINE __m512i set1(int64_t v) { return _mm512_set1_epi32(int32_t(v)); }
+};
+template <>
+struct CountLanes<8> {
+  static FASTNORM_INLINE __m512i max(__m512i a, __m512i b) { return _mm512_max_epi64(a, b); }
+  static FASTNORM_INLINE __mmask8 zero(__m512i a) { return _mm512_testn_epi64_mask(a, a); }
+  static FASTNORM_INLINE __mmask8 less(__m512i a, __m512i b) { return _mm512_cmplt_epi64_mask(a, b); }
+  static FASTNORM_INLINE __m512i inc(__m512i c, __mmask8 k, __m512i one) { return _mm512_mask_add_epi64(c, k, c, one); }
+  static FASTNORM_INLINE __m512i set1(int64_t v) { return _mm512_set1_epi64(v); }
+};
+
+template <class E>
+FASTNORM_INLINE int64_t count_blocks(const typename E::Bits* x, int64_t n, int64_t lo, int64_t& m, int64_t& zeros,
+                                     int64_t& below) {
+  using S = std::make_signed_t<typename E::Bits>;
+  using L = CountLanes<int(sizeof(S))>;
+  constexpr int kWidth = 64 / int(sizeof(S));
+  const __m512i mask = L::set1(int64_t(E::kAbsMask)), low = L::set1(lo), one = L::set1(1);
+  __m512i m0 = _mm512_setzero_si512(), m1 = m0, z0 = m0, z1 = m0, b0 = m0, b1 = m0;
+  int64_t i = 0;
+  for (; i + 2 * kWidth <= n; i += 2 * kWidth) {
+    const __m512i a0 = _mm512_and_si512(_mm512_loadu_si512(x + i), mask);
+    const __m512i a1 = _mm512_and_si512(_mm512_loadu_si512(x + i + kWidth), mask);
+    m0 = L::max(m0, a0);
+    m1 = L::max(m1, a1);
+    z0 = L::inc(z0, L::zero(a0), one);
+    z1 = L::inc(z1, L::zero(a1), one);
+    b0 = L::inc(b0, L::less(a0, low), one);
+    b1 = L::inc(b1, L::less(a1, low), one);
+  }
+  alignas(64) S top[kWidth], zs[kWidth], bs[kWidth];
+  _mm512_store_si512(top, L::max(m0, m1));
+  _mm512_store_si512(zs, z0);
+  _mm512_store_si512(bs, b0);
+  for (int j = 0; j < kWidth; ++j) {
+    m = top[j] > m ? top[j] : m;
+    zeros += zs[j];
+    below += bs[j];
+  }
+  _mm512_store_si512(zs, z1);
+  _mm512_store_si512(bs, b1);
+  for (int j = 0; j < kWidth; ++j) {
+    zeros += zs[j];
+    below += bs[j];
+  }
+  return i;
+}

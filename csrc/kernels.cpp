@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <functional>
+#include <limits>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -344,7 +345,11 @@ void reduce(const TaskSplit& split, int mode, double p, uintptr_t partial_addr, 
 void reduce_stats(const TaskSplit& split, int mode, double p, uintptr_t partial_addr, uintptr_t root_addr,
                   bool root_is_double, uintptr_t thresholds_addr, uintptr_t limit_codes_addr,
                   uintptr_t stats_addr, int num_threads) {
-  if (mode < kL2 || mode > kLp) throw std::invalid_argument("fastnorm._C.reduce_stats: unknown mode");
+  if ((mode < kL2 && mode != kCountsOnly) || mode > kLp) {
+    throw std::invalid_argument("fastnorm._C.reduce_stats: unknown mode");
+  }
+  const bool counts_only = mode == kCountsOnly;
+  const int merged = counts_only ? int(kL2) : mode;  // no partial to merge: every one stays empty
   const auto* limits = reinterpret_cast<const Limits*>(thresholds_addr);
   const auto* codes = reinterpret_cast<const int32_t*>(limit_codes_addr);
   for (int64_t t = 0; codes != nullptr && t < split.num_tensors(); ++t) {
@@ -363,17 +368,17 @@ void reduce_stats(const TaskSplit& split, int mode, double p, uintptr_t partial_
       Partial own;
       stats_piece(piece.dtype, mode, p, reinterpret_cast<const void*>(piece.addr), piece.numel,
                   limits[4 * piece.dtype + (code < 0 ? piece.dtype : code)], own, pieces[size_t(index)]);
-      merge(acc, own, mode, p);
+      merge(acc, own, merged, p);
     });
     partial[size_t(task)] = acc;
   });
 
   Partial total;
-  for (const Partial& acc : partial) merge(total, acc, mode, p);
+  for (const Partial& acc : partial) merge(total, acc, merged, p);
   auto* out = reinterpret_cast<double*>(partial_addr);
   out[0] = total.m;
   out[1] = total.s;
-  const double root = root_of(total, mode, p);
+  const double root = root_of(total, merged, p);
   if (root_is_double) {
     *reinterpret_cast<double*>(root_addr) = root;
   } else {
@@ -396,13 +401,26 @@ void reduce_stats(const TaskSplit& split, int mode, double p, uintptr_t partial_
   for (size_t t = 0; t < tensors.size(); ++t) {
     const Stats& st = tensors[t];
     double* row = rows + 6 * t;
-    row[0] = st.l2.m > 0.0 ? st.l2.s * (st.l2.m * st.l2.m) : st.l2.s;
+    row[0] = counts_only ? std::numeric_limits<double>::quiet_NaN()
+                         : st.l2.m > 0.0 ? st.l2.s * (st.l2.m * st.l2.m) : st.l2.s;
     row[1] = st.max_abs;
     row[2] = double(st.nonfinite);
     row[3] = double(st.zeros);
     row[4] = double(st.subnormal);
     row[5] = double(st.overflow);
   }
+}
+
+void count_stats(uintptr_t addr, int64_t numel, int dtype, int limit_code, int64_t task_bytes,
+                 uintptr_t thresholds_addr, uintptr_t stats_addr, int num_threads) {
+  if (dtype < kFloat32 || dtype > kBFloat16) {
+    throw std::invalid_argument("fastnorm._C.count_stats: unknown dtype code " + std::to_string(dtype));
+  }
+  const TaskSplit split({addr}, {numel}, {dtype}, task_bytes);
+  const int32_t code = limit_code;
+  double scratch[3];
+  reduce_stats(split, kCountsOnly, 2.0, uintptr_t(scratch), uintptr_t(scratch + 2), true, thresholds_addr,
+               uintptr_t(&code), stats_addr, num_threads);
 }
 
 void TaskSplit::set_gates(const std::vector<int64_t>& first_item) {

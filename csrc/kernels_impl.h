@@ -8,6 +8,7 @@
 //   canonical<E>(acc)                   the lanes in lanes.h's order, for the fold
 //   kSumElsewhere<E>, sum_elsewhere     a sum another target's loop does better
 //   scale_blocks<E>(x, n, coef)         x *= coef over whole blocks of 16-bit values
+//   count_blocks<E>(x, n, lo, ...)      count_bits' maximum and counts over whole blocks
 // Everything that decides a result's bits (which lane takes which element, the
 // order of the additions, the fold) is the same in every target, so they all
 // agree bit for bit; the result never depends on the thread count either.
@@ -151,9 +152,15 @@ FASTNORM_INLINE void reduce_as(int mode, double p, const void* ptr, int64_t n, P
 // included), the two counts every piece needs. Only a piece whose largest
 // magnitude is above hi holds values above the margin or non-finite ones:
 // count_high reads it once more for those (and for the largest finite one).
-// Lanes of one 64-byte register of the element's width, flushed every 4096
-// blocks, before a 16-bit count can wrap. The bits are below the sign bit, so
-// signed compares serve, which vectorize on every target.
+// One plain loop with scalar accumulators of the element's width, which the
+// compiler turns into vector lanes of that width (an explicit array of lanes,
+// as here before, was vectorized across lanes with permutes and spills: 4.4 G
+// float32/s on Zen 4 against 12 G for the 1-D loop). The counts are unsigned
+// of the element's width, summed into int64 every kCountBlock elements, before a
+// 16-bit count could wrap. The bits are below the sign bit, so signed compares
+// serve, which vectorize on every target.
+constexpr int64_t kCountBlock = 32768;  // < 2^16: a 16-bit count of one block cannot wrap
+
 template <class E>
 FASTNORM_NOINLINE void count_high(const typename E::Bits* x, int64_t n, int64_t hi, Stats& st) {
   using S = std::make_signed_t<typename E::Bits>;
@@ -173,39 +180,28 @@ FASTNORM_NOINLINE void count_high(const typename E::Bits* x, int64_t n, int64_t 
 }
 
 template <class E>
-FASTNORM_INLINE void count_bits(const void* ptr, int64_t n, const Limits& lim, Stats& st) {
+FASTNORM_NOINLINE void count_bits(const void* ptr, int64_t n, const Limits& lim, Stats& st) {
   using S = std::make_signed_t<typename E::Bits>;
-  constexpr int kWidth = 64 / int(sizeof(S));
-  constexpr int64_t kFlush = int64_t(kWidth) * 4096;
+  using U = std::make_unsigned_t<typename E::Bits>;
   const auto* x = static_cast<const typename E::Bits*>(ptr);
   const S lo = S(lim.lo);
-  S top[kWidth] = {};
-  int64_t zeros = 0, below = 0;
-  int64_t i = 0;
-  while (i < n) {
-    const int64_t end = std::min(n, i + kFlush);
-    S z[kWidth] = {}, b[kWidth] = {};
-    for (; i + kWidth <= end; i += kWidth) {
-      for (int j = 0; j < kWidth; ++j) {
-        const S a = S(x[i + j] & E::kAbsMask);
-        top[j] = a > top[j] ? a : top[j];
-        z[j] = S(z[j] + S(a == 0));
-        b[j] = S(b[j] + S(a < lo));
-      }
-    }
-    for (; i < end; ++i) {  // the tail, in lane 0
-      const S a = S(x[i] & E::kAbsMask);
-      top[0] = a > top[0] ? a : top[0];
-      z[0] = S(z[0] + S(a == 0));
-      b[0] = S(b[0] + S(a < lo));
-    }
-    for (int j = 0; j < kWidth; ++j) {
-      zeros += z[j];
-      below += b[j];
-    }
-  }
   S m = 0;
-  for (int j = 0; j < kWidth; ++j) m = top[j] > m ? top[j] : m;
+  int64_t zeros = 0, below = 0;
+  for (int64_t i = 0; i < n; i += kCountBlock) {
+    const int64_t end = std::min(n, i + kCountBlock);
+    int64_t wide = m;
+    const int64_t done = count_blocks<E>(x + i, end - i, lim.lo, wide, zeros, below);
+    m = S(wide);
+    U z = 0, b = 0;  // at most kCountBlock each: exact in U, which wraps (never overflows) lane by lane
+    for (int64_t k = i + done; k < end; ++k) {
+      const S a = S(x[k] & E::kAbsMask);
+      m = a > m ? a : m;
+      z = U(z + U(a == 0));
+      b = U(b + U(a < lo));
+    }
+    zeros += z;
+    below += b;
+  }
   st.zeros = zeros;
   st.subnormal = below - zeros;  // lo > 0: every zero is below it
   if (m > S(lim.hi)) {
@@ -221,6 +217,7 @@ FASTNORM_INLINE void count_bits(const void* ptr, int64_t n, const Limits& lim, S
 template <class E>
 FASTNORM_INLINE void stats_as(int mode, double p, const void* ptr, int64_t n, const Limits& lim, Partial& acc,
                               Stats& st) {
+  if (mode == kCountsOnly) return count_bits<E>(ptr, n, lim, st);
   reduce_as<E>(kL2, p, ptr, n, st.l2);
   if (mode == kL2) {
     merge_l2(acc, st.l2);

@@ -281,3 +281,24 @@ def test_cpp_refuses_an_unknown_limit_code():
             prepared, 0, 2.0, out.data_ptr(), root.data_ptr(), True, cpp._THRESHOLDS.data_ptr(),
             codes.data_ptr(), stats.data_ptr(), 1,
         )
+
+
+@pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float16))
+def test_cpp_counts_of_a_16_bit_piece_over_65535_values_are_exact(isas, dtype):
+    """One 256 KiB task of 131072 16-bit values, most of them zeros or subnormal:
+    a count kept in 16-bit lanes over the whole piece would wrap."""
+    cpp = _cpp()
+    gen = torch.Generator().manual_seed(19)
+    tiny = torch.finfo(dtype).tiny
+    x = torch.zeros(131072, dtype=torch.float64)
+    x[torch.randint(0, 131072, (40000,), generator=gen)] = tiny / 4  # subnormal in both dtypes
+    x[-5:] = 1.5
+    tensors = [x.to(dtype), torch.full((70000,), tiny / 2, dtype=torch.float64).to(dtype)]
+    want = reference(tensors, [None, None])
+    assert want[0, COLUMNS.index("zeros")] > 65536 and want[1, COLUMNS.index("subnormal")] > 65536
+    for isa in isas:
+        cpp._C.use_isa(isa)
+        _, _, stats = cpp.BACKEND.reduce_stats(
+            cpp.BACKEND.prepare(tensors), 0, 2.0, torch.float64, [None, None]
+        )
+        np.testing.assert_array_equal(stats.numpy()[:, 1:], want[:, 1:])

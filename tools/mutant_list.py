@@ -364,6 +364,26 @@ MUTANTS = [
         "what": "the helpers keep their own rounding mode: under fesetround the bits depend on the thread",
     },
     {
+        "name": "cpp-16bit-counts-wrap",
+        "path": "csrc/kernels_impl.h",
+        "old": "constexpr int64_t kCountBlock = 32768;",
+        "new": "constexpr int64_t kCountBlock = 1 << 20;",
+        "tests": ["tests/test_stats.py::test_cpp_counts_of_a_16_bit_piece_over_65535_values_are_exact"],
+        "what": "the counts of 16-bit values are summed once per piece: past 65535 they wrap",
+    },
+    {
+        "name": "cpp-avx512-counts-drop-the-second-register",
+        "path": "csrc/isa_avx512.h",
+        "old": "  _mm512_store_si512(bs, b1);\n  for (int j = 0; j < kWidth; ++j) {\n    zeros += zs[j];\n",
+        "new": "  _mm512_store_si512(bs, b1);\n  for (int j = 0; j < kWidth; ++j) {\n",
+        "tests": [
+            "tests/test_stats.py::test_cpp_statistics_do_not_depend_on_the_thread_count_or_the_isa",
+            "tests/test_stats.py::test_every_column_matches_the_reference",
+        ],
+        "what": "the AVX-512 counts' loop forgets the zeros of its second register",
+        "requires": "avx512",
+    },
+    {
         "name": "cpp-every-isa-drops-the-tail",
         "path": "csrc/kernels_impl.h",
         "old": "    if (i < n) add_tail<E, Power>(acc, x + i, n - i);\n",
