@@ -3,8 +3,8 @@
 The second layer's backward multiplies the gradient entering it by 1e8 in
 float16, which overflows (float16's largest value is 65504) although every
 forward value is small. The locator reports the first gradient that is not
-finite (the one entering the output of the module before it, `1`) and, as
-"finite on its way in", the module whose backward made it (`2`), read once
+finite (its bias's gradient, the first tensor `2`'s backward writes) and, as
+"finite on its way in", the gradient that entered `2`'s output, read once
 after the step.
 """
 

@@ -396,5 +396,131 @@ def test_the_docs_example_names_the_backward_that_overflowed(capsys):
     runpy.run_path(str(Path(__file__).resolve().parents[1] / "examples" / "locate_backward_overflow.py"))
     out = capsys.readouterr().out
     assert "loss 0.123 (finite)" in out
-    assert "first non-finite: backward, `1`, gradient of its output" in out
+    assert "first non-finite: backward, `2`, gradient of its parameter `bias`" in out
     assert "finite on its way in (backward, `2`, gradient of its output)" in out
+
+
+def _specials(n: int, dtype: torch.dtype, gen: torch.Generator) -> torch.Tensor:
+    """Random values of ``dtype`` with NaN, infs, zeros, subnormals and values past the overflow
+    margin (finfo.max / 16) at random places, the last one included."""
+    info = torch.finfo(dtype)
+    x = torch.randn(n, generator=gen, dtype=torch.float64)
+    kinds = torch.tensor(
+        [math.nan, math.inf, -math.inf, 0.0, info.tiny / 4, -info.tiny / 2, info.max / 8, -info.max / 12],
+        dtype=torch.float64,
+    )
+    where = torch.randint(0, n, (max(1, n // 13),), generator=gen)
+    x[where] = kinds[torch.randint(0, len(kinds), (len(where),), generator=gen)]
+    x[-1] = kinds[int(torch.randint(0, len(kinds), (1,), generator=gen))]
+    return x.to(dtype)
+
+
+@pytest.mark.parametrize("request_", ("auto", "torch"))
+def test_the_buffers_cells_are_the_engines_statistics(request_, monkeypatch):
+    """Row 0's cells hold reduce_stats' maximum and counts, through the C++ kernel's plan-free path
+    (auto, on the CPU) and through the engine (torch's ops): every dtype, a tensor over one task, a
+    transposed (dense) one, one with gaps, under another limit dtype."""
+    from fastnorm.locate.buffer import HEAD, WIDTH, DeviceBuffer
+    from fastnorm.stats import reduce_stats
+
+    monkeypatch.setenv("FASTNORM_BACKEND", request_)
+    gen = torch.Generator().manual_seed(23)
+    events = [
+        [_specials(n, dtype, gen)]
+        for n in (1, 33, 4097, 200_000)
+        for dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+    ]
+    events.append([_specials(64 * 5, torch.float32, gen).reshape(64, 5).t()])  # dense, not contiguous
+    gaps = _specials(99, torch.float32, gen).reshape(9, 11)[:, ::2]
+    events.append([gaps, _specials(7, torch.float16, gen)])
+    limits = [[t.dtype for t in e] for e in events]
+    limits[1] = [torch.float16]  # a float64 tensor judged by float16's range
+    buffer = DeviceBuffer(torch.device("cpu"), 4)  # grows as the events come
+    assert buffer.direct == (request_ == "auto" and fastnorm.backends.cpp._C is not None)
+    for tensors, lims in zip(events, limits):
+        buffer.record(tensors, lims)
+    buffer.settle(buffer.written)
+    cells = buffer.read()[0][HEAD : HEAD + WIDTH * buffer.written]
+    row = torch.tensor(cells, dtype=torch.float64).view(-1, WIDTH)
+    want = torch.cat([reduce_stats(t, lim) for t, lim in zip(events, limits)])
+    assert torch.equal(row[:, 1:], want[:, 1:])
+    assert want[:, 2].sum() > 0 and want[:, 4].sum() > 0 and want[:, 5].sum() > 0  # every count is reached
+    if buffer.direct:
+        dense = [i for i, (t,) in enumerate(events[:-1])]
+        assert row[dense, 0].isnan().all()  # the plan-free path leaves the sums of squares out
+
+
+def test_one_locator_judges_each_step_by_its_own_autocast_state():
+    class Scale(nn.Module):
+        def forward(self, x):
+            return x.float() * 1e5  # beyond float16's margin, far inside float32's
+
+    model = nn.Sequential(nn.Linear(4, 4), Scale())
+    with fastnorm.Locator(model) as locator:
+        model(torch.randn(2, 4))  # float32 judges it: nothing
+        locator.step()
+        assert not locator.collect()
+        with torch.autocast("cpu", dtype=torch.float16):
+            model(torch.randn(2, 4))
+        locator.step()
+        assert locator.collect().overflow.site.limit == "float16"
+        model(torch.randn(2, 4))  # and float32 again
+        locator.step()
+        assert not locator.collect()
+
+
+def test_pause_removes_the_hooks_and_resume_puts_them_back():
+    model = MLP()
+    before = _hooks(model)
+    locator = fastnorm.Locator(model)
+    model.fault.kind = "forward-nan"
+    locator.pause()
+    assert _hooks(model) == before and not locator.active
+    model(model.batch()).sum().backward()  # not watched
+    locator.step()
+    assert not locator.located()
+    locator.resume()
+    locator.resume()  # harmless while active
+    assert locator.active
+    model(model.batch()).sum().backward()
+    locator.step()
+    found = locator.located()
+    assert found.nonfinite.site.module == "fault" and found.nonfinite.step == 1
+    locator.remove()
+    with pytest.raises(RuntimeError, match="was removed"):
+        locator.resume()
+
+
+def test_the_plan_free_kernel_refuses_an_unknown_dtype_code():
+    cpp = fastnorm.backends.cpp
+    if cpp._C is None:
+        pytest.skip("the C++ kernels are not built")
+    out = torch.empty(6, dtype=torch.float64)
+    x = torch.ones(3)
+    with pytest.raises(ValueError, match="unknown dtype code 7"):
+        cpp._C.count_stats(x.data_ptr(), 3, 7, 0, cpp.TASK_BYTES, cpp._THRESHOLDS_ADDR, out.data_ptr(), 1)
+    with pytest.raises(ValueError, match="unknown limit dtype code 9"):
+        cpp._C.count_stats(x.data_ptr(), 3, 0, 9, cpp.TASK_BYTES, cpp._THRESHOLDS_ADDR, out.data_ptr(), 1)
+
+
+def test_each_parameters_gradient_is_read_once_a_step_where_backward_wrote_it():
+    model = MLP()
+    locator = fastnorm.Locator(model)
+    model(model.batch()).sum().backward()
+    sites = list(locator.sites())
+    order = [sites[e] for e in locator._events]  # the step in progress, before it closes
+    grads = [s for s in order if s.role == "grad"]
+    assert sorted(f"{s.module}.{s.index}" for s in grads) == sorted(n for n, _ in model.named_parameters())
+    # read in backward's order, among the gradients entering the outputs: fc2's before fc1's
+    assert order.index(next(s for s in grads if s.module == "fc2")) < order.index(
+        next(s for s in order if s.role == "grad_output" and s.module == "fc1")
+    )
+    locator.located()  # reads the parameters no hook read: none
+    locator.step()
+    assert len(locator._history[-1][1]) == len(order)
+    model.fc1.weight.grad = torch.full_like(model.fc1.weight, math.nan)  # set by hand: read at the step
+    locator.step()
+    found = locator.located()
+    site = found.nonfinite.site
+    assert (site.module, site.index, found.nonfinite.step) == ("fc1", "weight", 1)
+    locator.remove()

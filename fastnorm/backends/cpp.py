@@ -69,6 +69,30 @@ def _limits_table() -> torch.Tensor:
 
 
 _THRESHOLDS = _limits_table()
+_THRESHOLDS_ADDR = _THRESHOLDS.data_ptr()
+COUNTS_ONLY = -1  # _C.reduce_stats's mode for the counts and maximum alone (csrc/fastnorm.h kCountsOnly)
+
+
+def count_stats(tensor: torch.Tensor, limit: torch.dtype, address: int) -> None:
+    """The statistics of one dense CPU tensor but its sum of squares (NaN), judged by ``limit``,
+    written as six float64 at ``address``, without a plan: for a tensor read once (an activation),
+    whose plan would be built and cached only to be dropped, and whose sum of squares nobody reads.
+    The counts and maximum are ``reduce_stats``'s (the same split, the same loop over the bits).
+
+    ``tensor``: dense (``_collect.is_dense``), of a dtype of ``DTYPE_CODES``, as is ``limit``.
+    """
+    count, threads, task, table = count_stats_args(torch.get_num_threads())
+    code, limit_code = DTYPE_CODES[tensor.dtype], DTYPE_CODES[limit]
+    count(tensor.data_ptr(), tensor.numel(), code, limit_code, task, table, address, threads)
+
+
+def count_stats_args(threads: int) -> tuple[Any, int, int, int]:
+    """``(_C.count_stats, threads, TASK_BYTES, thresholds' address)``: what a caller of
+    ``_C.count_stats(addr, numel, dtype code, limit code, task, table, out, threads)`` on many
+    tensors in a row (the locator, hundreds a pass) holds, instead of looking each up per tensor."""
+    return _C.count_stats, threads, TASK_BYTES, _THRESHOLDS_ADDR
+
+
 _STATS = torch.empty((0, len(_stats.COLUMNS)), dtype=torch.float64)
 # Limit-dtype codes of recent calls that name some (int32, one per tensor).
 _LIMIT_CODES: dict[tuple[torch.dtype | None, ...], torch.Tensor] = {}

@@ -10,8 +10,15 @@ One float64 tensor of three rows, allocated on the watched tensors' device
   when that step closed; row 2 the same for the first overflow.
 
 Each event (one module call's outputs, one gradient) is one reduction of its
-tensors into a ``(k, 6)`` block, held (six numbers a tensor, never the tensor)
-until the step is settled, when the blocks are copied into row 0 at once.
+tensors into its six cells a tensor (never the tensor). On the CPU, where the
+C++ backend serves the tensors (dense, of a float dtype), the C++ kernel
+writes each tensor's counts and maximum straight into row 0, with no plan
+(``_C.count_stats``, one call a tensor, its sum of squares left
+NaN: nobody reads it): a pass's activations are read once, and a plan built
+and cached for each cost more than the read (about 30 us a call). Elsewhere
+(CUDA, tensors with gaps, ``FASTNORM_BACKEND=torch``) it is
+``fastnorm.stats.reduce_stats``, the same columns, whose ``(k, 6)`` block is
+held until the step is settled, when the blocks are copied into row 0.
 ``order`` is the event's place in the step, counted on the host.
 The first offenders are found once per step, when it closes (or is read), as
 a maximum of ``-order`` over the events that hold a non-finite value (or an
@@ -26,7 +33,11 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from fastnorm import backends
 from fastnorm import stats as engine
+from fastnorm._collect import is_dense
+from fastnorm._partial import Mode
+from fastnorm.backends import cpp
 
 FIRST_NONFINITE, FIRST_OVERFLOW, STEP = 0, 1, 2
 HEAD = 3  # the cells before the first event's
@@ -45,9 +56,12 @@ class DeviceBuffer:
         self.rows = torch.empty(3, 0, dtype=torch.float64, device=device)
         self.neg_orders = torch.empty(0, dtype=torch.float64, device=device)
         self.blank = torch.tensor([float("-inf"), float("-inf"), -1.0], dtype=torch.float64, device=device)
-        self.pending: list[Tensor] = []  # the blocks not yet in row 0, in order
-        self.written = 0  # the events in row 0
+        self.pending: list[tuple[int, Tensor]] = []  # (first event, block) not yet in row 0
+        self.written = 0  # the events recorded in the step in progress
+        self.direct = False  # whether the C++ kernel writes the statistics into row 0 (choose())
+        self.kernel: tuple = ()  # _C.count_stats and its fixed arguments, for this step's thread count
         self.grow(max(events, 16))
+        self.choose()
 
     def grow(self, events: int) -> None:
         """Room for ``events`` events per step; what is held is copied, on the device."""
@@ -62,19 +76,51 @@ class DeviceBuffer:
         self.rows, self.capacity = rows, capacity
         self.neg_orders = -torch.arange(capacity, dtype=torch.float64, device=self.device)
 
+    def choose(self) -> None:
+        """Whether the C++ kernel serves this device's dense tensors, under FASTNORM_BACKEND as it is now
+        (read at the start of each step, not at each event)."""
+        request = backends.requested()
+        try:
+            self.direct = (
+                self.device.type == "cpu"
+                and request in ("auto", "cpp")
+                and backends.choose(self.device, request, Mode.L2, dense=True).backend.name == "cpp"
+            )
+        except backends.BackendUnavailableError:
+            self.direct = False  # reduce_stats says why, at the first event
+        if self.direct:
+            self.kernel = cpp.count_stats_args(torch.get_num_threads())
+
     def record(self, tensors: Sequence[Tensor], limits: Sequence[torch.dtype]) -> None:
-        """Reduces ``tensors``, the step's next events, into a block of their statistics."""
-        self.pending.append(engine.reduce_stats(tensors, limits))
+        """Reduces ``tensors``, the step's next events, into their statistics (a few microseconds of
+        host time an event: a pass holds hundreds)."""
+        start = self.written
+        self.written = end = start + len(tensors)
+        codes = cpp.DTYPE_CODES
+        if self.direct and (
+            (tensors[0].dtype in codes and (tensors[0].is_contiguous() or is_dense(tensors[0])))
+            if end - start == 1
+            else all(t.dtype in codes and (t.is_contiguous() or is_dense(t)) for t in tensors)
+        ):
+            if end > self.capacity:
+                self.grow(end)
+            cell = self.rows.data_ptr() + 8 * (HEAD + WIDTH * start)  # row 0 is the first
+            count, threads, task, table = self.kernel
+            for t, limit in zip(tensors, limits):
+                count(t.data_ptr(), t.numel(), codes[t.dtype], codes[limit], task, table, cell, threads)
+                cell += 8 * WIDTH
+        else:
+            self.pending.append((start, engine.reduce_stats(tensors, limits)))
 
     def settle(self, events: int) -> None:
         """Writes the pending blocks into row 0 and finds the first offenders among its first ``events``
         events (a few device operations)."""
         if self.pending:
-            block = torch.cat(self.pending) if len(self.pending) > 1 else self.pending[0]
-            self.pending = []
-            start, self.written = self.written, self.written + block.shape[0]
             self.grow(self.written)
-            self.rows[CURRENT, HEAD + WIDTH * start : HEAD + WIDTH * self.written] = block.reshape(-1)
+            for start, block in self.pending:
+                cells = slice(HEAD + WIDTH * start, HEAD + WIDTH * (start + block.shape[0]))
+                self.rows[CURRENT, cells] = block.reshape(-1)
+            self.pending = []
         if events == 0:
             self.rows[CURRENT, :STEP] = float("-inf")
             return
@@ -92,6 +138,7 @@ class DeviceBuffer:
         rows[1:] = torch.where(take.unsqueeze(1), rows[CURRENT].expand(2, -1), rows[1:])
         rows[CURRENT, :HEAD] = self.blank
         self.written = 0
+        self.choose()
 
     def reset_window(self) -> None:
         """Forgets the window's kept steps (after they were read)."""

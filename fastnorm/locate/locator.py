@@ -4,10 +4,15 @@ One mechanism, installed once on a model: a forward hook on every module
 (and a pre-hook on the model, for its inputs). The hook reduces the module's
 floating-point outputs into the device buffer (:mod:`fastnorm.locate.buffer`)
 and, where they require a gradient, registers a hook on each output tensor,
-which reduces the gradient entering it when backward computes it. The
-parameters' gradients are read in one pass when the step closes (or a report
-is asked for). Each event gets its place in the step, counted on the host:
-the buffer keeps the first offender as a device-side maximum of ``-order``.
+which reduces the gradient entering it when backward computes it. A
+post-accumulate-grad hook on each parameter reduces its gradient where
+backward has just written it (in cache, and in execution order among the
+others); a gradient no hook read in the step (set by hand) is read when the
+step closes (or a report is asked for). Each event gets its place in the
+step, counted on the host: the buffer keeps the first offender as a
+device-side maximum of ``-order``. A module's sites and limits are found once
+(per dtype and autocast state) and kept, so an event costs a few microseconds
+of host time: a dictionary look-up and one call of the kernel.
 
 What the locator never does: read a device value before :meth:`Locator.report`
 or :meth:`Locator.collect`; hold a tensor (a hook's closure holds the site's
@@ -120,6 +125,10 @@ class Locator:
         self._sites: list[Site] = []
         self._site_ids: dict[tuple, int] = {}
         self._param_sites: dict[tuple, tuple] = {}  # the parameters' sites and limits, by what has a gradient
+        # (module, outputs' dtypes, autocast) -> their sites, limits and gradient hooks
+        self._output_sites: dict[tuple, tuple] = {}
+        self._grad_sites: dict[tuple, Any] = {}  # an output's or parameter's gradient -> its site (and limit)
+        self._accumulated_in_step: set[int] = set()  # the parameters whose gradients backward's hooks read
         self._buffer: DeviceBuffer | None = None
         self._on = True
         self._step = 0  # the step in progress
@@ -130,8 +139,19 @@ class Locator:
         # The tensors the previous hook reduced: a parent often returns its last child's output.
         self._last: list[weakref.ref] = []
         self.transfers = 0
-        self._handles = [model.register_forward_pre_hook(self._inputs)]
-        self._handles += [m.register_forward_hook(self._outputs) for m in model.modules()]
+        self._handles: list[Any] = []
+        self._removed = False
+        self._install()
+
+    def _install(self) -> None:
+        self._handles = [self.model.register_forward_pre_hook(self._inputs)]
+        self._handles += [m.register_forward_hook(self._outputs) for m in self.model.modules()]
+        self._handles += [
+            p.register_post_accumulate_grad_hook(partial(self._accumulated, i))
+            for i, (_, p) in enumerate(self._params)
+            if p.requires_grad
+        ]
+        self._on = True
 
     # -- the hooks --------------------------------------------------------------
 
@@ -167,31 +187,67 @@ class Locator:
         if not self._on or torch.compiler.is_compiling():
             return
         found = _floating(output)
-        seen = [r() for r in self._last]
-        tensors = [t for t in found if not any(t is s for s in seen)]  # a child's output, reduced already
+        if not found:
+            return
+        last = self._last
+        # A child's output, reduced already: a parent often returns its last child's output.
+        tensors = [t for t in found if not any(t is r() for r in last)] if last else found
         if not tensors:
             return
         self._last = [weakref.ref(t) for t in tensors]
-        name = self._names.get(id(module), "")
-        limits = [_limit(t.dtype, t.device.type) for t in tensors]
-        index = range(len(tensors)) if len(found) > 1 else [0]
-        sites = tuple(
-            self._site(FORWARD, name, i, "output", t, lim) for i, t, lim in zip(index, tensors, limits)
-        )
+        device_type = tensors[0].device.type
+        autocast = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
+        # The module's sites and limits for outputs of these dtypes, as found the first time.
+        key = (id(module), len(found), autocast, *(t.dtype for t in tensors))
+        known = self._output_sites.get(key)
+        if known is None:
+            name = self._names.get(id(module), "")
+            limits = [_limit(t.dtype, t.device.type) for t in tensors]
+            index = tuple(range(len(tensors))) if len(found) > 1 else (0,)
+            sites = tuple(
+                self._site(FORWARD, name, i, "output", t, lim) for i, t, lim in zip(index, tensors, limits)
+            )
+            hooks = tuple(partial(self._gradient, name, i, lim) for i, lim in zip(index, limits))
+            known = self._output_sites[key] = (sites, limits, hooks)
+        sites, limits, hooks = known
         self._record(tensors, sites, limits)
         if torch.is_grad_enabled():
-            for i, t, lim in zip(index, tensors, limits):
+            for t, hook in zip(tensors, hooks):
                 if t.requires_grad:
-                    t.register_hook(partial(self._gradient, name, i, lim))
+                    t.register_hook(hook)
 
     def _gradient(self, name: str, index: int, limit: torch.dtype, grad: Tensor) -> None:
         if self._on:
-            site = self._site(BACKWARD, name, index, "grad_output", grad, limit)
+            key = (name, index, limit, grad.dtype)
+            site = self._grad_sites.get(key)
+            if site is None:
+                site = self._grad_sites[key] = self._site(BACKWARD, name, index, "grad_output", grad, limit)
             self._record([grad], (site,), [limit])
 
+    def _accumulated(self, index: int, param: Tensor) -> None:
+        """A parameter's gradient, read where backward has just written it (in cache, in execution order)."""
+        grad = param.grad
+        if not self._on or grad is None or not grad.is_floating_point() or torch.compiler.is_compiling():
+            return
+        key = (index, grad.dtype)
+        known = self._grad_sites.get(key)
+        if known is None:
+            limit = grad.dtype if grad.dtype in _LIMITS else torch.float32
+            name = self._params[index][0]
+            site = self._site(BACKWARD, *name.rpartition(".")[::2], "grad", grad, limit)
+            known = self._grad_sites[key] = (site, limit)
+        self._record([grad], (known[0],), [known[1]])
+        self._accumulated_in_step.add(index)
+
     def _parameter_gradients(self) -> None:
-        """One pass over the parameters' gradients, unless none changed since they were last read."""
-        grads = [(n, p.grad) for n, p in self._params if p.grad is not None and p.grad.is_floating_point()]
+        """One pass over the parameters' gradients that backward's hooks did not read in this step (set
+        by hand, or under a mode whose backward runs no hooks), unless none changed since last read."""
+        done = self._accumulated_in_step
+        grads = [
+            (n, p.grad)
+            for i, (n, p) in enumerate(self._params)
+            if i not in done and p.grad is not None and p.grad.is_floating_point()
+        ]
         # Each gradient's identity and version: a backward since the last read changed one of them.
         seen = tuple((id(g), g._version) for _, g in grads)
         if not grads or not self._on or seen == self._params_read:
@@ -211,7 +267,8 @@ class Locator:
     # -- the step --------------------------------------------------------------
 
     def step(self, step: int | None = None) -> None:
-        """Closes the step in progress (its parameters' gradients read in one pass), as step ``step``.
+        """Closes the step in progress (the parameters' gradients no hook read, read in one pass), as
+        step ``step``.
 
         Call it once per optimizer step, after backward and before ``zero_grad``
         (the monitor's ``update`` does). A few device operations; nothing read.
@@ -232,6 +289,7 @@ class Locator:
         self._order = 0
         self._events = []
         self._last = []
+        self._accumulated_in_step = set()
 
     # -- reading -----------------------------------------------------------------
 
@@ -292,15 +350,37 @@ class Locator:
 
     @property
     def active(self) -> bool:
-        """True until :meth:`remove`."""
+        """True while the hooks are installed: until :meth:`remove` or :meth:`pause`."""
         return self._on
 
     def remove(self) -> None:
         """Removes every hook the locator added, by its handle; twice is harmless."""
+        self._removed = True
+        self._uninstall()
+
+    def _uninstall(self) -> None:
         self._on = False
         handles, self._handles = self._handles, []
         for h in handles:
             h.remove()
+
+    def pause(self) -> None:
+        """Removes the hooks until :meth:`resume`, keeping the window and what was learnt of the model's
+        sites (an evaluation loop, or a stretch not worth watching, runs at the bare model's speed). The
+        step in progress keeps what it recorded; twice is harmless."""
+        self._uninstall()
+
+    def resume(self) -> None:
+        """Installs the hooks again after :meth:`pause` (a few microseconds a module); harmless while
+        active.
+
+        Raises:
+            RuntimeError: the locator was removed (:meth:`remove` is final).
+        """
+        if self._removed:
+            raise RuntimeError("Locator.resume: the locator was removed; create a new one")
+        if not self._on:
+            self._install()
 
     def __enter__(self) -> Locator:
         return self
