@@ -1104,3 +1104,23 @@ def test_a_loss_that_follows_its_batches_ends_above_its_start_only_above_its_fir
     loss = [0.3, 0.35, 0.25, 0.4, 0.3] + [0.7 * rng.expovariate(1.0) / math.log(2) for _ in range(n - 5)]
     d = diagnose(range(n), noise(seed, n=n), loss=(range(n), loss), lr={0: 0.01})
     assert d.verdict == "stalled", d.report()
+
+
+def _plateau_after(level_lr):
+    """300 steps: the loss falls from 4.5 to 3 in its first 25, then stays there; the rate as given."""
+    steps = list(range(300))
+    loss = losses(8, lambda i: 3.0 + 1.5 * max(0.0, 1 - i / 25), n=300, sigma=0.05)[1]
+    return diagnose(steps, noise(8, n=300), loss=(steps, loss), lr={i: level_lr(i) for i in steps})
+
+
+def test_a_plateau_after_a_logged_warmup_is_a_stall_whose_schedule_is_named():
+    # A 20-step warmup, then the rate cut 10^4x at step 30: the loss flat for the last 90% of the run.
+    d = _plateau_after(lambda i: 3e-3 * (i + 1) / 20 if i < 20 else 3e-3 if i < 30 else 3e-7)
+    assert d.verdict == "stalled", d.report()
+    assert first_action(d) == "lr_schedule" and "fell 1e+04x" in d.actions[0], d.report()
+    # A rate that still rises through the first half of the plateau: the loss may not have started.
+    warming = _plateau_after(lambda i: 3e-3 * (i + 1) / 200 if i < 200 else 3e-3)
+    assert warming.verdict == "stable", warming.report()
+    # Cut 10x only later in the run, where the loss had long stopped: a stall, not the schedule's doing.
+    late = _plateau_after(lambda i: 3e-3 * (i + 1) / 20 if i < 20 else 3e-3 if i < 250 else 3e-4)
+    assert late.verdict == "stalled" and first_action(late) != "lr_schedule", late.report()

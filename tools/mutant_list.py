@@ -807,6 +807,22 @@ MUTANTS = [
     # The diagnosis (fastnorm/monitoring/diagnosis/)
     # ------------------------------------------------------------------
     {
+        "name": "diag-plateau-hidden-by-any-warmup",
+        "path": "fastnorm/monitoring/diagnosis/diagnoser.py",
+        "old": "        return until is None or until < plateau[0] + (last - plateau[0]) / 2\n",
+        "new": "        return until is None\n",
+        "tests": ["tests/test_diagnosis.py::test_a_plateau_after_a_logged_warmup_is_a_stall_whose_schedule_is_named"],
+        "what": "a plateau after a logged warmup is read as stable, however long ago the warmup ended",
+    },
+    {
+        "name": "diag-plateau-ignores-the-rate-cut",
+        "path": "fastnorm/monitoring/diagnosis/diagnoser.py",
+        "old": "        cut = self._lr_cut(step, last)\n",
+        "new": "        cut = None\n",
+        "tests": ["tests/test_diagnosis.py::test_a_plateau_after_a_logged_warmup_is_a_stall_whose_schedule_is_named"],
+        "what": "a plateau where the logged rate was cut 10^4x leads with generic stall advice",
+    },
+    {
         "name": "diagnosis-thresholds-swapped",
         "path": "fastnorm/monitoring/diagnosis/norm.py",
         "old": "        return self.explode_orders if side > 0 else self.vanish_orders",

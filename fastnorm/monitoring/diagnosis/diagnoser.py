@@ -392,7 +392,7 @@ class Diagnoser:
             )
         elif read is not None:
             events.append(self._loss_event(read, loss, found, last))
-        elif loss is not None and loss.plateau() is not None and self._lr.rising_until is None:
+        elif loss is not None and self._plateau_counts(loss, last):
             events.append(self._plateau(loss, found, last))
         events += [self._norm_event(f, loss, found) for i, f in enumerate(found) if i not in consumed]
         if objective in objectives.NOT_A_FLOOR:
@@ -552,13 +552,49 @@ class Diagnoser:
             detail += "; the weight decay was this strong from the first step"
         return Event(STALLED, start, last, detail, actions)
 
+    def _plateau_counts(self, loss: Any, last: int) -> bool:
+        """Whether the loss's plateau is a stall: not while the learning rate still rose through the first
+        half of it (a loss flat under a rate that is still warming up may just not have started). A warmup
+        that ended as the plateau began (a schedule that cut the rate 10^4x after 20 steps of warmup, the
+        loss flat for the last 90% of the run) hides nothing."""
+        plateau = loss.plateau()
+        if plateau is None:
+            return False
+        until = self._lr.rising_until
+        return until is None or until < plateau[0] + (last - plateau[0]) / 2
+
     def _plateau(self, loss: LossView, found: list[Found], last: int | None) -> Event:
         step, at = loss.plateau()
         detail = (
             f"the loss fell from {num(loss.first)} to {num(at)} by step {step}, then stopped: "
             f"{num(loss.final)} at the end, {last - step} steps later"
         )
-        return self._stall(False, self._first_step, detail, loss, found, last)
+        stall = self._stall(False, self._first_step, detail, loss, found, last)
+        cut = self._lr_cut(step, last)
+        if cut is None:
+            return stall
+        rest = tuple(a for a in stall.actions if a.id != "lr_schedule")
+        return replace(stall, actions=(cut, *rest))
+
+    def _lr_cut(self, step: int, last: int | None) -> advice.Action | None:
+        """The logged learning rate cut 10x or more where the loss stopped falling (from ``reach`` steps
+        before the plateau's start to a quarter of the way into it), and still that low at the end: the
+        schedule stopped the run, the evidence the first action rests on."""
+        if last is None or self._lr.last is None:
+            return None
+        reach = self._reach()
+        for change_step, before, after, previous, _ in self._lr.changes:
+            within = step - reach <= change_step <= step + max(reach, (last - step) / 4)
+            if within and abs(after) <= abs(before) / 10 and abs(self._lr.last) <= abs(before) / 10:
+                return advice.Action(
+                    "lr_schedule",
+                    "Check the learning-rate schedule: the learning rate fell "
+                    f"{times(abs(before), abs(after))} {advice.read_at(change_step, previous)} "
+                    f"({num(before)} to {num(after)}), where the loss stopped falling, and was still "
+                    f"{num(self._lr.last)} at the end: a rate that small moves nothing. Keep it near "
+                    f"{num(before)} (a decay to its end, not a cut at the start).",
+                )
+        return None
 
     def _lr_jump(self, loss: LossView, found: list[Found], last: int | None) -> Event | None:
         """A loss that jumped 10x over its level just after a jump of the learning rate (more than 2x, or to
