@@ -4,7 +4,7 @@
     nice -n 10 python tests/families/make_novel.py NAME ...   # some runs
     python tests/families/make_novel.py --list                # names, family, objective and cause
 
-Needs only torch and Python's own files: nothing is downloaded. Seven families,
+Needs only torch and Python's own files: nothing is downloaded. Nine families,
 each on another objective or another kind of training than ``make_runs.py``'s:
 
 * ``stdlm``: a character language model (an embedding and an MLP over the last
@@ -20,7 +20,14 @@ each on another objective or another kind of training than ``make_runs.py``'s:
   negatives per anchor (a collapse sits at ln 32);
 * ``bandit``: REINFORCE on a 10-armed contextual bandit (a loss near 0, of
   either sign; batches whose rewards tie give a gradient of exactly 0; the
-  mean reward logged beside it).
+  mean reward logged beside it);
+* ``vae``: a variational autoencoder of 8-D points near a 2-D sheet (the
+  reconstruction error plus the KL term);
+* ``tabular``: an MLP regressor on 12 standardised features of mixed scales,
+  SGD with momentum.
+
+``vae`` and ``tabular`` are a second batch, added after every rule change the
+ledger records: their first score is the rules' on families they never saw.
 
 Each run logs through ``GradNormMonitor`` + ``JsonlLogger`` as a user's loop
 does: some told the optimizer (the learning rate and settings logged), some
@@ -371,7 +378,49 @@ def bandit(loop: Loop, lr=3e-2, **_):
     return train(step_fn, params, optimizer, loop), {"chance": None, "objective": "reinforcement"}
 
 
-FAMILIES = {f.__name__: f for f in (stdlm, shapes, finetune, denoiser, gan, contrastive, bandit)}
+def vae(loop: Loop, lr=2e-3, **_):
+    """A variational autoencoder of 8-D points near a 2-D sheet: reconstruction plus the KL term."""
+    mix = torch.randn(2, 8) / 2
+
+    def points(n):
+        z = torch.rand(n, 2) * 4 - 2
+        return torch.tanh(z @ mix) + 0.05 * torch.randn(n, 8)
+
+    enc, dec = mlp([8, 64, 4], nn.Tanh), mlp([2, 64, 8], nn.Tanh)
+    params = [*enc.parameters(), *dec.parameters()]
+    optimizer = adam(params, lr)
+
+    def step_fn(step):
+        x = points(128)
+        mu, log_var = enc(x).chunk(2, 1)
+        z = mu + (0.5 * log_var).exp() * torch.randn_like(mu)
+        recon = F.mse_loss(dec(z), x, reduction="none").sum(1).mean()
+        kl = (-0.5 * (1 + log_var - mu**2 - log_var.exp()).sum(1)).mean()
+        return recon + kl, None
+
+    return train(step_fn, params, optimizer, loop), {"chance": None, "objective": "minimise"}
+
+
+def tabular(loop: Loop, lr=0.01, opt="sgd", **_):
+    """An MLP regressor on 12 tabular features of mixed scales (standardised), SGD with momentum."""
+    gen = torch.Generator().manual_seed(7)
+    w = torch.randn(12, generator=gen)
+    x_all = torch.randn(4096, 12, generator=gen) * torch.logspace(-1, 1, 12)
+    y_all = torch.sin(x_all[:, :4] @ w[:4] / 4) * 3 + (x_all[:, 4:] / torch.logspace(-1, 1, 12)[4:]) @ w[4:] / 3
+    y_all = y_all + 0.3 * torch.randn(4096, generator=gen)
+    x_all = (x_all - x_all.mean(0)) / x_all.std(0)
+    model = mlp([12, 64, 64, 1], nn.ReLU)
+    params = list(model.parameters())
+    optimizer = torch.optim.SGD(params, lr, momentum=0.9) if opt == "sgd" else adam(params, lr)
+
+    def step_fn(step):
+        idx = torch.randint(0, 4096, (64,))
+        return F.mse_loss(model(x_all[idx]).squeeze(1), y_all[idx]), None
+
+    return train(step_fn, params, optimizer, loop), {"chance": None, "objective": "minimise"}
+
+
+FAMILIES = {f.__name__: f for f in (stdlm, shapes, finetune, denoiser, gan, contrastive, bandit, vae, tabular)}
 
 
 # ----------------------------------------------------------------------------
@@ -633,6 +682,17 @@ SPECS = [
     Spec("bandit-detached-nolr", "bandit", nothing_trains, loop=NOLR, seed=463),
     Spec("bandit-detached-midway", "bandit", nothing_trains, {"onset": 150}, seed=464),
     Spec("bandit-policy-saturates", "bandit", policy_saturates, {"factor": 100.0}, seed=465),
+    # A second batch, scored live from the first run of the diagnosis on it: families no rule has seen.
+    Spec("vae-healthy", "vae", healthy, seed=471),
+    Spec("vae-healthy-nolr", "vae", healthy, loop=NOLR, seed=472),
+    Spec("vae-lr-too-high-nolr", "vae", lr_too_high, {"factor": 1000.0}, NOLR, seed=473),
+    Spec("vae-plateau", "vae", plateau, {"onset": 40}, seed=474),
+    Spec("vae-slow-rise-nolr", "vae", slow_rise, {"onset": 120, "growth": 1.05}, NOLR, seed=475),
+    Spec("tabular-healthy", "tabular", healthy, seed=481),
+    Spec("tabular-healthy-nolr", "tabular", healthy, loop=NOLR, seed=482),
+    Spec("tabular-lr-too-high", "tabular", lr_too_high, {"factor": 300.0}, seed=483),
+    Spec("tabular-plateau-warmup-nolr", "tabular", plateau, {"onset": 25, "warmup": 10}, NOLR, seed=484),
+    Spec("tabular-slow-rise", "tabular", slow_rise, {"onset": 100, "growth": 1.06}, seed=485),
 ]
 BY_NAME = {s.name: s for s in SPECS}
 
