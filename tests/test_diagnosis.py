@@ -1124,3 +1124,16 @@ def test_a_plateau_after_a_logged_warmup_is_a_stall_whose_schedule_is_named():
     # Cut 10x only later in the run, where the loss had long stopped: a stall, not the schedule's doing.
     late = _plateau_after(lambda i: 3e-3 * (i + 1) / 20 if i < 20 else 3e-3 if i < 250 else 3e-4)
     assert late.verdict == "stalled" and first_action(late) != "lr_schedule", late.report()
+
+
+def test_a_loss_that_fell_by_half_then_stopped_at_a_logged_rate_cut_is_a_stall():
+    # Falls from 4 to 1.8 by step 40, where the rate is cut 10^4x; flat for the rest of the run.
+    steps = list(range(300))
+    loss = losses(9, lambda i: 1.8 + 2.2 * max(0.0, 1 - i / 40), n=300, sigma=0.05)[1]
+    values = noise(9, n=300)
+    cut = diagnose(steps, values, loss=(steps, loss), lr={i: 2e-3 if i < 40 else 2e-7 for i in steps})
+    assert cut.verdict == "stalled" and first_action(cut) == "lr_schedule", cut.report()
+    # The same loss without the rate, or with a rate that stayed: a loss at its floor early, as far as the
+    # log can tell.
+    assert diagnose(steps, values, loss=(steps, loss)).verdict == "stable"
+    assert diagnose(steps, values, loss=(steps, loss), lr={i: 2e-3 for i in steps}).verdict == "stable"

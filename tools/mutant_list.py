@@ -807,6 +807,16 @@ MUTANTS = [
     # The diagnosis (fastnorm/monitoring/diagnosis/)
     # ------------------------------------------------------------------
     {
+        "name": "diag-deep-plateau-without-its-cut",
+        "path": "fastnorm/monitoring/diagnosis/diagnoser.py",
+        "old": "            if plateau is None or self._lr_cut(plateau[0], last, 100.0) is None:\n",
+        "new": "            if plateau is None or self._lr_cut(plateau[0], last, 100.0) is not None:\n",
+        "tests": [
+            "tests/test_diagnosis.py::test_a_loss_that_fell_by_half_then_stopped_at_a_logged_rate_cut_is_a_stall"
+        ],
+        "what": "a loss that fell by half is a plateau only where no rate cut explains it: the evidence inverted",
+    },
+    {
         "name": "diag-plateau-hidden-by-any-warmup",
         "path": "fastnorm/monitoring/diagnosis/diagnoser.py",
         "old": "        return until is None or until < plateau[0] + (last - plateau[0]) / 2\n",

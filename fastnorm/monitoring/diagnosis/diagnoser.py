@@ -392,8 +392,8 @@ class Diagnoser:
             )
         elif read is not None:
             events.append(self._loss_event(read, loss, found, last))
-        elif loss is not None and self._plateau_counts(loss, last):
-            events.append(self._plateau(loss, found, last))
+        elif loss is not None and (plateau := self._plateau_found(loss, last)) is not None:
+            events.append(self._plateau(plateau, loss, found, last))
         events += [self._norm_event(f, loss, found) for i, f in enumerate(found) if i not in consumed]
         if objective in objectives.NOT_A_FLOOR:
             events = [self._for_objective(e, objective) for e in events]
@@ -539,9 +539,12 @@ class Diagnoser:
             (*self._explode_actions(read.peak, read.base, onset, found), advice.resume_action(onset)),
         )
 
-    def _stall(self, never: bool, start: int, detail: str, loss: LossView, found: list[Found], last) -> Event:
+    def _stall(
+        self, never: bool, start: int, detail: str, loss: LossView, found: list[Found], last, plateau=None
+    ) -> Event:
         norm_steady = not any(f.event.kind in (EXPLODING, VANISHING) for f in found)
-        stall = advice.Stall(never, loss.first, start, loss.chance(), loss.noise, loss.plateau())
+        plateau = loss.plateau() if plateau is None else plateau
+        stall = advice.Stall(never, loss.first, start, loss.chance(), loss.noise, plateau)
         actions = advice.stall_actions(
             self._ev, stall, self._layers.snapshots, self._layers.vanished, norm_steady
         )
@@ -552,32 +555,36 @@ class Diagnoser:
             detail += "; the weight decay was this strong from the first step"
         return Event(STALLED, start, last, detail, actions)
 
-    def _plateau_counts(self, loss: Any, last: int) -> bool:
-        """Whether the loss's plateau is a stall: not while the learning rate still rose through the first
-        half of it (a loss flat under a rate that is still warming up may just not have started). A warmup
-        that ended as the plateau began (a schedule that cut the rate 10^4x after 20 steps of warmup, the
-        loss flat for the last 90% of the run) hides nothing."""
+    def _plateau_found(self, loss: LossView, last: int) -> tuple[int, float] | None:
+        """The loss's plateau where it is a stall: not while the learning rate still rose through the first
+        half of it (a loss flat under a rate still warming up may not have started); a warmup that ended as
+        the plateau began hides nothing (a schedule that cut the rate 10^4x after 20 steps of warmup, the
+        loss flat for the last 90% of the run). A loss that fell by more than half before it stopped is a
+        plateau only where the log shows why: the rate cut 100x or more where it stopped, still that low
+        at the end (alone, it cannot be told from a loss that reached its floor early)."""
         plateau = loss.plateau()
         if plateau is None:
-            return False
+            plateau = loss.plateau(deep=True)
+            if plateau is None or self._lr_cut(plateau[0], last, 100.0) is None:
+                return None
         until = self._lr.rising_until
-        return until is None or until < plateau[0] + (last - plateau[0]) / 2
+        return plateau if until is None or until < plateau[0] + (last - plateau[0]) / 2 else None
 
-    def _plateau(self, loss: LossView, found: list[Found], last: int | None) -> Event:
-        step, at = loss.plateau()
+    def _plateau(self, plateau: tuple[int, float], loss: LossView, found: list[Found], last: int | None) -> Event:
+        step, at = plateau
         detail = (
             f"the loss fell from {num(loss.first)} to {num(at)} by step {step}, then stopped: "
             f"{num(loss.final)} at the end, {last - step} steps later"
         )
-        stall = self._stall(False, self._first_step, detail, loss, found, last)
+        stall = self._stall(False, self._first_step, detail, loss, found, last, plateau)
         cut = self._lr_cut(step, last)
         if cut is None:
             return stall
         rest = tuple(a for a in stall.actions if a.id != "lr_schedule")
         return replace(stall, actions=(cut, *rest))
 
-    def _lr_cut(self, step: int, last: int | None) -> advice.Action | None:
-        """The logged learning rate cut 10x or more where the loss stopped falling (from ``reach`` steps
+    def _lr_cut(self, step: int, last: int | None, factor: float = 10.0) -> advice.Action | None:
+        """The logged learning rate cut ``factor`` times or more where the loss stopped falling (from ``reach`` steps
         before the plateau's start to a quarter of the way into it), and still that low at the end: the
         schedule stopped the run, the evidence the first action rests on."""
         if last is None or self._lr.last is None:
@@ -585,7 +592,8 @@ class Diagnoser:
         reach = self._reach()
         for change_step, before, after, previous, _ in self._lr.changes:
             within = step - reach <= change_step <= step + max(reach, (last - step) / 4)
-            if within and abs(after) <= abs(before) / 10 and abs(self._lr.last) <= abs(before) / 10:
+            low = abs(before) / factor
+            if within and abs(after) <= low and abs(self._lr.last) <= low:
                 return advice.Action(
                     "lr_schedule",
                     "Check the learning-rate schedule: the learning rate fell "

@@ -201,7 +201,7 @@ class LossView:
                     break
         return None
 
-    def plateau(self) -> tuple[int, float] | None:
+    def plateau(self, deep: bool = False) -> tuple[int, float] | None:
         """``(step, level)`` where the loss, after falling early (within the first tenth of the run), stopped
         for good far above its start's half: a plateau of two thirds of the run and 200 steps or more, over
         which it no longer falls.
@@ -212,14 +212,18 @@ class LossView:
         quarter of its level (a regression near its floor) comes within 5% of its end by noise alone, 250
         steps before it gets there (a diabetes regression, 0.46 over steps 18-159 and 0.42 over the rest,
         read as a post-LN plateau, whose halves lie within 2% of each other).
+
+        ``deep``: also a loss that fell by more than half first, or stopped after the run's first tenth (its
+        last two thirds flat all the same), which alone cannot be told from one that reached its floor early
+        or is slow to start (the caller brings the evidence: a learning rate cut where it stopped).
         """
         span = self.steps[-1] - self.steps[0]
-        if self.first - self.final <= self.tol or self.final < 0.5 * self.first:
+        if self.first - self.final <= self.tol or (self.final < 0.5 * self.first and not deep):
             return None
         # Where it came within 5% of where it ended: a converging run gets there late, still learning.
         i = next(i for i, y in enumerate(self.smooth) if y <= 1.05 * self.final)
         flat = self.steps[-1] - self.steps[i]
-        if self.steps[i] - self.steps[0] > span / 10 or flat < max(200, 2 * span / 3):
+        if (self.steps[i] - self.steps[0] > span / 10 and not deep) or flat < max(200, 2 * span / 3):
             return None
         rest = self.ys[i:]
         half = len(rest) // 2
