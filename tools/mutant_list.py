@@ -745,8 +745,8 @@ MUTANTS = [
     {
         "name": "monitor-skip-flags-read-from-loss-row",
         "path": "fastnorm/monitoring/monitor.py",
-        "old": "        skipped = tuple(host[_SKIPPED * n + i] != 0",
-        "new": "        skipped = tuple(host[_LOSS * n + i] != 0",
+        "old": "        codes = tuple(host[_SKIPPED * n + i] if given",
+        "new": "        codes = tuple(host[_LOSS * n + i] if given",
         "tests": ["tests/test_monitor.py::test_skip_flags_cross_in_the_same_transfer_and_are_counted"],
         "what": "the skip flags are read from the loss's row of the buffer",
     },
@@ -819,8 +819,8 @@ MUTANTS = [
     {
         "name": "diag-plateau-hidden-by-any-warmup",
         "path": "fastnorm/monitoring/diagnosis/diagnoser.py",
-        "old": "        return until is None or until < plateau[0] + (last - plateau[0]) / 2\n",
-        "new": "        return until is None\n",
+        "old": "        return plateau if until is None or until < plateau[0] + (last - plateau[0]) / 2 else None\n",
+        "new": "        return plateau if until is None else None\n",
         "tests": ["tests/test_diagnosis.py::test_a_plateau_after_a_logged_warmup_is_a_stall_whose_schedule_is_named"],
         "what": "a plateau after a logged warmup is read as stable, however long ago the warmup ended",
     },
@@ -1391,8 +1391,8 @@ MUTANTS = [
     {
         "name": "stepclipper-skips-on-the-scaled-float32-norm",
         "path": "fastnorm/optim.py",
-        "old": "                found_inf = self._wide_nonfinite",
-        "new": "                found_inf = self._nonfinite",
+        "old": "                found_inf = _either(self._wide_nonfinite, self._spike)",
+        "new": "                found_inf = _either(self._nonfinite, self._spike)",
         "tests": [
             "tests/test_optim.py::test_a_grad_scaler_near_the_top_of_float32_without_unscale_steps_as_torch_does"
         ],

@@ -291,6 +291,18 @@ def clipping(max_norm: float | None, peak: str, base: str) -> Action:
     )
 
 
+def schedule_cut(change: tuple[int, float, float, int, int], last: float) -> Action:
+    """A loss that stopped where the schedule cut the rate (``LrSignal.cut``): check the schedule."""
+    step, before, after, previous, _ = change
+    return Action(
+        "lr_schedule",
+        f"Check the learning-rate schedule: the learning rate fell {times(abs(before), abs(after))} "
+        f"{read_at(step, previous)} ({_g(before)} to {_g(after)}), where the loss stopped falling, and was "
+        f"still {_g(last)} at the end: a rate that small moves nothing. Keep it near {_g(before)} (a decay "
+        "to its end, not a cut at the start).",
+    )
+
+
 def lr_cause(ev: Evidence, onset: int, reach: int) -> Action | None:
     """The learning rate as the cause of a blow-up at ``onset``: a change just before it (a jump, a sign
     flip), or a rate that was this high from the first step without a warmup."""

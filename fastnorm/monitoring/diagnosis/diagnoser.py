@@ -584,25 +584,9 @@ class Diagnoser:
         return replace(stall, actions=(cut, *rest))
 
     def _lr_cut(self, step: int, last: int | None, factor: float = 10.0) -> advice.Action | None:
-        """The logged learning rate cut ``factor`` times or more where the loss stopped falling (from ``reach`` steps
-        before the plateau's start to a quarter of the way into it), and still that low at the end: the
-        schedule stopped the run, the evidence the first action rests on."""
-        if last is None or self._lr.last is None:
-            return None
-        reach = self._reach()
-        for change_step, before, after, previous, _ in self._lr.changes:
-            within = step - reach <= change_step <= step + max(reach, (last - step) / 4)
-            low = abs(before) / factor
-            if within and abs(after) <= low and abs(self._lr.last) <= low:
-                return advice.Action(
-                    "lr_schedule",
-                    "Check the learning-rate schedule: the learning rate fell "
-                    f"{times(abs(before), abs(after))} {advice.read_at(change_step, previous)} "
-                    f"({num(before)} to {num(after)}), where the loss stopped falling, and was still "
-                    f"{num(self._lr.last)} at the end: a rate that small moves nothing. Keep it near "
-                    f"{num(before)} (a decay to its end, not a cut at the start).",
-                )
-        return None
+        """The schedule's cut where the loss stopped falling at ``step`` (``LrSignal.cut``), as an action."""
+        cut = None if last is None else self._lr.cut(step, last, self._reach(), factor)
+        return None if cut is None else advice.schedule_cut(cut, self._lr.last)
 
     def _lr_jump(self, loss: LossView, found: list[Found], last: int | None) -> Event | None:
         """A loss that jumped 10x over its level just after a jump of the learning rate (more than 2x, or to

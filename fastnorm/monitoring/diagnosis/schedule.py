@@ -45,6 +45,21 @@ class LrSignal:
         """The rate has risen from its first value and not stopped rising yet."""
         return self.warming and self.rising_until is not None
 
+    def cut(
+        self, step: int, last: int, reach: int, factor: float
+    ) -> tuple[int, float, float, int, int] | None:
+        """The change that cut the rate ``factor`` times or more near ``step`` (from ``reach`` steps before it
+        to a quarter of the way from it to ``last``), the rate still that low at the end; None otherwise."""
+        if self.last is None:
+            return None
+        for change in self.changes:
+            at, before, after = change[:3]
+            low = abs(before) / factor
+            near = step - reach <= at <= step + max(reach, (last - step) / 4)
+            if near and abs(after) <= low and abs(self.last) <= low:
+                return change
+        return None
+
     def context(self, step: int, recover: int, sustain: int) -> str | None:
         """Why a spike at ``step`` may be normal: a warmup or a schedule change the log shows."""
         if self.rising_until is not None and step <= self.rising_until + recover:
