@@ -133,6 +133,7 @@ struct CountLanes<2> {
   static FASTNORM_INLINE __mmask32 zero(__m512i a) { return _mm512_testn_epi16_mask(a, a); }
   static FASTNORM_INLINE __mmask32 less(__m512i a, __m512i b) { return _mm512_cmplt_epi16_mask(a, b); }
   static FASTNORM_INLINE __m512i inc(__m512i c, __mmask32 k, __m512i one) { return _mm512_mask_add_epi16(c, k, c, one); }
+  static FASTNORM_INLINE __m512i add(__m512i a, __m512i b) { return _mm512_add_epi16(a, b); }
   static FASTNORM_INLINE __m512i set1(int64_t v) { return _mm512_set1_epi16(int16_t(v)); }
 };
 template <>
@@ -141,6 +142,7 @@ struct CountLanes<4> {
   static FASTNORM_INLINE __mmask16 zero(__m512i a) { return _mm512_testn_epi32_mask(a, a); }
   static FASTNORM_INLINE __mmask16 less(__m512i a, __m512i b) { return _mm512_cmplt_epi32_mask(a, b); }
   static FASTNORM_INLINE __m512i inc(__m512i c, __mmask16 k, __m512i one) { return _mm512_mask_add_epi32(c, k, c, one); }
+  static FASTNORM_INLINE __m512i add(__m512i a, __m512i b) { return _mm512_add_epi32(a, b); }
   static FASTNORM_INLINE __m512i set1(int64_t v) { return _mm512_set1_epi32(int32_t(v)); }
 };
 template <>
@@ -149,6 +151,7 @@ struct CountLanes<8> {
   static FASTNORM_INLINE __mmask8 zero(__m512i a) { return _mm512_testn_epi64_mask(a, a); }
   static FASTNORM_INLINE __mmask8 less(__m512i a, __m512i b) { return _mm512_cmplt_epi64_mask(a, b); }
   static FASTNORM_INLINE __m512i inc(__m512i c, __mmask8 k, __m512i one) { return _mm512_mask_add_epi64(c, k, c, one); }
+  static FASTNORM_INLINE __m512i add(__m512i a, __m512i b) { return _mm512_add_epi64(a, b); }
   static FASTNORM_INLINE __m512i set1(int64_t v) { return _mm512_set1_epi64(v); }
 };
 
@@ -171,18 +174,13 @@ FASTNORM_INLINE int64_t count_blocks(const typename E::Bits* x, int64_t n, int64
     b0 = L::inc(b0, L::less(a0, low), one);
     b1 = L::inc(b1, L::less(a1, low), one);
   }
+  // The two registers' lanes summed: at most 2 * kCountBlock / (2 * kWidth) a lane, far inside S.
   alignas(64) S top[kWidth], zs[kWidth], bs[kWidth];
   _mm512_store_si512(top, L::max(m0, m1));
-  _mm512_store_si512(zs, z0);
-  _mm512_store_si512(bs, b0);
+  _mm512_store_si512(zs, L::add(z0, z1));
+  _mm512_store_si512(bs, L::add(b0, b1));
   for (int j = 0; j < kWidth; ++j) {
     m = top[j] > m ? top[j] : m;
-    zeros += zs[j];
-    below += bs[j];
-  }
-  _mm512_store_si512(zs, z1);
-  _mm512_store_si512(bs, b1);
-  for (int j = 0; j < kWidth; ++j) {
     zeros += zs[j];
     below += bs[j];
   }

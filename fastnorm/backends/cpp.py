@@ -70,20 +70,6 @@ def _limits_table() -> torch.Tensor:
 
 _THRESHOLDS = _limits_table()
 _THRESHOLDS_ADDR = _THRESHOLDS.data_ptr()
-COUNTS_ONLY = -1  # _C.reduce_stats's mode for the counts and maximum alone (csrc/fastnorm.h kCountsOnly)
-
-
-def count_stats(tensor: torch.Tensor, limit: torch.dtype, address: int) -> None:
-    """The statistics of one dense CPU tensor but its sum of squares (NaN), judged by ``limit``,
-    written as six float64 at ``address``, without a plan: for a tensor read once (an activation),
-    whose plan would be built and cached only to be dropped, and whose sum of squares nobody reads.
-    The counts and maximum are ``reduce_stats``'s (the same split, the same loop over the bits).
-
-    ``tensor``: dense (``_collect.is_dense``), of a dtype of ``DTYPE_CODES``, as is ``limit``.
-    """
-    count, threads, task, table = count_stats_args(torch.get_num_threads())
-    code, limit_code = DTYPE_CODES[tensor.dtype], DTYPE_CODES[limit]
-    count(tensor.data_ptr(), tensor.numel(), code, limit_code, task, table, address, threads)
 
 
 def count_stats_args(threads: int) -> tuple[Any, int, int, int]:

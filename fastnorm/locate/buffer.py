@@ -97,11 +97,7 @@ class DeviceBuffer:
         start = self.written
         self.written = end = start + len(tensors)
         codes = cpp.DTYPE_CODES
-        if self.direct and (
-            (tensors[0].dtype in codes and (tensors[0].is_contiguous() or is_dense(tensors[0])))
-            if end - start == 1
-            else all(t.dtype in codes and (t.is_contiguous() or is_dense(t)) for t in tensors)
-        ):
+        if self.direct and all(t.dtype in codes and (t.is_contiguous() or is_dense(t)) for t in tensors):
             if end > self.capacity:
                 self.grow(end)
             cell = self.rows.data_ptr() + 8 * (HEAD + WIDTH * start)  # row 0 is the first

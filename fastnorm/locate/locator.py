@@ -127,7 +127,8 @@ class Locator:
         self._param_sites: dict[tuple, tuple] = {}  # the parameters' sites and limits, by what has a gradient
         # (module, outputs' dtypes, autocast) -> their sites, limits and gradient hooks
         self._output_sites: dict[tuple, tuple] = {}
-        self._grad_sites: dict[tuple, Any] = {}  # an output's or parameter's gradient -> its site (and limit)
+        self._grad_sites: dict[tuple, int] = {}  # (module, output, limit, dtype) -> its gradient's site
+        self._param_grad_sites: dict[tuple, tuple] = {}  # (parameter, dtype) -> its gradient's site, limit
         self._accumulated_in_step: set[int] = set()  # the parameters whose gradients backward's hooks read
         self._buffer: DeviceBuffer | None = None
         self._on = True
@@ -230,14 +231,16 @@ class Locator:
         if not self._on or grad is None or not grad.is_floating_point() or torch.compiler.is_compiling():
             return
         key = (index, grad.dtype)
-        known = self._grad_sites.get(key)
+        known = self._param_grad_sites.get(key)
         if known is None:
-            limit = grad.dtype if grad.dtype in _LIMITS else torch.float32
-            name = self._params[index][0]
-            site = self._site(BACKWARD, *name.rpartition(".")[::2], "grad", grad, limit)
-            known = self._grad_sites[key] = (site, limit)
+            known = self._param_grad_sites[key] = self._param_site(self._params[index][0], grad)
         self._record([grad], (known[0],), [known[1]])
         self._accumulated_in_step.add(index)
+
+    def _param_site(self, name: str, grad: Tensor) -> tuple[int, torch.dtype]:
+        """A parameter's gradient's site (its module and the parameter's name) and limit dtype."""
+        limit = grad.dtype if grad.dtype in _LIMITS else torch.float32
+        return self._site(BACKWARD, *name.rpartition(".")[::2], "grad", grad, limit), limit
 
     def _parameter_gradients(self) -> None:
         """One pass over the parameters' gradients that backward's hooks did not read in this step (set
@@ -256,12 +259,8 @@ class Locator:
         key = tuple((n, g.dtype) for n, g in grads)
         cached = self._param_sites.get(key)
         if cached is None:
-            limits = [g.dtype if g.dtype in _LIMITS else torch.float32 for _, g in grads]
-            sites = tuple(
-                self._site(BACKWARD, *n.rpartition(".")[::2], "grad", g, lim)
-                for (n, g), lim in zip(grads, limits)
-            )
-            cached = self._param_sites[key] = (sites, limits)
+            found = [self._param_site(n, g) for n, g in grads]
+            cached = self._param_sites[key] = (tuple(s for s, _ in found), [lim for _, lim in found])
         self._record([g for _, g in grads], *cached)
 
     # -- the step --------------------------------------------------------------
