@@ -125,13 +125,19 @@ PYBIND11_MODULE(_C, m) {
   m.def("scale_by_norm", &fastnorm::scale_by_norm, py::arg("split"), py::arg("norm_addr"),
         py::arg("norm_is_double"), py::arg("max_norm"), py::arg("num_threads"),
         py::call_guard<py::gil_scoped_release>());
-  // An unknown or unsupported FASTNORM_ISA fails the import, with its reason.
+  // An unknown or unsupported FASTNORM_ISA, or a FASTNORM_PREFETCH out of
+  // range, fails the import, with its reason.
   fastnorm::isa();
+  fastnorm::prefetch_bytes();
   m.def("isa", &fastnorm::isa, "The instruction set the kernels run with.");
   m.def("supported_isas", &fastnorm::supported_isas,
         "The instruction sets this build can run on this CPU, narrowest first.");
   m.def("use_isa", &fastnorm::use_isa, py::arg("name"),
         "Runs the calls that start afterwards with another instruction set (same bits).");
+  m.def("prefetch_bytes", &fastnorm::prefetch_bytes,
+        "How far ahead (bytes) the kernels' loops prefetch; 0 for not at all (FASTNORM_PREFETCH).");
+  m.def("set_prefetch_bytes", &fastnorm::set_prefetch_bytes, py::arg("bytes"),
+        "Sets the prefetch distance for the calls that start afterwards (same bits).");
   m.def("clock_hz", &fastnorm::clock_hz, py::arg("seconds") = 0.05,
         "The core clock in Hz, from a timed chain of dependent additions (0 where unknown).");
   m.def("source_hash", [] { return std::string(FASTNORM_SOURCE_HASH); },

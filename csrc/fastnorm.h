@@ -222,6 +222,18 @@ std::vector<std::string> supported_isas();
 // start afterwards: to compare them within one process.
 void use_isa(const std::string& name);
 
+// The software prefetch distance of the kernels' loops (prefetch.h), in bytes;
+// 0 for none. FASTNORM_PREFETCH (bytes) when set, else 4096 on Intel CPUs,
+// where the loops reach the memory's speed only with it, and 0 elsewhere
+// (AMD Zen 4 reaches it without). Chosen at the first use; a value that is
+// not a multiple of 64 in [0, 65536] throws std::runtime_error there. It never
+// changes a result's bits.
+int64_t prefetch_bytes();
+
+// Sets it for the calls that start afterwards (to compare within one process);
+// std::invalid_argument for a value FASTNORM_PREFETCH would refuse.
+void set_prefetch_bytes(int64_t bytes);
+
 // The core clock, measured for about `seconds` on the calling thread: the
 // fastest rate of a chain of dependent integer additions (one cycle each on
 // x86-64). 0 where that cannot be measured. For elements-per-cycle figures.

@@ -27,6 +27,7 @@
 #include "elements.h"
 #include "fastnorm.h"
 #include "lanes.h"
+#include "prefetch.h"
 #include "thread_pool.h"
 
 namespace fastnorm {
@@ -518,6 +519,49 @@ void use_isa(const std::string& name) {
     throw std::invalid_argument("fastnorm._C.use_isa: " + name + " is not one of " + supported_list());
   }
   current().store(k, std::memory_order_release);
+}
+
+namespace {
+
+constexpr int64_t kMaxPrefetch = int64_t(1) << 16;
+constexpr int64_t kIntelPrefetch = 4096;
+
+bool valid_prefetch(int64_t bytes) { return bytes >= 0 && bytes <= kMaxPrefetch && bytes % 64 == 0; }
+
+int64_t default_prefetch() {
+  const char* forced = std::getenv("FASTNORM_PREFETCH");
+  if (forced != nullptr && *forced != 0) {
+    bool digits = true;  // no sign, space or other: what fastnorm/_extension.py accepts
+    for (const char* c = forced; *c != 0; ++c) digits = digits && *c >= '0' && *c <= '9';
+    const long long bytes = digits ? std::strtoll(forced, nullptr, 10) : -1;
+    if (!valid_prefetch(bytes)) {
+      throw std::runtime_error(std::string("FASTNORM_PREFETCH=") + forced +
+                               " is not a whole number of 64-byte lines from 0 to 65536 (bytes)");
+    }
+    return bytes;
+  }
+#if defined(FASTNORM_HAVE_X86)
+  __builtin_cpu_init();
+  if (__builtin_cpu_is("intel")) return kIntelPrefetch;
+#endif
+  return 0;
+}
+
+std::atomic<int64_t>& prefetch_setting() {
+  static std::atomic<int64_t> bytes{default_prefetch()};
+  return bytes;
+}
+
+}  // namespace
+
+int64_t prefetch_bytes() { return prefetch_setting().load(std::memory_order_relaxed); }
+
+void set_prefetch_bytes(int64_t bytes) {
+  if (!valid_prefetch(bytes)) {
+    throw std::invalid_argument("fastnorm._C.set_prefetch_bytes: " + std::to_string(bytes) +
+                                " is not a whole number of 64-byte lines from 0 to 65536");
+  }
+  prefetch_setting().store(bytes, std::memory_order_relaxed);
 }
 
 }  // namespace fastnorm

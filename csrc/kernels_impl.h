@@ -26,6 +26,11 @@ FASTNORM_INLINE double sum_pow(const typename E::T* x, int64_t n) {
   } else {
     Acc acc = acc_zero();
     int64_t i = 0;
+    const int64_t ahead = prefetch_bytes();
+    for (const int64_t stop = prefetch_stop<typename E::T>(n, ahead); i + kLanes <= stop; i += kLanes) {
+      prefetch_ahead<kLanes * int(sizeof(typename E::T))>(x + i, ahead);
+      add_block<E, Power>(acc, x + i);
+    }
     for (; i + kLanes <= n; i += kLanes) add_block<E, Power>(acc, x + i);
     if (i < n) add_tail<E, Power>(acc, x + i, n - i);
     return fold(canonical<E>(acc));
@@ -254,19 +259,27 @@ inline void reduce_piece(int dtype, int mode, double p, const void* ptr, int64_t
   }
 }
 
+// x *= coef over float32 or float64 values, prefetching a line ahead of every
+// 64 bytes while that stays inside the piece.
+template <class T>
+FASTNORM_INLINE void scale_plain(T* x, int64_t n, T coef) {
+  constexpr int64_t kLine = 64 / int64_t(sizeof(T));
+  const int64_t ahead = prefetch_bytes();
+  int64_t i = 0;
+  for (const int64_t stop = prefetch_stop<T>(n, ahead); i + kLine <= stop; i += kLine) {
+    prefetch_ahead<64>(x + i, ahead);
+    for (int64_t k = 0; k < kLine; ++k) x[i + k] *= coef;
+  }
+  for (; i < n; ++i) x[i] *= coef;
+}
+
 // In-place x *= coef, rounding 16-bit results like torch does.
 inline void scale_piece(int dtype, void* ptr, int64_t n, float coef, double coef64) {
   switch (dtype) {
-    case kFloat32: {
-      auto* x = static_cast<float*>(ptr);
-      for (int64_t i = 0; i < n; ++i) x[i] *= coef;
-      return;
-    }
-    case kFloat64: {
-      auto* x = static_cast<double*>(ptr);
-      for (int64_t i = 0; i < n; ++i) x[i] *= coef64;
-      return;
-    }
+    case kFloat32:
+      return scale_plain(static_cast<float*>(ptr), n, coef);
+    case kFloat64:
+      return scale_plain(static_cast<double*>(ptr), n, coef64);
     case kFloat16: {
       auto* x = static_cast<uint16_t*>(ptr);
       for (int64_t i = scale_blocks<F16>(x, n, coef); i < n; ++i) {

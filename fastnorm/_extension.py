@@ -120,12 +120,25 @@ def _unknown_isa() -> str | None:
     return None
 
 
-# A mistyped FASTNORM_ISA: the CPU backend raises this at every use (as a
-# mistyped FASTNORM_BACKEND raises), instead of handing every CPU tensor to torch.
-UNKNOWN_ISA = _unknown_isa()
+def _bad_prefetch() -> str | None:
+    """Why FASTNORM_PREFETCH (the kernels' prefetch distance in bytes, csrc/prefetch.h)
+    is not a whole number of 64-byte lines from 0 to 65536, or None (unset, or fine)."""
+    value = os.environ.get("FASTNORM_PREFETCH", "")
+    if not value:
+        return None
+    # Digits only, as the extension reads it (no sign, space or underscore).
+    if value.isascii() and value.isdigit() and int(value) <= 1 << 16 and int(value) % 64 == 0:
+        return None
+    return f"FASTNORM_PREFETCH={value!r} is not a whole number of 64-byte lines from 0 to 65536 (bytes)"
+
+
+# A mistyped FASTNORM_ISA or FASTNORM_PREFETCH: the CPU backend raises this at
+# every use (as a mistyped FASTNORM_BACKEND raises), instead of handing every CPU
+# tensor to torch.
+BAD_SETTING = _unknown_isa() or _bad_prefetch()
 
 # None: built without the extension, a broken build, an unsupported or unknown FASTNORM_ISA.
-if UNKNOWN_ISA is None:
+if BAD_SETTING is None:
     C, IMPORT_ERROR, BORROWED_FROM = _import_extension()
 else:
-    C, IMPORT_ERROR, BORROWED_FROM = None, ImportError(UNKNOWN_ISA), None
+    C, IMPORT_ERROR, BORROWED_FROM = None, ImportError(BAD_SETTING), None

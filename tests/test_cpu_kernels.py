@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -15,6 +17,7 @@ import torch
 
 import fastnorm
 import reference
+from fastnorm import _extension
 from fastnorm._partial import Mode
 from fastnorm.backends import cpp
 from helpers import cpp_env, run_python
@@ -98,6 +101,53 @@ def test_every_instruction_set_gives_the_same_bits(dtype):
         norms = [_norm_of_row(m, s, p) for m, s in rows] + [got[2].item()]
         want = [reference.norm([t], p) for t in tensors] + [reference.norm(tensors, p)]
         assert norms == pytest.approx(want, rel=1e-10, nan_ok=True), p
+
+
+@pytest.fixture
+def restore_prefetch():
+    default = cpp._C.prefetch_bytes()
+    yield
+    cpp._C.set_prefetch_bytes(default)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_the_prefetch_distance_never_changes_the_bits(dtype, restore_prefetch):
+    """Every distance (csrc/prefetch.h), whatever the instruction set, sums and
+    clips to the bits of no prefetch, which match the float64 oracle: pieces
+    shorter than the distance, pieces that end inside it, several tasks."""
+    g = torch.Generator().manual_seed(3)
+    sizes = (1, 33, 1000, 2047, 2048, 2049, 4096 + 31, 70001, 200_003)
+    tensors = [(torch.randn(n, generator=g, dtype=torch.float64) * 2).to(dtype) for n in sizes]
+    tensors[-2][123] = 0.0  # a zero among bfloat16 words: the careful ways
+    tensors += _special(dtype)
+    want = {p: [reference.norm([t], p) for t in tensors] for p in (2.0, 1.0)}
+    base = {}
+    for isa in ISAS:
+        for ahead in (0, 64, 4096, 65536):
+            cpp._C.set_prefetch_bytes(ahead)
+            for p in (2.0, 1.0):
+                got = _reduce(tensors, p, isa)
+                rows = got[3:].reshape(-1, 2).tolist()
+                assert [_norm_of_row(m, s, p) for m, s in rows] == pytest.approx(
+                    want[p], rel=1e-10, nan_ok=True
+                )
+                assert _same_bits(got, base.setdefault(p, got)), (isa, ahead, p)
+            clipped = [t.clone() for t in tensors[:-7]]  # finite ones: a coefficient below 1
+            fastnorm.clip_(clipped, 1.0, gradients=True)
+            flat = torch.cat([c.float().reshape(-1) for c in clipped])
+            assert _same_bits(flat.double(), base.setdefault("clip", flat.double())), (isa, ahead)
+
+
+def test_a_prefetch_distance_out_of_range_is_refused(restore_prefetch):
+    for bad in (-64, 100, 1 << 17):
+        with pytest.raises(ValueError, match="64-byte lines"):
+            cpp._C.set_prefetch_bytes(bad)
+    for bad in ("100", "-64", "+64", "1_024", " 64", "4k", "131072"):
+        with mock.patch.dict(os.environ, {"FASTNORM_PREFETCH": bad}):
+            assert "FASTNORM_PREFETCH" in (_extension._bad_prefetch() or ""), bad
+    for good in ("0", "64", "4096", "65536"):
+        with mock.patch.dict(os.environ, {"FASTNORM_PREFETCH": good}):
+            assert _extension._bad_prefetch() is None
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -641,7 +691,10 @@ def test_info_reports_the_widest_instruction_set_the_cpu_has(capsys):
     from fastnorm.cli import main
 
     assert main(["info"]) == 0
-    assert f"C++ kernels: {expected[-1]} (this CPU supports {', '.join(expected)})" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert f"C++ kernels: {expected[-1]}, " in out and f"(this CPU supports {', '.join(expected)})" in out
+    ahead = cpp._C.prefetch_bytes()
+    assert (f"prefetching {ahead} bytes ahead" if ahead else "no software prefetch") in out
 
 
 def test_clock_is_measured():

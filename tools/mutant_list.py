@@ -123,6 +123,22 @@ MUTANTS = [
         "what": "a tensor's second task starts at an offset counted in elements, not bytes",
     },
     {
+        "name": "cpp-prefetch-loop-runs-past-the-piece",
+        "path": "csrc/prefetch.h",
+        "old": "return ahead > 0 ? n - ahead / int64_t(sizeof(T)) : 0;",
+        "new": "return ahead > 0 ? n + ahead / int64_t(sizeof(T)) : 0;",
+        "tests": ["tests/test_cpu_kernels.py::test_the_prefetch_distance_never_changes_the_bits"],
+        "what": "the prefetching loop's last blocks read past the piece's end",
+    },
+    {
+        "name": "prefetch-setting-not-whole-lines",
+        "path": "fastnorm/_extension.py",
+        "old": " and int(value) % 64 == 0:",
+        "new": ":",
+        "tests": ["tests/test_cpu_kernels.py::test_a_prefetch_distance_out_of_range_is_refused"],
+        "what": "FASTNORM_PREFETCH=100 passes Python's check and fails the extension's import instead",
+    },
+    {
         "name": "cpp-16bit-inf-unchecked",
         "path": "csrc/kernels_impl.h",
         "old": "  if constexpr (sizeof(typename E::T) == 2) {\n    // s != s",
@@ -596,8 +612,8 @@ MUTANTS = [
     {
         "name": "cpp-backend-unknown-isa-falls-back",
         "path": "fastnorm/backends/cpp.py",
-        "old": '        if _extension.UNKNOWN_ISA is not None and device.type == "cpu":\n'
-        "            raise ValueError(_extension.UNKNOWN_ISA)\n",
+        "old": '        if _extension.BAD_SETTING is not None and device.type == "cpu":\n'
+        "            raise ValueError(_extension.BAD_SETTING)\n",
         "new": "",
         "tests": ["tests/test_cpu_kernels.py::test_an_unknown_instruction_set_raises_naming_the_known_ones"],
         "what": "a mistyped FASTNORM_ISA hands every CPU tensor to the torch backend instead of raising",

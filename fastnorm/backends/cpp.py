@@ -114,7 +114,9 @@ def kernels_line() -> str:
     from, or exactly why they are missing and what to run."""
     if _C is None:
         return f"C++ kernels: not available: {_IMPORT_ERROR}"
-    line = f"C++ kernels: {_C.isa()} (this CPU supports {', '.join(_C.supported_isas())})"
+    ahead = _C.prefetch_bytes()
+    prefetch = f"prefetching {ahead} bytes ahead" if ahead else "no software prefetch"
+    line = f"C++ kernels: {_C.isa()}, {prefetch} (this CPU supports {', '.join(_C.supported_isas())})"
     if BORROWED_FROM is not None:
         line += f", from the installed build in {BORROWED_FROM} (same sources as this tree)"
     elif _extension.tree_hash() not in (None, _C.source_hash()):
@@ -156,8 +158,8 @@ class CppBackend:
     def not_supported_reasons(
         self, device: torch.device, mode: Mode | None = None, dense: bool = True
     ) -> list[str]:
-        if _extension.UNKNOWN_ISA is not None and device.type == "cpu":
-            raise ValueError(_extension.UNKNOWN_ISA)
+        if _extension.BAD_SETTING is not None and device.type == "cpu":
+            raise ValueError(_extension.BAD_SETTING)
         reasons = fused_reasons(mode, dense)
         if _C is None:
             reasons.append(f"the extension fastnorm._C is not built ({_IMPORT_ERROR})")
