@@ -53,6 +53,7 @@ DEFAULT_CONTENDERS = (
     "fastnorm.total_norm",
     "fastnorm.clip_/noop",
     "fastnorm.clip_/clips",
+    "fastnorm.tensor_stats",
     "torch.get_total_norm",
     "torch.clip_grad_norm_/clips",
     "roofline.read/sum",
@@ -368,10 +369,13 @@ class Progress:
         self,
         estimate: Estimate,
         labels: list[str],
-        stream: TextIO = sys.stderr,
+        stream: TextIO | None = None,
         interval_s: float = 10.0,
         start: float | None = None,
     ) -> None:
+        # sys.stderr as it is now (None), not as it was at import: a replaced
+        # stream (pytest's capture, a redirect) may since have been closed.
+        stream = sys.stderr if stream is None else stream
         self.estimate, self.labels, self.stream = estimate, labels, stream
         self.tty = stream.isatty()
         self.interval_s = 0.2 if self.tty else interval_s
