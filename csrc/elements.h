@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "convert.h"
 #include "fastnorm.h"
@@ -59,5 +60,17 @@ struct BF16 {
   static FASTNORM_INLINE double to_double(T x) { return double(bf16_to_float(x)); }
   static FASTNORM_INLINE double from_bits(Bits b) { return double(bf16_to_float(b)); }
 };
+
+// The sums' loops (kernels_impl.h sum_pow, isa_avx2.h sum_bf16) may hand each
+// stretch of at most kVisitBytes they have just read, in order and each
+// element once, to a visitor while it is in L1: the statistics' counts
+// (kernels_impl.h Counter) run there, inside the norm's own pass. NoVisit, the
+// norm's, compiles to the loops without it.
+struct NoVisit {
+  FASTNORM_INLINE void operator()(const void*, int64_t) const {}
+};
+template <class V>
+constexpr bool kVisits = !std::is_same_v<std::decay_t<V>, NoVisit>;
+constexpr int64_t kVisitBytes = 8192;
 
 }  // namespace fastnorm

@@ -184,7 +184,8 @@ struct Limits {
 // [element dtype code][limit dtype code]; limit_codes_addr one int32 per
 // tensor, the dtype code of its limit (-1: its own), or 0 for every tensor by
 // its own. The norm's bits are reduce()'s; the statistics do not depend on the
-// thread count either. A separate loop from reduce()'s, which stays as it is.
+// thread count either. The counts run inside the sum of squares' loop
+// (kernels_impl.h, Counter); reduce()'s own loop is left as it is.
 // mode kCountsOnly: the loop over the bits alone, for tensors whose sum of
 // squares nobody reads (a pass's activations): sum_sq is NaN, the norm 0.
 void reduce_stats(const TaskSplit& split, int mode, double p, uintptr_t partial_addr, uintptr_t root_addr,

@@ -170,9 +170,12 @@ FASTNORM_INLINE void mxcsr_fence(Acc& a) {
   asm volatile("" ::: "memory");
 }
 
-template <int Power>
-FASTNORM_NOINLINE double sum_bf16(const uint16_t* x, int64_t n) {
+// visit (elements.h) gets each chunk once it is read for good, at the start
+// of the next one, block 0 with the first, and the last with the tail.
+template <int Power, class Visit>
+FASTNORM_NOINLINE double sum_bf16(const uint16_t* x, int64_t n, Visit& visit) {
   Acc acc = acc_zero();
+  int64_t counted = 0;  // the elements visit has had
   const int64_t blocks = n / kLanes;
   const int64_t ahead = prefetch_bytes();
   const int64_t stop = prefetch_stop<uint16_t>(n, ahead);  // blocks from `stop / kLanes` on prefetch nothing
@@ -196,6 +199,10 @@ FASTNORM_NOINLINE double sum_bf16(const uint16_t* x, int64_t n) {
     int careful = 0;
     for (; b < blocks; b = std::min(blocks, b + kChunkBlocks)) {
       const int64_t end = std::min(blocks, b + kChunkBlocks);
+      if constexpr (kVisits<Visit>) {
+        visit(x + counted, b * kLanes - counted);  // the chunk before (block 0 before the first)
+        counted = b * kLanes;
+      }
       __m256d before[kGroups];
       for (int k = 0; k < kGroups; ++k) before[k] = acc.g[k];
       if (careful == 0) {  // way 1
@@ -232,16 +239,21 @@ FASTNORM_NOINLINE double sum_bf16(const uint16_t* x, int64_t n) {
   }
   for (; b < blocks; ++b) add_block<BF16, Power>(acc, x + b * kLanes);
   if (blocks * kLanes < n) add_tail<BF16, Power>(acc, x + blocks * kLanes, n - blocks * kLanes);
+  if constexpr (kVisits<Visit>) {
+    if (counted < n) visit(x + counted, n - counted);
+  }
   return fold(acc);
 }
 
 // bfloat16 sums run sum_bf16, the others the loop of kernels_impl.h.
 template <class E>
 constexpr bool kSumElsewhere = E::kCode == kBFloat16;
+template <class E>
+constexpr bool kOwnVisited = false;
 
-template <class E, int Power>
-FASTNORM_INLINE double sum_elsewhere(const typename E::T* x, int64_t n) {
-  return sum_bf16<Power>(x, n);
+template <class E, int Power, class Visit>
+FASTNORM_INLINE double sum_elsewhere(const typename E::T* x, int64_t n, Visit& visit) {
+  return sum_bf16<Power>(x, n, visit);
 }
 
 // The lanes are in lanes.h's order already.
@@ -283,6 +295,16 @@ FASTNORM_INLINE int64_t scale_blocks(uint16_t* x, int64_t n, float coef) {
   }
   return i;
 }
+
+// The bounds' loop of kernels_impl.h (Counter) runs every element here.
+template <class E>
+struct Bounds {
+  FASTNORM_INLINE int64_t scan(const typename E::Bits*, int64_t, int64_t, bool& low) {
+    low = false;
+    return 0;
+  }
+  int64_t top() const { return 0; }
+};
 
 // The counts' loop of kernels_impl.h (count_bits) runs every element here.
 template <class E>

@@ -32,15 +32,18 @@ FASTNORM_INLINE __m512d step(__m512d acc, __m512d v) {
   }
 }
 
-// float64 and float16 only: the others run the AVX2 loops (kSumElsewhere below).
-// Eight halves to floats (F16C, from memory) to doubles per register: element
-// e goes to lane e.
+// float64, float16 and the float32 of the statistics' pass (kOwnVisited
+// below): the others run the AVX2 loops (kSumElsewhere below). Eight halves
+// to floats (F16C, from memory) to doubles per register, or eight floats to
+// doubles: element e goes to lane e.
 template <class E, int Power>
 FASTNORM_INLINE void add_block(Acc& a, const typename E::T* x) {
-  static_assert(E::kCode == kFloat64 || E::kCode == kFloat16, "summed by the AVX2 loops");
+  static_assert(E::kCode != kBFloat16, "summed by the AVX2 loops");
   for (int k = 0; k < 4; ++k) {
     if constexpr (E::kCode == kFloat64) {
       a.z[k] = step<Power, false>(a.z[k], _mm512_loadu_pd(x + 8 * k));
+    } else if constexpr (E::kCode == kFloat32) {
+      a.z[k] = step<Power, true>(a.z[k], _mm512_cvtps_pd(_mm256_loadu_ps(x + 8 * k)));
     } else {
       const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x + 8 * k));
       a.z[k] = step<Power, true>(a.z[k], _mm512_cvtps_pd(_mm256_cvtph_ps(h)));
@@ -54,10 +57,27 @@ FASTNORM_INLINE void add_block(Acc& a, const typename E::T* x) {
 // loop (isa_avx2.h).
 template <class E>
 constexpr bool kSumElsewhere = E::kCode == kFloat32 || E::kCode == kBFloat16;
+// But the statistics' pass sums float32 here, where its counts (a visitor)
+// inline into the loop: the 8-wide conversions take half the AVX2 loop's
+// micro-ops, which the counts need (Intel Sapphire Rapids: see docs/design.md).
+template <class E>
+constexpr bool kOwnVisited = E::kCode == kFloat32;
 
-template <class E, int Power>
-FASTNORM_INLINE double sum_elsewhere(const typename E::T* x, int64_t n) {
-  return avx2::sum_pow<E, Power>(x, n);
+// A visitor of this target called from the AVX2 loops, which cannot inline it.
+template <class V>
+struct Detached {
+  V& visit;
+  FASTNORM_NOINLINE void operator()(const void* x, int64_t n) { visit(x, n); }
+};
+
+template <class E, int Power, class Visit>
+FASTNORM_INLINE double sum_elsewhere(const typename E::T* x, int64_t n, Visit& visit) {
+  if constexpr (kVisits<Visit>) {
+    Detached<Visit> detached{visit};
+    return avx2::sum_pow<E, Power>(x, n, detached);
+  } else {
+    return avx2::sum_pow<E, Power>(x, n, visit);
+  }
 }
 
 // The mask of the first n of `width` elements (n may be <= 0 or >= width).
@@ -71,6 +91,8 @@ FASTNORM_INLINE void add_tail(Acc& a, const typename E::T* x, int64_t n) {
     const __mmask8 m = __mmask8(first_n(n - 8 * k, 8));
     if constexpr (E::kCode == kFloat64) {
       a.z[k] = step<Power, false>(a.z[k], _mm512_maskz_loadu_pd(m, x + 8 * k));
+    } else if constexpr (E::kCode == kFloat32) {
+      a.z[k] = step<Power, true>(a.z[k], _mm512_cvtps_pd(_mm256_maskz_loadu_ps(m, x + 8 * k)));
     } else {
       const __m128i h = _mm_maskz_loadu_epi16(m, x + 8 * k);
       a.z[k] = step<Power, true>(a.z[k], _mm512_cvtps_pd(_mm256_cvtph_ps(h)));
@@ -130,6 +152,7 @@ struct CountLanes;
 template <>
 struct CountLanes<2> {
   static FASTNORM_INLINE __m512i max(__m512i a, __m512i b) { return _mm512_max_epi16(a, b); }
+  static FASTNORM_INLINE __m512i min(__m512i a, __m512i b) { return _mm512_min_epi16(a, b); }
   static FASTNORM_INLINE __mmask32 zero(__m512i a) { return _mm512_testn_epi16_mask(a, a); }
   static FASTNORM_INLINE __mmask32 less(__m512i a, __m512i b) { return _mm512_cmplt_epi16_mask(a, b); }
   static FASTNORM_INLINE __m512i inc(__m512i c, __mmask32 k, __m512i one) { return _mm512_mask_add_epi16(c, k, c, one); }
@@ -139,6 +162,7 @@ struct CountLanes<2> {
 template <>
 struct CountLanes<4> {
   static FASTNORM_INLINE __m512i max(__m512i a, __m512i b) { return _mm512_max_epi32(a, b); }
+  static FASTNORM_INLINE __m512i min(__m512i a, __m512i b) { return _mm512_min_epi32(a, b); }
   static FASTNORM_INLINE __mmask16 zero(__m512i a) { return _mm512_testn_epi32_mask(a, a); }
   static FASTNORM_INLINE __mmask16 less(__m512i a, __m512i b) { return _mm512_cmplt_epi32_mask(a, b); }
   static FASTNORM_INLINE __m512i inc(__m512i c, __mmask16 k, __m512i one) { return _mm512_mask_add_epi32(c, k, c, one); }
@@ -148,6 +172,7 @@ struct CountLanes<4> {
 template <>
 struct CountLanes<8> {
   static FASTNORM_INLINE __m512i max(__m512i a, __m512i b) { return _mm512_max_epi64(a, b); }
+  static FASTNORM_INLINE __m512i min(__m512i a, __m512i b) { return _mm512_min_epi64(a, b); }
   static FASTNORM_INLINE __mmask8 zero(__m512i a) { return _mm512_testn_epi64_mask(a, a); }
   static FASTNORM_INLINE __mmask8 less(__m512i a, __m512i b) { return _mm512_cmplt_epi64_mask(a, b); }
   static FASTNORM_INLINE __m512i inc(__m512i c, __mmask8 k, __m512i one) { return _mm512_mask_add_epi64(c, k, c, one); }
@@ -186,3 +211,40 @@ FASTNORM_INLINE int64_t count_blocks(const typename E::Bits* x, int64_t n, int64
   }
   return i;
 }
+
+// The bounds' loop (kernels_impl.h, Counter) over whole pairs of registers:
+// the largest magnitude bits, kept in lanes across stretches (folded once, by
+// top()), and whether a stretch holds one below lo (its least, compared in
+// lanes). scan returns how many elements it read.
+template <class E>
+struct Bounds {
+  using S = std::make_signed_t<typename E::Bits>;
+  using L = CountLanes<int(sizeof(S))>;
+  static constexpr int kWidth = 64 / int(sizeof(S));
+  __m512i m = _mm512_setzero_si512();
+
+  FASTNORM_INLINE int64_t scan(const typename E::Bits* x, int64_t n, int64_t lo, bool& low) {
+    const __m512i mask = L::set1(int64_t(E::kAbsMask));
+    __m512i m0 = m, m1 = m, l0 = mask, l1 = mask;
+    int64_t i = 0;
+    for (; i + 2 * kWidth <= n; i += 2 * kWidth) {
+      const __m512i a0 = _mm512_and_si512(_mm512_loadu_si512(x + i), mask);
+      const __m512i a1 = _mm512_and_si512(_mm512_loadu_si512(x + i + kWidth), mask);
+      m0 = L::max(m0, a0);
+      m1 = L::max(m1, a1);
+      l0 = L::min(l0, a0);
+      l1 = L::min(l1, a1);
+    }
+    m = L::max(m0, m1);
+    low = L::less(L::min(l0, l1), L::set1(lo)) != 0;
+    return i;
+  }
+
+  int64_t top() const {
+    alignas(64) S lanes[kWidth];
+    _mm512_store_si512(lanes, m);
+    S t = 0;
+    for (S v : lanes) t = v > t ? v : t;
+    return t;
+  }
+};

@@ -43,9 +43,11 @@ FASTNORM_INLINE void add_block(Acc& a, const typename E::T* x) {
 // Every sum runs the loop of kernels_impl.h here.
 template <class E>
 constexpr bool kSumElsewhere = false;
+template <class E>
+constexpr bool kOwnVisited = false;
 
-template <class E, int Power>
-FASTNORM_INLINE double sum_elsewhere(const typename E::T*, int64_t) {
+template <class E, int Power, class Visit>
+FASTNORM_INLINE double sum_elsewhere(const typename E::T*, int64_t, Visit&) {
   return 0.0;
 }
 
@@ -69,6 +71,16 @@ template <class E>
 FASTNORM_INLINE int64_t scale_blocks(uint16_t*, int64_t, float) {
   return 0;
 }
+
+// The bounds' loop of kernels_impl.h (Counter) runs every element here.
+template <class E>
+struct Bounds {
+  FASTNORM_INLINE int64_t scan(const typename E::Bits*, int64_t, int64_t, bool& low) {
+    low = false;
+    return 0;
+  }
+  int64_t top() const { return 0; }
+};
 
 // The counts' loop of kernels_impl.h (count_bits) runs every element here.
 template <class E>

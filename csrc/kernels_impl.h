@@ -18,21 +18,42 @@ constexpr int64_t kPowTile = 256;
 
 // sum |x|^2 (Power == 2) or sum |x| (Power == 1), accumulated in double: the
 // square of any float32 or 16-bit value is exact in double and cannot
-// overflow there.
-template <class E, int Power>
-FASTNORM_INLINE double sum_pow(const typename E::T* x, int64_t n) {
-  if constexpr (kSumElsewhere<E>) {
-    return sum_elsewhere<E, Power>(x, n);
+// overflow there. A visitor (elements.h) gets the whole blocks in stretches of
+// kVisitBytes and then the tail; the lanes and their order are the same with
+// or without one, so are the bits.
+template <class E, int Power, class Visit = NoVisit>
+FASTNORM_INLINE double sum_pow(const typename E::T* x, int64_t n, Visit&& visit = Visit{}) {
+  using T = typename E::T;
+  if constexpr (kSumElsewhere<E> && !(kVisits<Visit> && kOwnVisited<E>)) {
+    return (sum_elsewhere<E, Power>)(x, n, visit);  // parenthesised: no look-up in the visitor's namespace
   } else {
     Acc acc = acc_zero();
     int64_t i = 0;
     const int64_t ahead = prefetch_bytes();
-    for (const int64_t stop = prefetch_stop<typename E::T>(n, ahead); i + kLanes <= stop; i += kLanes) {
-      prefetch_ahead<kLanes * int(sizeof(typename E::T))>(x + i, ahead);
-      add_block<E, Power>(acc, x + i);
+    const int64_t stop = prefetch_stop<T>(n, ahead);
+    if constexpr (kVisits<Visit>) {
+      constexpr int64_t kStretch = kVisitBytes / int64_t(sizeof(T));  // a multiple of kLanes
+      const int64_t whole = n - n % kLanes;
+      for (int64_t c = 0; c < whole; c += kStretch) {
+        const int64_t end = std::min(whole, c + kStretch);
+        for (i = c; i < end; i += kLanes) {
+          if (i + kLanes <= stop) prefetch_ahead<kLanes * int(sizeof(T))>(x + i, ahead);
+          add_block<E, Power>(acc, x + i);
+        }
+        visit(x + c, end - c);
+      }
+      i = whole;
+    } else {
+      for (; i + kLanes <= stop; i += kLanes) {
+        prefetch_ahead<kLanes * int(sizeof(T))>(x + i, ahead);
+        add_block<E, Power>(acc, x + i);
+      }
+      for (; i + kLanes <= n; i += kLanes) add_block<E, Power>(acc, x + i);
     }
-    for (; i + kLanes <= n; i += kLanes) add_block<E, Power>(acc, x + i);
-    if (i < n) add_tail<E, Power>(acc, x + i, n - i);
+    if (i < n) {
+      add_tail<E, Power>(acc, x + i, n - i);
+      visit(x + i, n - i);
+    }
     return fold(canonical<E>(acc));
   }
 }
@@ -42,8 +63,8 @@ FASTNORM_INLINE double sum_pow(const typename E::T* x, int64_t n) {
 // of an inf and its neighbour is a NaN), so a sum that is NaN, inf or at least
 // kFiniteBound (L1) or its square (L2) is answered by max |x| when that is inf
 // or NaN. Other sums are exact already.
-template <class E, int Power>
-FASTNORM_INLINE double sum_pow_checked(const typename E::T* x, int64_t n);
+template <class E, int Power, class Visit = NoVisit>
+FASTNORM_INLINE double sum_pow_checked(const typename E::T* x, int64_t n, Visit&& visit = Visit{});
 
 // max |x|, NaN if any x is NaN: an integer max over the bits with the sign
 // cleared, which orders magnitudes exactly and puts NaN above everything
@@ -70,9 +91,9 @@ FASTNORM_INLINE double max_abs(const void* ptr, int64_t n) {
   return E::from_bits(m);
 }
 
-template <class E, int Power>
-FASTNORM_INLINE double sum_pow_checked(const typename E::T* x, int64_t n) {
-  const double s = sum_pow<E, Power>(x, n);
+template <class E, int Power, class Visit>
+FASTNORM_INLINE double sum_pow_checked(const typename E::T* x, int64_t n, Visit&& visit) {
+  const double s = sum_pow<E, Power>(x, n, visit);
   if constexpr (sizeof(typename E::T) == 2) {
     // s != s, not !(s < bound): an ordered compare with NaN raises the invalid
     // exception, and this NaN may be the word loop's, not the caller's.
@@ -102,21 +123,23 @@ FASTNORM_NOINLINE Partial l2_scaled(const double* x, int64_t n, double plain) {
   return {scale, fold_lanes(lane)};
 }
 
+// The L2 partial of a piece, as reduce_as adds it (visit: see sum_pow).
+template <class E, class Visit = NoVisit>
+FASTNORM_INLINE Partial l2_partial(const void* ptr, int64_t n, Visit&& visit = Visit{}) {
+  const double s = sum_pow_checked<E, 2>(static_cast<const typename E::T*>(ptr), n, visit);
+  if constexpr (E::kCode == kFloat64) {
+    if (!in_plain_l2_range(s)) return l2_scaled(static_cast<const double*>(ptr), n, s);
+  }
+  return {0.0, s};
+}
+
 template <class E>
 FASTNORM_INLINE void reduce_as(int mode, double p, const void* ptr, int64_t n, Partial& acc) {
   const auto* x = static_cast<const typename E::T*>(ptr);
   switch (mode) {
-    case kL2: {
-      const double s = sum_pow_checked<E, 2>(x, n);
-      if constexpr (E::kCode == kFloat64) {
-        if (!in_plain_l2_range(s)) {
-          merge_l2(acc, l2_scaled(static_cast<const double*>(ptr), n, s));
-          return;
-        }
-      }
-      merge_l2(acc, {0.0, s});
+    case kL2:
+      merge_l2(acc, l2_partial<E>(ptr, n));
       return;
-    }
     case kL1:
       acc.s += sum_pow_checked<E, 1>(x, n);
       return;
@@ -146,11 +169,12 @@ FASTNORM_INLINE void reduce_as(int mode, double p, const void* ptr, int64_t n, P
 
 // ---------------------------------------------------------------------------
 // Statistics (fastnorm/_stats.py). A piece's sum of squares is the norm's own
-// (reduce_as in mode L2: the same code, so the same bits); the maximum and the
-// counts come from a second loop over the piece's bits, which the first has
-// just brought into cache (a piece is at most a task, 256 KiB, inside L2).
+// (l2_partial, the code reduce_as runs in mode L2, so the same bits); the
+// maximum and the counts come from the bits of each stretch of it that the
+// sum's loop has just read (Counter, its visitor: elements.h), from L1, inside
+// the norm's pass: the memory keeps streaming while they run.
 //
-// That loop reads each element's magnitude bits (E::Bits with the sign
+// The counts read each element's magnitude bits (E::Bits with the sign
 // cleared), whose order is that of the magnitudes, with inf and NaN above
 // every finite value, so every count is an integer compare and the largest
 // magnitude an integer max: zeros (a == 0) and values below lo (zeros
@@ -160,11 +184,13 @@ FASTNORM_INLINE void reduce_as(int mode, double p, const void* ptr, int64_t n, P
 // One plain loop with scalar accumulators of the element's width, which the
 // compiler turns into vector lanes of that width (an explicit array of lanes,
 // as here before, was vectorized across lanes with permutes and spills: 4.4 G
-// float32/s on Zen 4 against 12 G for the 1-D loop). The counts are unsigned
-// of the element's width, summed into int64 every kCountBlock elements, before a
-// 16-bit count could wrap. The bits are below the sign bit, so signed compares
-// serve, which vectorize on every target.
+// float32/s on Zen 4 against 12 G for the 1-D loop), or the target's
+// count_blocks. The counts are unsigned of the element's width, summed into
+// int64 every stretch of at most kCountBlock elements, before a 16-bit count
+// could wrap. The bits are below the sign bit, so signed compares serve, which
+// vectorize on every target.
 constexpr int64_t kCountBlock = 32768;  // < 2^16: a 16-bit count of one block cannot wrap
+static_assert(kVisitBytes / 2 + kLanes <= kCountBlock, "a visited stretch (and a tail) fits one count block");
 
 template <class E>
 FASTNORM_NOINLINE void count_high(const typename E::Bits* x, int64_t n, int64_t hi, Stats& st) {
@@ -184,52 +210,91 @@ FASTNORM_NOINLINE void count_high(const typename E::Bits* x, int64_t n, int64_t 
   st.overflow = above - nonfinite;  // hi <= the largest finite value
 }
 
+// The largest magnitude bits, the zeros and the values below lo of the
+// stretches it is given, each of at most kCountBlock elements. Inlined into
+// the sums' loops of its target (those of another, avx2's bfloat16 loop for
+// avx512, call it through isa_avx512.h's Detached).
 template <class E>
-FASTNORM_NOINLINE void count_bits(const void* ptr, int64_t n, const Limits& lim, Stats& st) {
+struct Counter {
   using S = std::make_signed_t<typename E::Bits>;
   using U = std::make_unsigned_t<typename E::Bits>;
-  const auto* x = static_cast<const typename E::Bits*>(ptr);
-  const S lo = S(lim.lo);
-  S m = 0;
-  int64_t zeros = 0, below = 0;
-  for (int64_t i = 0; i < n; i += kCountBlock) {
-    const int64_t end = std::min(n, i + kCountBlock);
-    int64_t wide = m;
-    const int64_t done = count_blocks<E>(x + i, end - i, lim.lo, wide, zeros, below);
-    m = S(wide);
-    U z = 0, b = 0;  // at most kCountBlock each: exact in U, which wraps (never overflows) lane by lane
-    for (int64_t k = i + done; k < end; ++k) {
+  int64_t lo;
+  int64_t m = 0, zeros = 0, below = 0;
+  Bounds<E> bounds{};  // the target's lanes of the bounds' loop
+
+  // A stretch: its largest and smallest magnitude first (three vector
+  // operations a register); only a stretch whose smallest is below lo holds a
+  // zero or a value below the smallest normal, and only such a stretch is
+  // counted, from L1.
+  FASTNORM_INLINE void operator()(const void* ptr, int64_t n) {
+    const auto* x = static_cast<const typename E::Bits*>(ptr);
+    bool low = false;
+    const int64_t seen = bounds.scan(x, n, lo, low);
+    S top = S(m), bottom = std::numeric_limits<S>::max();
+    for (int64_t k = seen; k < n; ++k) {
       const S a = S(x[k] & E::kAbsMask);
-      m = a > m ? a : m;
-      z = U(z + U(a == 0));
-      b = U(b + U(a < lo));
+      top = a > top ? a : top;
+      bottom = a < bottom ? a : bottom;
     }
+    m = top;
+    if (!low && bottom >= S(lo)) return;
+    count(x, n);
+  }
+
+  FASTNORM_INLINE void count(const typename E::Bits* x, int64_t n) {
+    const int64_t done = count_blocks<E>(x, n, lo, m, zeros, below);
+    const S low = S(lo);
+    S top = S(m);
+    U z = 0, b = 0;  // at most kCountBlock each: exact in U, which wraps (never overflows) lane by lane
+    for (int64_t k = done; k < n; ++k) {
+      const S a = S(x[k] & E::kAbsMask);
+      top = a > top ? a : top;
+      z = U(z + U(a == 0));
+      b = U(b + U(a < low));
+    }
+    m = top;
     zeros += z;
     below += b;
   }
-  st.zeros = zeros;
-  st.subnormal = below - zeros;  // lo > 0: every zero is below it
-  if (m > S(lim.hi)) {
-    count_high<E>(x, n, lim.hi, st);
-  } else {
-    st.max_abs = E::from_bits(typename E::Bits(m));
-    st.nonfinite = st.overflow = 0;
+
+  // The statistics of the piece of n elements at ptr it has seen whole.
+  void finish(const void* ptr, int64_t n, int64_t hi, Stats& st) {
+    m = std::max(m, bounds.top());
+    st.zeros = zeros;
+    st.subnormal = below - zeros;  // lo > 0: every zero is below it
+    if (m > hi) {
+      count_high<E>(static_cast<const typename E::Bits*>(ptr), n, hi, st);
+    } else {
+      st.max_abs = E::from_bits(typename E::Bits(m));
+      st.nonfinite = st.overflow = 0;
+    }
   }
+};
+
+// The counts alone (mode kCountsOnly).
+template <class E>
+FASTNORM_NOINLINE void count_bits(const void* ptr, int64_t n, const Limits& lim, Stats& st) {
+  Counter<E> counter{lim.lo};
+  const auto* x = static_cast<const typename E::Bits*>(ptr);
+  for (int64_t i = 0; i < n; i += kCountBlock) counter.count(x + i, std::min(n, i + kCountBlock) - i);
+  counter.finish(ptr, n, lim.hi, st);
 }
 
 // The statistics of a piece into st, and its partial of the norm (mode) into
-// acc, as reduce_piece adds it.
+// acc, as reduce_piece adds it: the counts in the sum of squares' pass; the
+// other norms read the piece again (from L2: a piece is at most a task, 256 KiB).
 template <class E>
 FASTNORM_INLINE void stats_as(int mode, double p, const void* ptr, int64_t n, const Limits& lim, Partial& acc,
                               Stats& st) {
   if (mode == kCountsOnly) return count_bits<E>(ptr, n, lim, st);
-  reduce_as<E>(kL2, p, ptr, n, st.l2);
+  Counter<E> counter{lim.lo};
+  merge_l2(st.l2, l2_partial<E>(ptr, n, counter));
+  counter.finish(ptr, n, lim.hi, st);
   if (mode == kL2) {
     merge_l2(acc, st.l2);
   } else {
     reduce_as<E>(mode, p, ptr, n, acc);
   }
-  count_bits<E>(ptr, n, lim, st);
 }
 
 inline void stats_piece(int dtype, int mode, double p, const void* ptr, int64_t n, const Limits& lim,

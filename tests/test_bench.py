@@ -773,6 +773,7 @@ def _every_target_run():
         "torch.get_total_norm": 30.0,
         "fastnorm.clip_/noop": 11.5,
         "fastnorm.clip_/clips": 33.0,
+        "fastnorm.tensor_stats": 11.4,
     }
     kernel = {"fastnorm.total_norm/avx2": 9.0, "roofline.read/sum": 10.0}
     records = [_record("kernel-1t", dtype, kernel) for dtype in ("fp32", "bf16", "fp16")]
@@ -909,3 +910,16 @@ def test_bad_arguments_are_refused_before_any_workload_runs(monkeypatch, tmp_pat
     out, err = capsys.readouterr()
     assert out == "" and err.startswith(f"fastnorm bench: error: {message.format(file=file)}")
     assert err.count("\n") == 1 and file.read_text() == "{}"
+
+
+def test_progress_writes_to_the_stderr_of_the_moment_not_of_the_import(monkeypatch):
+    """A stream replaced after fastnorm.bench.cli was imported (and the one it
+    replaced closed, as pytest's capture does) is the one written to."""
+    import io
+
+    from fastnorm.bench.cli import Cost, Progress
+
+    now = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", now)
+    progress = Progress(_estimate([Cost(1e9, 1e8)]), ["a fp32"], interval_s=0.0)
+    assert progress.stream is now

@@ -296,9 +296,46 @@ def test_cpp_counts_of_a_16_bit_piece_over_65535_values_are_exact(isas, dtype):
     tensors = [x.to(dtype), torch.full((70000,), tiny / 2, dtype=torch.float64).to(dtype)]
     want = reference(tensors, [None, None])
     assert want[0, COLUMNS.index("zeros")] > 65536 and want[1, COLUMNS.index("subnormal")] > 65536
+    count_stats, _, task, table = cpp.count_stats_args(1)
     for isa in isas:
         cpp._C.use_isa(isa)
         _, _, stats = cpp.BACKEND.reduce_stats(
             cpp.BACKEND.prepare(tensors), 0, 2.0, torch.float64, [None, None]
         )
         np.testing.assert_array_equal(stats.numpy()[:, 1:], want[:, 1:])
+        for t, row in zip(tensors, want):  # the counts alone (a pass's activations), a piece at a time
+            counts = torch.empty(len(COLUMNS), dtype=torch.float64)
+            code = cpp.DTYPE_CODES[dtype]
+            count_stats(t.data_ptr(), t.numel(), code, -1, task, table, counts.data_ptr(), 1)
+            np.testing.assert_array_equal(counts.numpy()[1:], row[1:], err_msg=isa)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_cpp_counts_see_every_stretch_of_the_fused_pass_once(isas, dtype):
+    """The counts run inside the sum's loop, a stretch at a time (16 KiB, the
+    bfloat16 loop's first block apart): values on both sides of every stretch's
+    and piece's edges, in tensors whose chunks the bfloat16 word loop reads in
+    each of its ways (no zero or subnormal; then both), are each counted once."""
+    cpp = _cpp()
+    gen = torch.Generator().manual_seed(23)
+    info = torch.finfo(dtype)
+    n = 3 * 65536 + 77  # over three 256 KiB pieces of float32
+    stretch = 16384 * 8 // info.bits
+    tensors = []
+    for specials in (
+        [info.max / 8, float("inf"), float("nan"), info.tiny, -info.max / 12],
+        [0.0, info.tiny / 4, info.max / 8, float("nan"), -0.0],
+    ):
+        x = torch.randn(n, generator=gen, dtype=torch.float64) + 3.0  # no zero, nothing near one
+        edges = [e + d for e in range(0, n, stretch) for d in (-1, 0, 1)]
+        edges += [e + d for e in range(32, n, stretch) for d in (-1, 0, 1)]  # the bfloat16 loop's edges
+        edges = sorted({e for e in edges if 0 <= e < n} | {n - 1})
+        for k, e in enumerate(edges):
+            x[e] = specials[k % len(specials)]
+        tensors.append(x.to(dtype))
+    want = reference(tensors, [None, None])
+    for isa in isas:
+        cpp._C.use_isa(isa)
+        prepared = cpp.BACKEND.prepare(tensors)
+        _, _, stats = cpp.BACKEND.reduce_stats(prepared, 0, 2.0, torch.float64, [None, None])
+        np.testing.assert_array_equal(stats.numpy()[:, 1:], want[:, 1:], err_msg=isa)

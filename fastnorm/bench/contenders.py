@@ -190,6 +190,12 @@ def _fastnorm_clip(w: Prepared, max_norm: float | None) -> Call:
     return _per_group(w, lambda params: clip(params, max_norm))
 
 
+def _fastnorm_stats(w: Prepared, max_norm: float | None) -> Call:
+    """fastnorm.tensor_stats: the total norm and every tensor's statistics, one pass."""
+    stats = fastnorm.tensor_stats
+    return _per_group(w, lambda params: stats(params)[0])
+
+
 def _fastnorm_flat(w: Prepared, max_norm: float | None) -> Call:
     flat = [w.flat]
     return lambda: fastnorm.total_norm(flat)
@@ -326,6 +332,7 @@ for _contender in (
     Contender("fastnorm.total_norm", "norm", _fastnorm_norm, "torch.get_total_norm", "fastnorm"),
     Contender("fastnorm.clip_/noop", "clip-noop", _fastnorm_clip, "torch.clip_grad_norm_/noop", "fastnorm"),
     Contender("fastnorm.clip_/clips", "clip", _fastnorm_clip, "torch.clip_grad_norm_/clips", "fastnorm"),
+    Contender("fastnorm.tensor_stats", "norm", _fastnorm_stats, "fastnorm.total_norm", "fastnorm"),
     Contender("torch.get_total_norm", "norm", _torch_norm, None, "torch"),
     Contender("torch.clip_grad_norm_/noop", "clip-noop", _torch_clip, None, "torch"),
     Contender("torch.clip_grad_norm_/clips", "clip", _torch_clip, None, "torch"),

@@ -58,6 +58,7 @@ FOLDED_OVER_STEP = 1.05
 FOLDED_OVER_CLIP_THEN_STEP = 1.0
 GUARDED_OVER_FOLDED = 1.02  # the spike guard costs at most 2% of the folded step
 LOCATOR_OVER_STEP = 1.05  # the locator, always on, costs at most 5% of a training step
+STATS_OVER_NORM = 1.05  # per-tensor statistics cost at most 5% over the norm-only pass
 # How far the gradients a step used may be from the originals times the clip
 # coefficient, relatively (a float32 coefficient; 16-bit gradients stored back).
 COEF_RTOL = {"fp64": 1e-6, "fp32": 1e-5}
@@ -138,6 +139,11 @@ TARGETS: dict[str, Target] = {
         "`clip_` that clips / (one read plus one read-write pass: the two rooflines)",
         False,
         lambda: [(f"{CLIP_OVERHEAD:g}", f"{_names(STREAMING)} (fp32, bf16)")],
+    ),
+    "stats": Target(
+        "`tensor_stats` (the norm and every tensor's statistics) / `total_norm`, same gradients",
+        False,
+        lambda: [(f"{STATS_OVER_NORM:g}", f"{_names(STREAMING)} (fp32, bf16)")],
     ),
     "noop": Target(
         "`clip_` that does not clip / `total_norm`",
@@ -334,6 +340,16 @@ def _per_record(record: Record, isa: str | None) -> Iterator[Record]:
             noop["ms"] / norm["ms"],
             CLIP_OVERHEAD,
             [norm, noop],
+        )
+    stats = _result(record, "fastnorm.tensor_stats")
+    if norm is not None and stats is not None and record["workload"] in STREAMING:
+        yield _goal(
+            "stats",
+            "tensor_stats / total_norm",
+            record,
+            stats["ms"] / norm["ms"],
+            STATS_OVER_NORM,
+            [norm, stats],
         )
     clips = _result(record, "fastnorm.clip_/clips")
     if clips is not None and read and rw and record["workload"] in STREAMING:
