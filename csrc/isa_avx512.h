@@ -221,7 +221,26 @@ struct Bounds {
   using S = std::make_signed_t<typename E::Bits>;
   using L = CountLanes<int(sizeof(S))>;
   static constexpr int kWidth = 64 / int(sizeof(S));
+  static constexpr bool kBlocks = true;
   __m512i m = _mm512_setzero_si512();
+  __m512i least = L::set1(int64_t(E::kAbsMask));  // of the stretch the blocks are in
+
+  // A block of kLanes elements (whole registers), as the sum reads it.
+  FASTNORM_INLINE void block(const typename E::Bits* x) {
+    const __m512i mask = L::set1(int64_t(E::kAbsMask));
+    for (int r = 0; r < kLanes / kWidth; ++r) {
+      const __m512i a = _mm512_and_si512(_mm512_loadu_si512(x + r * kWidth), mask);
+      m = L::max(m, a);
+      least = L::min(least, a);
+    }
+  }
+
+  // Whether the stretch of the blocks since the last call held a value below lo.
+  FASTNORM_INLINE bool stretch_low(int64_t lo) {
+    const bool low = L::less(least, L::set1(lo)) != 0;
+    least = L::set1(int64_t(E::kAbsMask));
+    return low;
+  }
 
   FASTNORM_INLINE int64_t scan(const typename E::Bits* x, int64_t n, int64_t lo, bool& low) {
     const __m512i mask = L::set1(int64_t(E::kAbsMask));

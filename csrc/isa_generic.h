@@ -75,6 +75,9 @@ FASTNORM_INLINE int64_t scale_blocks(uint16_t*, int64_t, float) {
 // The bounds' loop of kernels_impl.h (Counter) runs every element here.
 template <class E>
 struct Bounds {
+  static constexpr bool kBlocks = false;
+  FASTNORM_INLINE void block(const typename E::Bits*) {}
+  FASTNORM_INLINE bool stretch_low(int64_t) { return true; }
   FASTNORM_INLINE int64_t scan(const typename E::Bits*, int64_t, int64_t, bool& low) {
     low = false;
     return 0;

@@ -18,9 +18,10 @@ constexpr int64_t kPowTile = 256;
 
 // sum |x|^2 (Power == 2) or sum |x| (Power == 1), accumulated in double: the
 // square of any float32 or 16-bit value is exact in double and cannot
-// overflow there. A visitor (elements.h) gets the whole blocks in stretches of
-// kVisitBytes and then the tail; the lanes and their order are the same with
-// or without one, so are the bits.
+// overflow there. A visitor (elements.h, here a Counter) gets each whole block
+// as it is summed (block), each stretch of kVisitBytes of them (stretch), then
+// the tail (a call); the lanes and their order are the same with or without
+// one, so are the bits.
 template <class E, int Power, class Visit = NoVisit>
 FASTNORM_INLINE double sum_pow(const typename E::T* x, int64_t n, Visit&& visit = Visit{}) {
   using T = typename E::T;
@@ -39,8 +40,9 @@ FASTNORM_INLINE double sum_pow(const typename E::T* x, int64_t n, Visit&& visit 
         for (i = c; i < end; i += kLanes) {
           if (i + kLanes <= stop) prefetch_ahead<kLanes * int(sizeof(T))>(x + i, ahead);
           add_block<E, Power>(acc, x + i);
+          visit.block(x + i);
         }
-        visit(x + c, end - c);
+        visit.stretch(x + c, end - c);
       }
       i = whole;
     } else {
@@ -226,6 +228,20 @@ struct Counter {
   // operations a register); only a stretch whose smallest is below lo holds a
   // zero or a value below the smallest normal, and only such a stretch is
   // counted, from L1.
+  // In the sum's own loop (kernels_impl.h sum_pow): each block of kLanes
+  // elements as it is summed, then their stretch. A target whose Bounds read
+  // blocks decides the stretch from its lanes; the others scan it.
+  FASTNORM_INLINE void block(const void* ptr) {
+    if constexpr (Bounds<E>::kBlocks) bounds.block(static_cast<const typename E::Bits*>(ptr));
+  }
+  FASTNORM_INLINE void stretch(const void* ptr, int64_t n) {
+    if constexpr (Bounds<E>::kBlocks) {
+      if (bounds.stretch_low(lo)) count(static_cast<const typename E::Bits*>(ptr), n);
+    } else {
+      (*this)(ptr, n);
+    }
+  }
+
   FASTNORM_INLINE void operator()(const void* ptr, int64_t n) {
     const auto* x = static_cast<const typename E::Bits*>(ptr);
     bool low = false;

@@ -141,8 +141,8 @@ MUTANTS = [
     {
         "name": "cpp-stats-stretch-end-not-counted",
         "path": "csrc/kernels_impl.h",
-        "old": "visit(x + c, end - c);",
-        "new": "visit(x + c, end - c - kLanes);",
+        "old": "visit.stretch(x + c, end - c);",
+        "new": "visit.stretch(x + c, end - c - kLanes);",
         "tests": ["tests/test_stats.py::test_cpp_counts_see_every_stretch_of_the_fused_pass_once"],
         "what": "the last block of every stretch of the fused pass escapes the counts",
     },
@@ -177,6 +177,22 @@ MUTANTS = [
         "new": "",
         "tests": ["tests/test_stats.py::test_cpp_counts_see_every_stretch_of_the_fused_pass_once"],
         "what": "the largest magnitude kept in the bounds' lanes never reaches the statistics",
+    },
+    {
+        "name": "cpp-avx512-stretch-never-low",
+        "path": "csrc/isa_avx512.h",
+        "old": "const bool low = L::less(least, L::set1(lo)) != 0;",
+        "new": "const bool low = false;",
+        "tests": ["tests/test_stats.py::test_cpp_counts_see_every_stretch_of_the_fused_pass_once"],
+        "what": "the AVX-512 block bounds never send a stretch with zeros or subnormals to the counts",
+    },
+    {
+        "name": "stats-total-from-torch-rows",
+        "path": "fastnorm/_eager.py",
+        "old": "        total = _reduce(norm_plan, p, \"tensor_stats\")[0]\n",
+        "new": "        total = _total(plan, results, mode, p, dtype)\n",
+        "tests": ["tests/test_stats.py::test_the_total_is_total_norms_bits_on_a_backend_without_statistics"],
+        "what": "on a backend without statistics the total is torch's sum, not total_norm's bits",
     },
     {
         "name": "cpp-prefetch-loop-runs-past-the-piece",
