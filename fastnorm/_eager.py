@@ -294,8 +294,11 @@ def tensor_stats(
     hit = _plan.lookup(items, group, p, held=held)
     plan = _plan.build(items, p, "tensor_stats", group, held) if hit is None else hit.plan
     mode = Mode.of(p)
+    norm_plan = plan
     if not all(hasattr(g.backend, "reduce_stats") for g in plan.norm_groups):
-        # A backend without statistics yet: torch's ops read these tensors (not cached).
+        # A backend without statistics yet: torch's ops read these tensors for
+        # the rows (not cached); the total stays the norm's own pass, so it is
+        # total_norm's, bit for bit.
         plan = _plan.uncached(items, p, "tensor_stats", group, "torch")
     if mode == Mode.ZERO and any(d.key[0] == "mesh" for d in plan.domains):
         raise NotImplementedError("tensor_stats: norm_type=0 is not supported on DTensor shards")
@@ -304,7 +307,10 @@ def tensor_stats(
     results = [
         g.backend.reduce_stats(g.prepared, mode, p, dtype, lim) for g, lim in zip(plan.norm_groups, per_group)
     ]
-    total = _total(plan, results, mode, p, dtype)
+    if plan is norm_plan:
+        total = _total(plan, results, mode, p, dtype)
+    else:
+        total = _reduce(norm_plan, p, "tensor_stats")[0]
     acc = accumulate_dtype(first)
     rows = [to_device(t, first).to(acc) for _, _, t in results]
     rows.append(torch.zeros((1, len(COLUMNS)), dtype=acc, device=first))  # items without a gradient
