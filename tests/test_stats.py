@@ -346,8 +346,8 @@ def test_the_total_is_total_norms_bits_on_a_backend_without_statistics(fused):
     come from torch's ops but the total is still the norm's own pass: bit for
     bit ``total_norm`` of the same tensors, in every mode."""
     gen = torch.Generator().manual_seed(29)
-    for trial in range(24):  # the float32 results of two summation orders differ in some of them
+    for trial in range(24):  # the float32 results of two summation orders differ in some of them (p=1)
         tensors = [torch.randn(n, generator=gen) for n in (231, 4097, 33, 1, 165)]
-        for p in (2.0, 1.0, float("inf"), 3.0):
+        for p in (1.0,) if trial else (2.0, 1.0, float("inf"), 3.0):  # every mode once: the interpreter is slow
             total, _ = fastnorm.tensor_stats(tensors, p, gradients=True)
             assert torch.equal(total, fastnorm.total_norm(tensors, p, gradients=True)), (trial, p)
