@@ -1,5 +1,9 @@
 """Per-layer gradient norms and the total norm, from one fused pass (:class:`LayerGradNorms`).
 
+With :meth:`LayerGradNorms.with_stats` the same pass also gives each layer's
+gradient statistics (``fastnorm.stats.COLUMNS``), which the monitor keeps over
+every step of its window (``GradNormMonitor.update(total, layer_stats=...)``).
+
 Part of the compute side, beside :func:`fastnorm.tensor_norms`, which it calls:
 the monitoring subpackage only receives what it computes (``GradNormMonitor.update(total,
 layers=per_layer)``) and never imports it.
@@ -13,8 +17,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from fastnorm import checks
-from fastnorm.norm import tensor_norms
+from fastnorm import _stats, checks
+from fastnorm.norm import tensor_norms, tensor_stats
 
 __all__ = ["LayerGradNorms", "combine"]
 
@@ -43,6 +47,11 @@ class LayerGradNorms:
         >>> total, per_layer = layers()  # after backward
         >>> fastnorm.clip_(layers.parameters, 1.0, total_norm=total)
         >>> monitor.update(total, layers=per_layer)
+
+    Every step, with each layer's statistics too (the same single pass)::
+
+        >>> total, per_layer, stats = layers.with_stats()
+        >>> monitor.update(total, layers=per_layer, layer_stats=stats)
     """
 
     def __init__(self, named_parameters: Any, depth: int | None = None, norm_type: float | str = 2.0) -> None:
@@ -76,6 +85,48 @@ class LayerGradNorms:
         if self._index.device != per_item.device:
             self._index = self._index.to(per_item.device)  # once: it stays there
         return total, combine(per_item, self._index, len(self.names), self.norm_type)
+
+    def with_stats(self) -> tuple[Tensor, Tensor, Tensor]:
+        """The total norm, the per-layer norms and each layer's gradient statistics, from one fused pass.
+
+        The pass that computes the total (:func:`fastnorm.tensor_stats`) also
+        gives every parameter's statistics; they are combined per layer on the
+        device: ``sum_sq`` and the counts add up, ``max_abs`` is the largest.
+        The per-layer norms come from the same rows (p=2: the root of the
+        layer's ``sum_sq``; inf: its largest |g|, NaN or inf where a value is),
+        equal to those of ``self()`` up to rounding (but inf for a float64
+        gradient whose squares overflow float64). Nothing is read on the host.
+
+        Returns:
+            (Tensor, Tensor, Tensor): the total norm (as :func:`fastnorm.total_norm`),
+            a 1-D tensor with one norm per name in :attr:`names`, and a float64
+            ``(len(names), 6)`` tensor of the columns ``fastnorm.stats.COLUMNS``.
+
+        Raises:
+            ValueError: where ``norm_type`` is neither 2 nor inf (-inf included: the statistics hold
+                no other p-norm of each layer).
+        """
+        p = self.norm_type
+        if p not in (2.0, math.inf):
+            raise ValueError(
+                f"LayerGradNorms.with_stats: norm_type is {p:g}; the statistics give the per-layer "
+                "norms for 2 and inf only (call the LayerGradNorms itself for another p)"
+            )
+        total, rows = tensor_stats(self.parameters, p)
+        if self._index.device != rows.device:
+            self._index = self._index.to(rows.device)
+        index, groups = self._index, len(self.names)
+        stats = torch.zeros((groups, rows.shape[1]), dtype=rows.dtype, device=rows.device)
+        stats.index_add_(0, index, rows)
+        stats[:, _stats.MAX_ABS] = 0.0  # the largest of the finite maxima (all >= 0), not their sum
+        stats[:, _stats.MAX_ABS].scatter_reduce_(0, index, rows[:, _stats.MAX_ABS], "amax")
+        if p == math.inf:
+            # sum_sq is NaN where a value is NaN and inf where one is inf: what the inf-norm is there.
+            bad = stats[:, _stats.NONFINITE] > 0
+            per_layer = torch.where(bad, stats[:, _stats.SUM_SQ], stats[:, _stats.MAX_ABS])
+        else:
+            per_layer = stats[:, _stats.SUM_SQ].sqrt()
+        return total, per_layer.to(total.dtype), stats
 
 
 def combine(norms: Tensor, index: Tensor, groups: int, norm_type: float) -> Tensor:

@@ -10,6 +10,7 @@ import sys
 
 import pytest
 import torch
+from torch.overrides import TorchFunctionMode
 
 # conftest.py decides this before triton is imported.
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
@@ -108,3 +109,18 @@ class NoMemoryWrapper(torch.Tensor):
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         unwrap = lambda t: t.inner if isinstance(t, NoMemoryWrapper) else t  # noqa: E731
         return func(*map(unwrap, args), **{k: unwrap(v) for k, v in (kwargs or {}).items()})
+
+
+class CountSyncs(TorchFunctionMode):
+    """Counts the host reads of tensors: ``item``, ``__bool__``, ``tolist``, ``__float__``, ``__int__``."""
+
+    READS = {"item", "__bool__", "tolist", "__float__", "__int__", "numpy"}
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if getattr(func, "__name__", "") in self.READS:
+            self.count += 1
+        return func(*args, **(kwargs or {}))

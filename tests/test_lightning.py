@@ -17,8 +17,9 @@ from fastnorm.integrations.lightning import GradNormCallback  # noqa: E402
 class Regression(lightning.LightningModule):
     """A tiny MLP that records torch's own norm of every step's gradients, before and after clipping."""
 
-    def __init__(self, fail_at=None):
+    def __init__(self, fail_at=None, poison_at=None):
         super().__init__()
+        self.poison_at = poison_at
         self.net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
         self.fail_at = fail_at
         self.before, self.after, self.losses = [], [], []
@@ -32,6 +33,8 @@ class Regression(lightning.LightningModule):
         return loss
 
     def on_after_backward(self):
+        if self.global_step == self.poison_at:  # one NaN in the last layer's gradient; SGD spreads it
+            self.net[2].weight.grad[0, 0] = float("nan")
         self.before.append(torch.nn.utils.get_total_norm([p.grad for p in self.parameters()]).item())
 
     def on_before_optimizer_step(self, optimizer):  # runs after the callbacks' hook
@@ -48,9 +51,9 @@ class Regression(lightning.LightningModule):
         )
 
 
-def fit(tmp_path, callback, steps=23, fail_at=None, **trainer_kwargs):
+def fit(tmp_path, callback, steps=23, fail_at=None, poison_at=None, **trainer_kwargs):
     torch.manual_seed(0)
-    model = Regression(fail_at)
+    model = Regression(fail_at, poison_at)
     trainer = lightning.Trainer(
         max_steps=steps,
         logger=CSVLogger(tmp_path, name="csv"),
@@ -106,6 +109,19 @@ def test_per_layer_norms_once_per_window(tmp_path):
     assert total == pytest.approx(model.before[19], rel=1e-5)
 
 
+def test_layer_stats_name_the_module_that_went_non_finite_first(tmp_path):
+    callback = GradNormCallback(per_layer=True, layer_stats=True, log_every_n_steps=10, diagnose=True)
+    model, trainer = fit(tmp_path, callback, steps=20, poison_at=13)
+    window = callback.monitor.layer_window
+    assert window.steps == 10
+    assert window.layers["net.2"]["first_nonfinite"] == 13 and window.layers["net.2"]["nonfinite_steps"] == 7
+    assert window.layers["net.0"]["first_nonfinite"] == 14 and window.layers["net.0"]["nonfinite_steps"] == 6
+    row = logged(trainer)[19]
+    assert float(row["gradient_norm_locate_layers_nonfinite_first/net.2"]) == 13
+    line = "layers: `net.2`'s gradient went non-finite first, at step 13, on 7 of the window's 10 steps"
+    assert any(x.startswith(line) for x in callback.monitor.diagnosis.located)
+
+
 def test_an_exception_loses_nothing(tmp_path):
     callback = GradNormCallback(loggers=[JsonlLogger(tmp_path / "m.jsonl")])
     with pytest.raises(RuntimeError, match="dies here"):
@@ -121,6 +137,9 @@ def test_an_exception_loses_nothing(tmp_path):
         ({"log_every_n_steps": 0}, ValueError, "GradNormCallback: log_every_n_steps must be a positive int"),
         ({"per_layer": "yes"}, TypeError, "GradNormCallback: per_layer must be True or False"),
         ({"layer_depth": 1.5}, TypeError, "GradNormCallback: layer_depth must be a positive int"),
+        ({"layer_stats": True}, ValueError, "GradNormCallback: layer_stats needs per_layer=True"),
+        ({"layer_stats": True, "per_layer": True, "norm_type": 1}, ValueError, "layer_stats needs norm_type 2"),
+        ({"layer_stats": 1}, TypeError, "GradNormCallback: layer_stats must be True or False"),
         ({"diagnose": None}, TypeError, "GradNormCallback: diagnose must be a bool or a Diagnoser"),
         ({"loggers": Logger()}, TypeError, "GradNormCallback: loggers must be a sequence"),
     ],

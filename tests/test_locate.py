@@ -11,10 +11,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.overrides import TorchFunctionMode
 
 import fastnorm
 from fastnorm.locate import Located, Site
+from helpers import CountSyncs
 
 FAULTS = ("forward-inf", "forward-nan", "backward-overflow", "poisoned-batch")
 
@@ -232,21 +232,6 @@ def test_overflow_is_judged_by_the_narrower_autocast_target():
     with fastnorm.Locator(model) as locator:  # without autocast float32 judges it: nothing
         model(torch.randn(2, 4))
         assert not locator.located()
-
-
-class CountSyncs(TorchFunctionMode):
-    """Counts the host reads of tensors: ``item``, ``__bool__``, ``tolist``, ``__float__``, ``__int__``."""
-
-    READS = {"item", "__bool__", "tolist", "__float__", "__int__", "numpy"}
-
-    def __init__(self):
-        super().__init__()
-        self.count = 0
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        if getattr(func, "__name__", "") in self.READS:
-            self.count += 1
-        return func(*args, **(kwargs or {}))
 
 
 def test_no_host_read_between_reads():

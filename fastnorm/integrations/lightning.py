@@ -82,6 +82,11 @@ class GradNormCallback(Callback):
             module's parameters rather than the optimizer's. Default: False.
         layer_depth (int, optional): with ``per_layer``, group by the first
             ``layer_depth`` parts of the parameter names instead of by module.
+        layer_stats (bool): with ``per_layer``, also keep each module's gradient
+            statistics over every step of the window (the same fused pass as
+            the norm, :meth:`LayerGradNorms.with_stats <fastnorm.LayerGradNorms.with_stats>`),
+            which log and report the module that went non-finite first and on
+            how many steps. ``norm_type`` 2 or inf. Default: False.
         diagnose (bool or Diagnoser): as for :class:`~fastnorm.GradNormMonitor`.
         loggers (sequence of Logger): fastnorm loggers to write to as well,
             e.g. a :class:`~fastnorm.JsonlLogger` for ``fastnorm diagnose``.
@@ -104,6 +109,7 @@ class GradNormCallback(Callback):
         *,
         per_layer: bool = False,
         layer_depth: int | None = None,
+        layer_stats: bool = False,
         diagnose: bool | Diagnoser = True,
         loggers: Sequence[Logger] = (),
         locate: bool = False,
@@ -121,6 +127,11 @@ class GradNormCallback(Callback):
         if not isinstance(per_layer, bool):
             raise TypeError(f"{owner}: per_layer must be True or False, got {per_layer!r}")
         self.per_layer = per_layer
+        self.layer_stats = checks.boolean(layer_stats, "layer_stats", owner)
+        if self.layer_stats and not per_layer:
+            raise ValueError(f"{owner}: layer_stats needs per_layer=True (the statistics are per module)")
+        if self.layer_stats and float(checks.norm_type(norm_type, owner)) not in (2.0, float("inf")):
+            raise ValueError(f"{owner}: layer_stats needs norm_type 2 or inf, got {norm_type!r}")
         self.layer_depth = (
             None if layer_depth is None else checks.positive_int(layer_depth, "layer_depth", owner)
         )
@@ -129,7 +140,7 @@ class GradNormCallback(Callback):
         self.loggers = checks.loggers(loggers, owner)
         self.monitor: GradNormMonitor | None = None
         self._layers: LayerGradNorms | None = None
-        self._pending: tuple | None = None  # (norm, step, layers, rates) waiting for the batch's loss
+        self._pending: tuple | None = None  # (norm, step, layers, stats, rates) waiting for the batch's loss
         self._optimizer: StepOptimizer | None = None
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
@@ -166,14 +177,16 @@ class GradNormCallback(Callback):
             params = self._layers.parameters
         else:
             params = [p for group in optimizer.param_groups for p in group["params"]]
-        layers = None
-        if self._layers is not None and monitor.due:
+        layers = stats = None
+        if self._layers is not None and self.layer_stats:
+            norm, layers, stats = self._layers.with_stats()  # every step: the window counts each one
+        elif self._layers is not None and monitor.due:
             norm, layers = self._layers()  # the same total, with the layers from the same pass
         else:
             norm = total_norm(params, self.norm_type)
         if self.max_norm is not None:
             clip_(params, self.max_norm, self.norm_type, total_norm=norm)
-        self._pending = (norm, trainer.global_step, layers, self._optimizer.rates())
+        self._pending = (norm, trainer.global_step, layers, stats, self._optimizer.rates())
         if self.locator is not None:
             self.locator.step(trainer.global_step)
 
@@ -185,10 +198,10 @@ class GradNormCallback(Callback):
 
     def _record(self, loss: Tensor | None = None) -> None:
         if self._pending is not None:
-            norm, step, layers, rates = self._pending
+            norm, step, layers, stats, rates = self._pending
             self._pending = None
             self._optimizer.lrs = rates
-            self.monitor.update(norm, step=step, layers=layers, loss=loss)
+            self.monitor.update(norm, step=step, layers=layers, loss=loss, layer_stats=stats)
 
     def _close(self) -> None:
         if self.monitor is not None:

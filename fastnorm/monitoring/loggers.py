@@ -33,6 +33,7 @@ from typing import Any, TextIO
 
 from fastnorm.monitoring.diagnosis import Diagnosis
 from fastnorm.monitoring.diagnosis.skips import SPIKE_CODE
+from fastnorm.monitoring.layer_stats import LayerWindow
 from fastnorm.monitoring.series import KEY, LAYER_PREFIX, LOSS_KEY, LR_KEY, SKIPPED_KEY
 
 
@@ -67,6 +68,9 @@ class Window:
         spiked (tuple of bool): whether each step was skipped for a spike alone
             (:class:`~fastnorm.SpikeGuard`); empty when none was. Such a step
             is logged with ``gradient_norm_skipped`` 2.
+            layer_window (LayerWindow, optional): each layer's gradient statistics
+            over the window's steps that gave them (``GradNormMonitor.update(...,
+            layer_stats=)``); None where none did. Its notable keys are in ``settings``.
     """
 
     steps: tuple[int, ...]
@@ -80,6 +84,7 @@ class Window:
     settings: dict[str, float] = field(default_factory=dict)
     lrs: dict[int, float] = field(default_factory=dict)
     spiked: tuple[bool, ...] = ()
+    layer_window: LayerWindow | None = None
 
     def metrics(self) -> Iterator[tuple[int, dict[str, float]]]:
         """``(step, metrics)`` in step order: each step's norm, the statistics

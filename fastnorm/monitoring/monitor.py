@@ -42,6 +42,7 @@ from fastnorm import checks
 from fastnorm.monitoring.diagnosis import UNSTABLE, Diagnoser, Diagnosis, Event
 from fastnorm.monitoring.diagnosis.events import FAILED, TOO_FEW
 from fastnorm.monitoring.diagnosis.objective import check as check_objective
+from fastnorm.monitoring import layer_stats as _layer_stats  # update() has an argument of that name
 from fastnorm.monitoring import values
 from fastnorm.monitoring.loggers import Logger, Window, window_stats
 from fastnorm.monitoring.diagnosis.skips import SPIKE_CODE
@@ -103,6 +104,7 @@ class _InFlight:
     layers_step: int | None
     settings: dict[str, float]
     lrs: dict[int, float]
+    stats_given: int
 
 
 class _Recorder:
@@ -142,9 +144,11 @@ class _Recorder:
         self.diagnosis: Diagnosis | None = Diagnosis(TOO_FEW) if diagnoser is not None else None
         self.steps_read = 0  # norms handed to the diagnosis
         self.located: Any = None  # the locator's findings of the last window
+        self.layer_window: _layer_stats.LayerWindow | None = None  # the layers' statistics, last window
+        self.stats_given = 0  # the current window's steps that gave layer_stats
         self.transfers = 0
         self.logger_failures = [0] * len(loggers)  # windows (and closes) each logger failed
-        self.buffer: Tensor | None = None  # _ROWS * n per-step values, then the layers
+        self.buffer: Tensor | None = None  # _ROWS * n per-step values, the layers, their window statistics
         self.host: Tensor | None = None  # pinned, for the asynchronous copy
         self.steps: list[int] = [0] * n
         self.has_loss: list[bool] = [False] * n
@@ -170,8 +174,9 @@ class _Recorder:
         layers: Tensor | None,
         loss: Tensor | float | None,
         skipped: Tensor | float | None,
+        stats: Tensor | None = None,
     ) -> None:
-        device = next((v.device for v in (norm, loss, skipped) if isinstance(v, Tensor)), None)
+        device = next((v.device for v in (norm, loss, skipped, stats) if isinstance(v, Tensor)), None)
         if self.buffer is None or (device is not None and device != self.buffer.device):
             self.allocate(device, norm)
         buffer, slot = self.buffer, self.count
@@ -181,8 +186,11 @@ class _Recorder:
             elif value is not None:
                 buffer[row * self.n + slot].fill_(value)
         if layers is not None:
-            buffer[_ROWS * self.n :].copy_(layers.detach())
+            buffer[_ROWS * self.n : _ROWS * self.n + len(layers)].copy_(layers.detach())
             self.layers_step = step
+        if stats is not None:
+            _layer_stats.fold(self.region(), stats, slot, self.n)
+            self.stats_given += 1
         if self.optimizer is not None:
             lr = optimizer_lr(self.optimizer)
             if lr is not None and lr != self.lr:
@@ -207,11 +215,16 @@ class _Recorder:
             device, dtype = torch.device("cpu"), torch.float64
         else:
             # float32 slots for float32 norms on an accelerator; float64 where it is free or needed.
-            wide = not isinstance(norm, Tensor) or norm.dtype == torch.float64
+            # The layers' window counts are exact in float64 (float32 would round sums above 2**24).
+            wide = not isinstance(norm, Tensor) or norm.dtype == torch.float64 or bool(self.layer_names)
             dtype = torch.float64 if wide or device.type == "cpu" else torch.float32
-        size = _ROWS * self.n + len(self.layer_names)
+        size = (_ROWS * self.n) + (1 + _layer_stats.ROWS) * len(self.layer_names)
         self.buffer = torch.zeros(size, dtype=dtype, device=device)
         self.host = torch.empty(size, dtype=dtype, pin_memory=True) if device.type == "cuda" else None
+        _layer_stats.reset(self.region(), self.n)
+
+    def region(self) -> Tensor:  # the layers' window statistics: layer_stats.ROWS rows of a value per layer
+        return self.buffer[_ROWS * self.n + len(self.layer_names) :].view(_layer_stats.ROWS, len(self.layer_names))
 
     # -- the transfer ------------------------------------------------------------
 
@@ -226,18 +239,22 @@ class _Recorder:
             self.located = self.locator.collect()
             settings.update(self.located.metrics())
         lrs, self.lr_steps = self.lr_steps, {}
+        given, self.stats_given = self.stats_given, 0
         self.count = 0
         self.layers_step = None
         self.transfers += 1
         if self.host is None:
-            self.emit(steps, has_loss, has_skipped, self.buffer.tolist(), layers_step, settings, lrs)
+            host = self.buffer.tolist()
+            _layer_stats.reset(self.region(), self.n)
+            self.emit(steps, has_loss, has_skipped, host, layers_step, settings, lrs, given)
             return
         if self.in_flight is not None:
             self.land()  # its pinned memory is about to be overwritten
         self.host.copy_(self.buffer, non_blocking=True)
+        _layer_stats.reset(self.region(), self.n)  # on the copy's stream, after it
         event = torch.cuda.Event()
         event.record(torch.cuda.current_stream(self.buffer.device))  # the stream the copy went on
-        self.in_flight = _InFlight(event, self.host, steps, has_loss, has_skipped, layers_step, settings, lrs)
+        self.in_flight = _InFlight(event, self.host, steps, has_loss, has_skipped, layers_step, settings, lrs, given)
 
     def land(self) -> None:
         """Logs the window in flight, waiting for its copy if it has not landed."""
@@ -252,6 +269,7 @@ class _Recorder:
             flight.layers_step,
             flight.settings,
             flight.lrs,
+            flight.stats_given,
         )
 
     def emit(
@@ -263,6 +281,7 @@ class _Recorder:
         layers_step: int | None,
         settings: dict[str, float],
         lrs: dict[int, float],
+        stats_given: int = 0,
     ) -> None:
         k, n = len(steps), self.n
         values = host[:k]
@@ -274,7 +293,11 @@ class _Recorder:
             codes = ()
         skipped = tuple(None if c is None else c != 0 for c in codes)
         spiked = tuple(c == SPIKE_CODE for c in codes) if any(c == SPIKE_CODE for c in codes) else ()
-        layers = dict(zip(self.layer_names, host[_ROWS * n :])) if layers_step is not None else {}
+        end = _ROWS * n + len(self.layer_names)
+        layers = dict(zip(self.layer_names, host[_ROWS * n : end])) if layers_step is not None else {}
+        self.layer_window = _layer_stats.read(host[end:], self.layer_names, steps, stats_given)
+        if self.layer_window is not None:
+            settings = {**settings, **self.layer_window.metrics()}
         self.check_values(steps, values)
         interrupted: BaseException | None = None  # a Ctrl-C, raised again once every logger has the window
         if self.diagnoser is not None:
@@ -294,6 +317,7 @@ class _Recorder:
             settings,
             lrs,
             spiked,
+            self.layer_window,
         )
         for i, logger in enumerate(self.loggers):
             try:
@@ -620,6 +644,12 @@ class GradNormMonitor:
         return self._rec.diagnosis
 
     @property
+    def layer_window(self) -> _layer_stats.LayerWindow | None:
+        """Each layer's gradient statistics over the last window (None before it, or where no step of
+        it gave ``layer_stats``)."""
+        return self._rec.layer_window
+
+    @property
     def located(self) -> Any:
         """What the locator found in the last window (a :class:`~fastnorm.locate.Located`; None before the
         first window, or without ``locate``)."""
@@ -657,6 +687,7 @@ class GradNormMonitor:
         layers: Tensor | None = None,
         loss: Tensor | float | None = None,
         skipped: Tensor | bool | int | None = None,
+        layer_stats: Tensor | None = None,
     ) -> None:
         """Records one step's norm (and loss, and skip flag); never reads a device value.
 
@@ -686,6 +717,12 @@ class GradNormMonitor:
                 a collapse. The norm is still the one given: the norm before
                 clipping, as :meth:`StepClipper.arm <fastnorm.StepClipper.arm>`
                 returns it.
+            layer_stats (Tensor, optional): each layer's gradient statistics at this step,
+                ``(len(layer_names), 6)`` in the columns of ``fastnorm.stats.COLUMNS``, e.g. the
+                third value of :meth:`LayerGradNorms.with_stats <fastnorm.LayerGradNorms.with_stats>`.
+                Folded on the device into the window's (every step that gives them counts):
+                :attr:`layer_window`, logged keys (``gradient_norm_locate_layers_...``) and a
+                ``where:`` line of the diagnosis say which layer went non-finite first.
 
         Raises:
             RuntimeError: after :meth:`close`.
@@ -709,7 +746,9 @@ class GradNormMonitor:
                 f"GradNormMonitor.update: layers must be a tensor of shape ({len(rec.layer_names)},) "
                 f"to match layer_names, got {shape}"
             )
-        rec.update(norm, int(step), layers, loss, skipped)
+        if layer_stats is not None:
+            layer_stats = _layer_stats.check(layer_stats, len(rec.layer_names))
+        rec.update(norm, int(step), layers, loss, skipped, layer_stats)
 
     # -- the transfer ----------------------------------------------------------
 

@@ -203,7 +203,8 @@ LOCATE = "locate_"
 
 
 def located_lines(found: Mapping[str, Any]) -> tuple[str, ...]:
-    """The locator's logged keys (name -> value, without the monitor's prefix) as sentences.
+    """The locator's logged keys (name -> value, without the monitor's prefix) as sentences, then the
+    per-layer window keys' (:func:`layers_lines`).
 
     ``locate_nonfinite/<pass>:<module>:<role>:<dtype>:<limit>`` holds the step,
     ``locate_nonfinite_frames/<offset>/<site>`` each frame's largest finite |x|
@@ -238,6 +239,70 @@ def located_lines(found: Mapping[str, Any]) -> tuple[str, ...]:
             lines.append(text)
         except (ValueError, TypeError):
             continue
+    return (*lines, *layers_lines(found))
+
+
+# Each layer's gradient over the monitor's window (GradNormMonitor(layer_stats=...), see
+# fastnorm.monitoring.layer_stats): locate_layers_nonfinite/<layer> (the steps it was non-finite on),
+# ..._nonfinite_first/<layer> (the first), ..._nonfinite_steps (the window's steps), ..._nonfinite_more
+# (layers not named); locate_layers_overflow/<layer>, ..._overflow_max/<layer> (its largest |g|), alike.
+LAYERS = f"{LOCATE}layers_"
+
+
+def layers_lines(found: Mapping[str, Any]) -> tuple[str, ...]:
+    """The per-layer window keys (``LAYERS...``, without the monitor's prefix) as sentences: the layer that
+    went non-finite first (or those that did at the same step) and the others, then the layers whose
+    gradient came near overflowing. Keys that do not parse are passed over."""
+
+    def of(kind: str) -> tuple[dict[str, float], int, int]:
+        head = f"{LAYERS}{kind}/"
+        named = {k[len(head) :]: v for k, v in found.items() if k.startswith(head)}
+        return named, int(found.get(f"{LAYERS}{kind}_steps", 0)), int(found.get(f"{LAYERS}{kind}_more", 0))
+
+    def steps(count: float) -> str:
+        return f"{int(count)} step{'s' if count != 1 else ''}"
+
+    def others(names: list[str], named: dict[str, float], more: int) -> str:
+        text = ", ".join(f"`{n}` ({steps(named[n])})" for n in names)
+        if more:
+            text += f"{', ' if text else ''}{more} more layer{'s' if more != 1 else ''}"
+        return text
+
+    lines = []
+    try:
+        named, window, more = of("nonfinite")
+        if named:
+            firsts = {n: int(found.get(f"{LAYERS}nonfinite_first/{n}", -1)) for n in named}
+            at = min(firsts.values())
+            first = [n for n in named if firsts[n] == at]
+            rest = [n for n in named if firsts[n] != at]
+            if len(first) == 1:
+                text = (
+                    f"layers: `{first[0]}`'s gradient went non-finite first, at step {at}, "
+                    f"on {int(named[first[0]])} of the window's {window} steps"
+                )
+            else:
+                text = (
+                    f"layers: gradients went non-finite first at step {at} in {len(first)} layers at once: "
+                    + others(first, named, 0) + f" of the window's {window} steps"
+                )
+            if rest or more:
+                text += "; also non-finite: " + others(rest, named, more)
+            lines.append(text)
+        named, window, _ = of("overflow")
+        if named:
+            top = max(named, key=lambda n: (named[n], found.get(f"{LAYERS}overflow_max/{n}", 0.0)))
+            largest = float(found.get(f"{LAYERS}overflow_max/{top}", float("nan")))
+            text = (
+                f"layers: `{top}`'s gradient came within 16x of its dtype's largest value on "
+                f"{int(named[top])} of the window's {window} steps (max |g| {largest:.3g})"
+            )
+            rest = [n for n in named if n != top]
+            if rest or more:
+                text += "; also: " + others(rest, named, of("overflow")[2])
+            lines.append(text)
+    except (ValueError, TypeError):
+        pass
     return tuple(lines)
 
 
