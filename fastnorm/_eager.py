@@ -283,6 +283,14 @@ def _group_limits(plan: Plan, limits: list[torch.dtype | None]) -> list[list[tor
     return rows
 
 
+def _serves_stats(backend: Any, mode: Mode, limits: list[torch.dtype | None]) -> bool:
+    """Whether ``backend`` counts the statistics in the norm's own pass for this call."""
+    if not hasattr(backend, "reduce_stats"):
+        return False
+    serves = getattr(backend, "serves_stats", None)
+    return serves is None or serves(mode, limits)
+
+
 def tensor_stats(
     items: list[Any], p: float, group: Any, limits: list[torch.dtype | None]
 ) -> tuple[Tensor, Tensor, Plan]:
@@ -295,10 +303,11 @@ def tensor_stats(
     plan = _plan.build(items, p, "tensor_stats", group, held) if hit is None else hit.plan
     mode = Mode.of(p)
     norm_plan = plan
-    if not all(hasattr(g.backend, "reduce_stats") for g in plan.norm_groups):
-        # A backend without statistics yet: torch's ops read these tensors for
-        # the rows (not cached); the total stays the norm's own pass, so it is
-        # total_norm's, bit for bit.
+    if not all(_serves_stats(g.backend, mode, limits) for g in plan.norm_groups):
+        # A backend without statistics for this call (Triton for p != 2 or a
+        # limit dtype given): torch's ops read these tensors for the rows (not
+        # cached); the total stays the norm's own pass, so it is total_norm's,
+        # bit for bit.
         plan = _plan.uncached(items, p, "tensor_stats", group, "torch")
     if mode == Mode.ZERO and any(d.key[0] == "mesh" for d in plan.domains):
         raise NotImplementedError("tensor_stats: norm_type=0 is not supported on DTensor shards")

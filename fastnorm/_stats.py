@@ -4,8 +4,10 @@ A row is six float64 values, in the order of ``COLUMNS``:
 
 * ``sum_sq``: the sum of squares, accumulated as the norm accumulates it (the
   backend's own L2 partial of the tensor, moved to scale 1: for float32 and
-  16-bit tensors the plain float64 sum; a float64 tensor whose squares
-  overflow float64 gives inf here while the norm stays finite). NaN where the
+  16-bit tensors the plain float64 sum on the CPU, and on Triton float32 sums
+  of at most 32 squares carried in float64, within about 1e-7 of it; a float64
+  tensor whose squares overflow float64 gives inf here while the norm stays
+  finite). NaN where the
   tensor holds a NaN, inf where it holds an inf and no NaN;
 * ``max_abs``: the largest |x| of the *finite* values (0 when there is none):
   ``nonfinite`` says whether there are others, and the finite maximum says how

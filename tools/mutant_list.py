@@ -191,7 +191,9 @@ MUTANTS = [
         "path": "fastnorm/_eager.py",
         "old": "        total = _reduce(norm_plan, p, \"tensor_stats\")[0]\n",
         "new": "        total = _total(plan, results, mode, p, dtype)\n",
-        "tests": ["tests/test_stats.py::test_the_total_is_total_norms_bits_on_a_backend_without_statistics"],
+        "tests": [
+            "tests/test_stats.py::test_the_total_is_total_norms_bits_with_or_without_the_backends_statistics"
+        ],
         "what": "on a backend without statistics the total is torch's sum, not total_norm's bits",
     },
     {
@@ -482,6 +484,57 @@ MUTANTS = [
     # ------------------------------------------------------------------
     # Triton kernels (fastnorm/backends/triton_kernels.py, triton_backend.py)
     # ------------------------------------------------------------------
+    {
+        "name": "triton-stats-padding-counted-as-zeros",
+        "path": "fastnorm/backends/triton_kernels.py",
+        "old": "        lanes = tl.cdiv(n, RUN) * RUN",
+        "new": "        lanes = (n // RUN) * RUN",
+        "tests": ["tests/test_stats.py::test_triton_counts_every_value_once_across_chunk_and_run_edges"],
+        "what": "a chunk's masked tail: its padding counted among the subnormals (lanes of whole runs only)",
+    },
+    {
+        "name": "triton-stats-tail-not-counted",
+        "path": "fastnorm/backends/triton_kernels.py",
+        "old": (
+            "            x = _load_run(chunk_ptr, num_runs * RUN, n, R, ROWS, VEC, True)\n"
+            "            part, run_top = _run_sum(x, 0, DTYPE, CDT, one, False)\n"
+            "            acc += part.to(tl.float64)\n"
+            "            top = tl.maximum(top, run_top)\n"
+            "            both += _run_small(x, DTYPE, CDT, TINY_BITS)\n"
+        ),
+        "new": (
+            "            x = _load_run(chunk_ptr, num_runs * RUN, n, R, ROWS, VEC, True)\n"
+            "            part, run_top = _run_sum(x, 0, DTYPE, CDT, one, False)\n"
+            "            acc += part.to(tl.float64)\n"
+            "            top = tl.maximum(top, run_top)\n"
+        ),
+        "tests": ["tests/test_stats.py::test_triton_counts_every_value_once_across_chunk_and_run_edges"],
+        "what": "the zeros and subnormals of a chunk's masked tail are not counted",
+    },
+    {
+        "name": "triton-stats-no-second-read",
+        "path": "fastnorm/backends/triton_kernels.py",
+        "old": "        if top_bits > MARGIN_BITS:\n",
+        "new": "        if top_bits > INF_BITS + MARGIN_BITS:\n",
+        "tests": ["tests/test_stats.py::test_triton_counts_every_value_once_across_chunk_and_run_edges"],
+        "what": "a chunk with a non-finite or overflowing value is not read again: none counted, NaN as max",
+    },
+    {
+        "name": "triton-stats-max-from-first-chunk",
+        "path": "fastnorm/backends/triton_backend.py",
+        "old": "scatter_reduce_(0, of_chunk, chunk_rows[:, _stats.MAX_ABS], \"amax\")",
+        "new": "scatter_reduce_(0, of_chunk, chunk_rows[:, _stats.MAX_ABS], \"amin\")",
+        "tests": ["tests/test_stats.py::test_triton_counts_every_value_once_across_chunk_and_run_edges"],
+        "what": "a tensor's largest |x| is the smallest of its chunks' maxima",
+    },
+    {
+        "name": "triton-stats-serves-every-p",
+        "path": "fastnorm/backends/triton_backend.py",
+        "old": "        return mode == Mode.L2 and all(limit is None for limit in limits)\n",
+        "new": "        return all(limit is None for limit in limits)\n",
+        "tests": ["tests/test_stats.py::test_triton_hands_other_calls_to_torchs_rows"],
+        "what": "the Triton statistics claim p != 2 calls (the kernel refuses them)",
+    },
     {
         "name": "triton-per-tensor-keeps-last-chunk",
         "path": "fastnorm/backends/triton_kernels.py",

@@ -61,6 +61,7 @@ _ARGUMENT_TYPES = {
     "num_partials": "i32",
     "partial_ptr": "*fp64",
     "chunk_partial_ptr": "*fp64",
+    "stats_ptr": "*fp64",
     "out_ptr": "*fp64",
     "p": "fp32",
     "per_chunk": "i32",

@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from fastnorm import _stats
 from fastnorm._partial import Mode
 from fastnorm.backends.fused import fused_reasons
 
@@ -157,6 +158,29 @@ def norm_launch(config: Config, dtype: torch.dtype, mode: Mode, aligned: bool) -
     return Launch("norm_partials_kernel", dtype, constants, config.options())
 
 
+def stats_launch(config: Config, dtype: torch.dtype, aligned: bool) -> Launch:
+    """The L2 norm's pass that also counts (each tensor judged by its own dtype's range)."""
+    tiny, margin = _stats.thresholds(dtype)
+    thresholds = {
+        "TINY_BITS": _abs_bits(tiny, dtype),
+        "MARGIN_BITS": _abs_bits(margin, dtype),
+        "INF_BITS": _abs_bits(float("inf"), dtype),
+    }
+    # Two counts share an int32 per thread (_run_small): a thread's share of a chunk stays below 2^16;
+    # float64's counts compare high words only, exact as the smallest normal's low word is 0.
+    assert config.max_chunk // config.rows < 1 << 16, "a thread's count of a chunk must fit 16 bits"
+    assert dtype != torch.float64 or thresholds["TINY_BITS"] & 0xFFFFFFFF == 0
+    constants = {"DTYPE": kernels().TL_DTYPES[dtype], **_geometry(config, dtype, aligned)}
+    return Launch("norm_stats_kernel", dtype, {**constants, **thresholds}, config.options())
+
+
+def _abs_bits(value: float, dtype: torch.dtype) -> int:
+    """``value`` >= 0 as the kernels' _abs_bits of it in the type ``dtype`` is counted in (float32 for
+    16-bit dtypes, whose values widen exactly): the integer whose order is that of |x|."""
+    wide = dtype == torch.float64
+    return int.from_bytes(struct.pack("<d" if wide else "<f", value), "little")
+
+
 def scale_launch(config: Config, dtype: torch.dtype, norm_dtype: torch.dtype, aligned: bool) -> Launch:
     constants = {
         "DTYPE": kernels().TL_DTYPES[dtype],
@@ -183,6 +207,7 @@ def launches(config: Config = GPU_CONFIG) -> list[Launch]:
         for aligned in (True, False):
             for mode in modes:
                 out.append(norm_launch(config, dtype, mode, aligned))
+            out.append(stats_launch(config, dtype, aligned))
             for norm_dtype in (torch.float32, torch.float64):
                 if dtype != torch.float64 or norm_dtype == torch.float64:
                     out.append(scale_launch(config, dtype, norm_dtype, aligned))
@@ -262,6 +287,17 @@ class Prepared:
     host_table: torch.Tensor = field(repr=False)  # kept alive while the copy may run
     stream: Any = None  # the CUDA stream the tables were copied on
     synced: set[Any] = field(default_factory=set, repr=False)  # other streams made to wait for it
+    _tensor_of_chunk: torch.Tensor | None = field(default=None, repr=False)
+
+    def tensor_of_chunk(self) -> torch.Tensor:
+        """The tensor (dtype-grouped order) of each chunk, on the device: built once, from the tables."""
+        if self._tensor_of_chunk is None:
+            parts = [
+                t.table[3 * t.num_tensors + 1 : 3 * t.num_tensors + 1 + t.num_chunks] + t.tensor_offset
+                for t in self.tables
+            ]
+            self._tensor_of_chunk = torch.cat(parts)
+        return self._tensor_of_chunk
 
     def on_current_stream(self) -> None:
         """Orders a launch on another stream than the tables' copy after that copy,
@@ -442,6 +478,75 @@ class TritonBackend:
         if tensors is not None and prepared.order is not None:
             tensors = tensors[prepared.order]
         return out, root, tensors
+
+    def serves_stats(self, mode: Mode, limits: list[torch.dtype | None]) -> bool:
+        """The statistics come from the norm's own pass for p=2 with every tensor judged by its own
+        dtype (the thresholds are constants of the kernel); torch's ops give them otherwise."""
+        return mode == Mode.L2 and all(limit is None for limit in limits)
+
+    def reduce_stats(
+        self,
+        prepared: Prepared,
+        mode: Mode,
+        p: float,
+        result_dtype: torch.dtype,
+        limits: list[torch.dtype | None],
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``reduce``'s partials and root (the same bits: the same runs summed the same way) and each
+        tensor's row of ``fastnorm.stats.COLUMNS``, counted from the same loads (``norm_stats_kernel``).
+        Only where :meth:`serves_stats`."""
+        if not self.serves_stats(mode, limits):
+            raise NotImplementedError("TritonBackend.reduce_stats: p=2 and each tensor's own dtype only")
+        k = kernels()
+        device, config = prepared.device, prepared.config
+        prepared.on_current_stream()
+        partials = torch.empty((prepared.num_partials, 2), dtype=torch.float64, device=device)
+        out = torch.empty(2, dtype=torch.float64, device=device)
+        root = torch.empty((), dtype=result_dtype, device=device)
+        chunks = torch.empty((prepared.num_chunks, 2), dtype=torch.float64, device=device)
+        width = len(_stats.COLUMNS)
+        chunk_rows = torch.empty((prepared.num_chunks, width), dtype=torch.float64, device=device)
+        tensors = torch.empty((prepared.num_tensors, 2), dtype=torch.float64, device=device)
+        with _on(device):
+            for t in prepared.tables:
+                launch = stats_launch(config, t.dtype, t.aligned)
+                k.norm_stats_kernel[(t.grid,)](
+                    t.table,
+                    t.num_tensors,
+                    t.num_chunks,
+                    t.chunk,
+                    partials[t.partial_offset :],
+                    chunks[t.chunk_offset :],
+                    chunk_rows[t.chunk_offset :],
+                    **launch.constants,
+                    **launch.options,
+                )
+                launch = per_tensor_launch(mode)
+                k.per_tensor_kernel[(t.num_tensors,)](
+                    t.table,
+                    t.num_tensors,
+                    chunks[t.chunk_offset :],
+                    tensors[t.tensor_offset :],
+                    float(p),
+                    **launch.constants,
+                    **launch.options,
+                )
+            launch = finalize_launch(mode, result_dtype)
+            k.finalize_kernel[(1,)](
+                partials, prepared.num_partials, out, root, float(p), **launch.constants, **launch.options
+            )
+        # Each tensor's row: the counts add up over its chunks (exact in float64, in any order), the
+        # largest |x| is the largest, and sum_sq is its own partial (per_tensor_kernel: in order) at scale 1.
+        of_chunk = prepared.tensor_of_chunk()
+        stats = torch.zeros((prepared.num_tensors, len(_stats.COLUMNS)), dtype=torch.float64, device=device)
+        stats.index_add_(0, of_chunk, chunk_rows)
+        stats[:, _stats.MAX_ABS] = 0.0  # all >= 0: the largest, not the sum
+        stats[:, _stats.MAX_ABS].scatter_reduce_(0, of_chunk, chunk_rows[:, _stats.MAX_ABS], "amax")
+        m, s = tensors[:, 0], tensors[:, 1]
+        stats[:, _stats.SUM_SQ] = torch.where(m > 0, s * m * m, s)
+        if prepared.order is not None:
+            stats = stats[prepared.order]
+        return out, root, stats
 
     def scale_(self, prepared: Prepared, norm: torch.Tensor, max_norm: float) -> None:
         k = kernels()

@@ -423,6 +423,141 @@ def norm_partials_kernel(
 
 
 @triton.jit
+def _run_small(x, DTYPE: tl.constexpr, CDT: tl.constexpr, TINY_BITS: tl.constexpr):
+    """Per thread of a (R, ROWS, VEC) run: its count of nonzero values plus 2^16 times its count
+    of values below the smallest normal (TINY_BITS as _abs_bits; zeros included), from the same
+    bits of |x| _run_sum takes its max of. One integer carries both (a thread sees at most
+    max_chunk / ROWS < 2^16 values of a chunk: stats_launch checks), in one register fewer.
+    A masked run's padding is 0: the chunk takes it out (zeros = n - nonzero; subnormal =
+    small + nonzero - lanes)."""
+    if DTYPE == tl.float64:  # on the two 32-bit words: 64-bit integers would spill registers
+        bits = x.to(tl.int64, bitcast=True)
+        hi = (bits >> 32).to(tl.int32) & 0x7FFFFFFF  # sign dropped; TINY_BITS's low word is 0
+        lo = bits.to(tl.int32)
+        both = ((hi | lo) != 0).to(tl.int32) + tl.where(hi < (TINY_BITS >> 32), 65536, 0)
+    else:
+        b = _abs_bits(_widen(x, DTYPE).to(CDT))
+        both = tl.minimum(b, 1) + tl.where(b < TINY_BITS, 65536, 0)
+    return tl.sum(tl.sum(both, 2), 0)
+
+
+@triton.jit
+def _chunk_large(
+    chunk_ptr,
+    n,
+    DTYPE: tl.constexpr,
+    CDT: tl.constexpr,
+    MARGIN_BITS: tl.constexpr,
+    INF_BITS: tl.constexpr,
+    ROWS: tl.constexpr,
+    VEC: tl.constexpr,
+):
+    """A second read of a chunk that holds a value above the margin: its counts of non-finite and of
+    overflowing (finite, above MARGIN_BITS) values, and its largest finite |x| as _abs_bits. Rare (a
+    chunk is read twice only where such a value is), so in masked tiles: the code stays small and
+    adds no registers to the first read's loop (whole runs here spill on sm_90)."""
+    both = tl.zeros((ROWS,), tl.int32)  # non-finite + 2^16 * overflowing, per thread (as _run_small)
+    top = tl.zeros((ROWS,), tl.int64 if CDT == tl.float64 else tl.int32)
+    for off in range(0, n, ROWS * VEC):
+        x = _load_run(chunk_ptr, off, n, 1, ROWS, VEC, True)
+        b = _abs_bits(_widen(x, DTYPE).to(CDT))
+        finite = b < INF_BITS
+        both += tl.sum(tl.sum(tl.where(finite, tl.where(b > MARGIN_BITS, 65536, 0), 1), 2), 0)
+        top = tl.maximum(top, tl.max(tl.max(tl.where(finite, b, 0), 2), 0))
+    return tl.sum(both & 65535), tl.sum(both >> 16), tl.max(top)
+
+
+@triton.jit
+def norm_stats_kernel(
+    table_ptr,
+    num_tensors,
+    num_chunks,
+    chunk,
+    partial_ptr,
+    chunk_partial_ptr,
+    stats_ptr,
+    DTYPE: tl.constexpr,
+    ALIGNED: tl.constexpr,
+    R: tl.constexpr,
+    ROWS: tl.constexpr,
+    VEC: tl.constexpr,
+    TINY_BITS: tl.constexpr,
+    MARGIN_BITS: tl.constexpr,
+    INF_BITS: tl.constexpr,
+):
+    """norm_partials_kernel's MODE 0 pass (the same partials, bit for bit: the same runs summed
+    the same way) that also counts each chunk's values, into stats_ptr[6 * c:]: [0 (the caller
+    takes sum_sq from the chunk's partial), largest finite |x|, non-finite, zeros, subnormal,
+    overflowing]; and each chunk's partial into chunk_partial_ptr[2 * c:].
+
+    The thresholds are the bits of |x| (widened as _widen does) at the tensor dtype's smallest
+    normal, its overflow margin and inf. Zeros and subnormals are counted from the same loads as
+    the sum; the largest |x| is the sum's own max, and only a chunk whose max is above the margin
+    (a non-finite or overflowing value: rare) is read again to count those and its finite max.
+    """
+    pid = tl.program_id(0)
+    run_m = tl.zeros((), tl.float64)
+    run_s = tl.zeros((), tl.float64)
+    WIDE: tl.constexpr = DTYPE == tl.float64
+    CDT: tl.constexpr = tl.float64 if WIDE else tl.float32
+    RUN: tl.constexpr = R * ROWS * VEC
+    one = tl.full((), 1.0, tl.float64)
+    for c in range(pid, num_chunks, tl.num_programs(0)):
+        chunk_ptr, n = _chunk_pointer(table_ptr, num_tensors, num_chunks, chunk, c, DTYPE, ALIGNED)
+        acc = tl.zeros((ROWS,), tl.float64)
+        top = tl.zeros((ROWS,), tl.int64 if WIDE else tl.int32)
+        both = tl.zeros((ROWS,), tl.int32)  # nonzero + 2^16 * small, per thread
+        num_runs = n // RUN
+        for i in range(0, num_runs):  # whole runs unmasked, then the tail masked: as _chunk_sum reads them
+            x = _load_run(chunk_ptr, i * RUN, n, R, ROWS, VEC, False)
+            part, run_top = _run_sum(x, 0, DTYPE, CDT, one, False)
+            acc += part.to(tl.float64)
+            top = tl.maximum(top, run_top)
+            both += _run_small(x, DTYPE, CDT, TINY_BITS)
+        if num_runs * RUN < n:
+            x = _load_run(chunk_ptr, num_runs * RUN, n, R, ROWS, VEC, True)
+            part, run_top = _run_sum(x, 0, DTYPE, CDT, one, False)
+            acc += part.to(tl.float64)
+            top = tl.maximum(top, run_top)
+            both += _run_small(x, DTYPE, CDT, TINY_BITS)
+        m = tl.zeros((), tl.float64)
+        s = tl.sum(acc)
+        top_bits = tl.max(top)
+        nonzero_any = top_bits > 0
+        inf = float("inf")
+        if WIDE:  # as _chunk_partial: a float64 chunk whose plain squares left the range, scaled
+            if (s == inf) | (nonzero_any & (s < tl.full((), F64_TRUSTED_MIN, tl.float64))):
+                big, _ = _chunk_sum(chunk_ptr, n, one, 2, DTYPE, CDT, False, 0, ROWS, VEC)
+                if big < inf:
+                    m = _power_of_two_below(big)
+                    s, _ = _chunk_sum(chunk_ptr, n, m, 0, DTYPE, CDT, True, 0, ROWS, VEC)
+        elif DTYPE == tl.bfloat16 or DTYPE == tl.float32:
+            if (s == inf) | (nonzero_any & (s < tl.full((), F32_TRUSTED_MIN, tl.float64))):
+                s, _ = _chunk_sum(chunk_ptr, n, one, 0, DTYPE, tl.float64, False, 0, ROWS, VEC)
+        tl.store(chunk_partial_ptr + 2 * c, m)
+        tl.store(chunk_partial_ptr + 2 * c + 1, s)
+        nonfinite = tl.zeros((), tl.int32)
+        over = tl.zeros((), tl.int32)
+        if top_bits > MARGIN_BITS:
+            nonfinite, over, top_bits = _chunk_large(
+                chunk_ptr, n, DTYPE, CDT, MARGIN_BITS, INF_BITS, ROWS, VEC
+            )
+        row = stats_ptr + 6 * c
+        tl.store(row, tl.zeros((), tl.float64))
+        tl.store(row + 1, top_bits.to(CDT, bitcast=True).to(tl.float64))
+        tl.store(row + 2, nonfinite.to(tl.float64))
+        nonzero = tl.sum(both & 65535)
+        small = tl.sum(both >> 16)
+        tl.store(row + 3, (n - nonzero).to(tl.float64))
+        lanes = tl.cdiv(n, RUN) * RUN  # the values read, the tail's padding included
+        tl.store(row + 4, (small + nonzero - lanes).to(tl.float64))
+        tl.store(row + 5, over.to(tl.float64))
+        run_m, run_s = _l2_merge(run_m, run_s, m, s)
+    tl.store(partial_ptr + 2 * pid, run_m)
+    tl.store(partial_ptr + 2 * pid + 1, run_s)
+
+
+@triton.jit
 def _rows(partial_ptr, off, end, BLOCK: tl.constexpr):
     """Partial rows [off, off + BLOCK) as (m, s) vectors, zeros from row ``end`` on."""
     idx = off + tl.arange(0, BLOCK)
