@@ -78,7 +78,8 @@ def test_an_explosion_that_ends_in_nan_gets_both_advices():
     assert d.verdict == "nonfinite"
     assert kinds(d) == ["exploding", "nonfinite"]
     assert LOWER_LR in d.events[0].actions and CHECKPOINT in d.events[1].actions
-    assert d.actions[0] == CHECKPOINT and LOWER_LR in d.actions  # the verdict's actions first, then the rest
+    # The explosion ran into the NaN: its actions first (the cause), then the collapse's.
+    assert d.actions[0] == LOWER_LR and CHECKPOINT in d.actions
 
 
 def test_one_inf_step_that_recovers_is_a_skipped_step():
@@ -1137,3 +1138,39 @@ def test_a_loss_that_fell_by_half_then_stopped_at_a_logged_rate_cut_is_a_stall()
     # log can tell.
     assert diagnose(steps, values, loss=(steps, loss)).verdict == "stable"
     assert diagnose(steps, values, loss=(steps, loss), lr={i: 2e-3 for i in steps}).verdict == "stable"
+
+
+def test_a_collapse_to_nan_at_the_end_of_a_divergence_leads_with_the_divergences_actions():
+    # The norm and the loss rise 5% a step from step 100 (a rate that kept growing) until both are
+    # non-finite from step 190: the NaN is where the divergence ended, not another fault to re-run.
+    steps = list(range(300))
+    rise = [1.0 if i < 100 else 1.05 ** (i - 100) for i in steps]
+    values = [v * r if i < 190 else float("nan") for i, (v, r) in enumerate(zip(noise(5, n=300), rise))]
+    loss = [1.0 / (1 + i / 30) * r if i < 190 else float("inf") for i, r in enumerate(rise)]
+    d = diagnose(steps, values, loss=(steps, loss))
+    assert d.verdict == "nonfinite", d.report()
+    assert [e.kind for e in d.events][:2] == ["diverged", "nonfinite"], d.report()
+    assert first_action(d) == "lower_lr", d.report()
+    assert "checkpoint" in d.action_ids  # still said, after the cause
+
+
+def test_a_loss_that_rose_into_nan_in_its_first_steps_names_the_rate_and_the_initialisation():
+    # The first update made the loss worse, and it was non-finite from step 4: too few finite points for a
+    # divergence, and the log cannot tell a rate far too high from an initialisation that explodes.
+    steps = list(range(300))
+    first = [1.2, 4.5, 60.0, 3e4]
+    values = [v if i < 4 else float("nan") for i, v in enumerate([1.0, 15.0, 900.0, 2e6] + [0.0] * 296)]
+    loss = [first[i] if i < 4 else float("inf") for i in steps]
+    d = diagnose(steps, values, loss=(steps, loss))
+    assert d.verdict == "nonfinite", d.report()
+    assert list(d.action_ids[:2]) == ["lower_lr", "normalisation"], d.report()
+    assert "cannot tell them apart" in d.actions[0] and "GradNormMonitor(optimizer=...)" in d.actions[0]
+    diverged = next(e for e in d.events if e.kind == "diverged")
+    assert diverged.start_step == 0 and "rose from 1.2 at step 0" in diverged.detail, d.report()
+    # A loss that fell before going non-finite (one bad batch late in a short run) is no blow-up from the start.
+    fell = [1.2, 0.9, 0.8, 0.7]
+    d = diagnose(steps, values, loss=(steps, [fell[i] if i < 4 else float("inf") for i in steps]))
+    assert "diverged" not in [e.kind for e in d.events], d.report()
+    # With the rate in the log, its first value is named.
+    d = diagnose(steps, values, loss=(steps, loss), lr={i: 3.0 for i in steps})
+    assert "it started at 3" in d.actions[0], d.report()

@@ -2001,4 +2001,34 @@ MUTANTS = [
         "tests": ["tests/test_layer_stats.py"],
         "what": "the layer named first is the one non-finite on most steps, not the earliest",
     },
+    {
+        "name": "diag-nan-after-divergence-leads-with-checkpoint",
+        "path": "fastnorm/monitoring/diagnosis/diagnoser.py",
+        "old": "        cause = led_into(events, verdict, self.sustain * self._ev.interval)\n",
+        "new": "        cause = None\n",
+        "tests": [
+            "tests/test_diagnosis.py::test_a_collapse_to_nan_at_the_end_of_a_divergence_leads_with_the_divergences_actions"
+        ],
+        "what": "a NaN that ends a divergence leads with 're-run from the checkpoint', not the divergence's cause",
+    },
+    {
+        "name": "diag-early-collapse-not-read",
+        "path": "fastnorm/monitoring/diagnosis/diagnoser.py",
+        "old": "        if early is not None:\n            events.append(early)\n",
+        "new": "",
+        "tests": [
+            "tests/test_diagnosis.py::test_a_loss_that_rose_into_nan_in_its_first_steps_names_the_rate_and_the_initialisation"
+        ],
+        "what": "a loss that rose into NaN in its first steps is only a collapse: the rate and the init unnamed",
+    },
+    {
+        "name": "diag-early-collapse-after-a-fall",
+        "path": "fastnorm/monitoring/diagnosis/diagnoser.py",
+        "old": "not 0 < 5 * before[0][1] < max(y for _, y in before)",
+        "new": "not 0 < before[0][1]",
+        "tests": [
+            "tests/test_diagnosis.py::test_a_loss_that_rose_into_nan_in_its_first_steps_names_the_rate_and_the_initialisation"
+        ],
+        "what": "a loss that fell before its first non-finite value is read as blown up from the start",
+    },
 ]

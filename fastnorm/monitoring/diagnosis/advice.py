@@ -72,6 +72,32 @@ NORMALISATION = Action(
     "normalisation layers (LayerNorm/BatchNorm between deep layers) and the initialisation "
     "(Kaiming or Xavier, matched to the activation).",
 )
+
+
+def early_collapse_actions(ev: Evidence) -> tuple[Action, ...]:
+    """A loss that rose from its first value and went non-finite within a few steps: a learning rate far
+    too high or an initialisation that blows up; the norm and the loss alone cannot tell them apart."""
+    lr = (
+        f" (it started at {ev.lr_first:.3g})"
+        if ev.lr_first is not None
+        else " (and log it: GradNormMonitor(optimizer=...))"
+    )
+    return (
+        Action(
+            "lower_lr",
+            "The run blew up in its first steps: a learning rate far too high, or an initialisation that "
+            f"explodes; the log cannot tell them apart. Lower the learning rate 10x{lr} and re-run: if it "
+            "still blows up in the first steps, it is the initialisation (next).",
+        ),
+        Action(
+            "normalisation",
+            "Compare the first loss with its chance level (ln of the number of classes for a cross-entropy): "
+            "far above it, check the initialisation and the normalisation layers of deep or residual "
+            "stacks (LayerNorm/BatchNorm between blocks, Kaiming or Xavier matched to the activation).",
+        ),
+    )
+
+
 CHECKPOINT = Action(
     "checkpoint",
     "Re-run from the latest checkpoint; if it reproduces, switch to fp32 (32-true) to isolate "

@@ -17,19 +17,20 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
-from typing import Any, Union
+from typing import Any
 
 from fastnorm import checks
 from fastnorm.monitoring.diagnosis import advice
+from fastnorm.monitoring.diagnosis import objective as objectives
 from fastnorm.monitoring.diagnosis.events import (
     DECAY,
     DIVERGED,
-    NONFINITE,
     EXPLODING,
     GROWTH,
     KINDS,
     LOG_ZERO,
     MIN_POINTS,
+    NONFINITE,
     SPIKE,
     STABLE,
     STALLED,
@@ -40,6 +41,7 @@ from fastnorm.monitoring.diagnosis.events import (
     Event,
     at_steps,
     from_log,
+    led_into,
     level,
     located_lines,
     log_norm,
@@ -48,14 +50,10 @@ from fastnorm.monitoring.diagnosis.events import (
 from fastnorm.monitoring.diagnosis.layers import LayerSignal
 from fastnorm.monitoring.diagnosis.loss import LossSignal, LossView, loss_event
 from fastnorm.monitoring.diagnosis.norm import Found, NormSignal
-from fastnorm.monitoring.diagnosis import objective as objectives
-from fastnorm.monitoring.diagnosis.robust import median, number, times
+from fastnorm.monitoring.diagnosis.robust import ByStep, by_step, median, number, pairs, times
 from fastnorm.monitoring.diagnosis.schedule import LrSignal, OptimizerSettings
 from fastnorm.monitoring.diagnosis.skips import SPIKE_CODE, SkipSignal
 from fastnorm.monitoring.diagnosis.zeros import ZeroSignal
-
-# Another metric given to :func:`diagnose`: a ``(steps, values)`` pair or a mapping step -> value.
-ByStep = Union[Mapping[int, float], tuple[Iterable[int], Iterable[Any]]]
 
 
 class Diagnoser:
@@ -224,7 +222,7 @@ class Diagnoser:
                 negative or non-numeric value is counted and reported as
                 invalid, never raised on and never dropped silently.
         """
-        for step, value in _pairs(steps, values):
+        for step, value in pairs(steps, values):
             self._point(step, value)
 
     def _point(self, step: int, raw: Any) -> None:
@@ -260,7 +258,7 @@ class Diagnoser:
                 alone, by a :class:`~fastnorm.SpikeGuard`); false or 0 where it was applied.
                 Anything else (None, text) is passed over.
         """
-        for step, raw in _pairs(steps, flags, "skipped"):
+        for step, raw in pairs(steps, flags, "skipped"):
             value = raw if isinstance(raw, bool) else number(raw)
             if value is not None:
                 self._skips.flag(step, value != 0, self._last_step, spike=value == SPIKE_CODE)
@@ -276,7 +274,7 @@ class Diagnoser:
             losses (iterable of float): the losses (NaN and inf allowed).
         """
         spiked = self._skips.spiked_steps
-        for step, raw in _pairs(steps, losses, "loss"):
+        for step, raw in pairs(steps, losses, "loss"):
             value = number(raw)
             if value is not None and step not in spiked:
                 self._loss.update(step, value)
@@ -284,14 +282,14 @@ class Diagnoser:
 
     def update_lr(self, steps: Iterable[int], lrs: Iterable[Any]) -> None:
         """Reads the learning rate at some steps, in step order: it dates warmups and schedule changes."""
-        for step, raw in _pairs(steps, lrs, "lr"):
+        for step, raw in pairs(steps, lrs, "lr"):
             value = number(raw)
             if value is not None and math.isfinite(value):
                 self._lr.update(step, value)
 
     def update_scale(self, steps: Iterable[int], scales: Iterable[Any]) -> None:
         """Reads a loss scaler's scale at some steps (e.g. ``GradScaler.get_scale()``), in step order."""
-        for step, raw in _pairs(steps, scales, "scale"):
+        for step, raw in pairs(steps, scales, "scale"):
             value = number(raw)
             if value is not None:
                 self._skips.scale_value(step, value)
@@ -400,6 +398,9 @@ class Diagnoser:
             fall = None if VANISHING in {e.kind for e in events} else self._fall_from_start(objective, last)
             if fall is not None:
                 events.append(fall)
+        early = self._early_collapse(events, last)
+        if early is not None:
+            events.append(early)
         vanish = advice.vanish_actions(self._ev, None)
         events += [replace(e, actions=vanish) for e in self._layers.events(self._first_step, last)]
         checkpoint = advice.checkpoint_action(self._ev)
@@ -424,7 +425,8 @@ class Diagnoser:
         elif stall is not None and verdict != NONFINITE:
             verdict = STALLED
             actions += stall.actions
-        for e in sorted(events, key=lambda e: e.kind != verdict):
+        cause = led_into(events, verdict, self.sustain * self._ev.interval)
+        for e in sorted(events, key=lambda e: (e is not cause, e.kind != verdict)):
             actions += [a for a in e.actions if a not in actions]
         return Diagnosis(
             verdict, tuple(events), tuple(actions), self._count, signals, objective=objective, objective_read=read_as,
@@ -615,6 +617,23 @@ class Diagnoser:
             return Event(DIVERGED, onset, last, detail, actions)
         return None
 
+    def _early_collapse(self, events: list[Event], last: int | None) -> Event | None:
+        """A loss that rose 5x from its first value and went non-finite within the run's first
+        ``MIN_POINTS`` losses, with no divergence read into it (too few finite points for one): diverged
+        from the start."""
+        collapse = next((e for e in events if e.kind == NONFINITE), None)
+        if collapse is None or led_into(events, NONFINITE, self.sustain * self._ev.interval) is not None:
+            return None
+        before = [(s, y) for s, y in self._loss.all() if s < collapse.start_step]
+        if not before or len(before) >= MIN_POINTS or not 0 < 5 * before[0][1] < max(y for _, y in before):
+            return None
+        (first_step, first), (step, worst) = before[0], max(before, key=lambda p: p[1])
+        detail = (
+            f"the loss rose from {num(first)} at step {first_step} to {num(worst)} at step {step} and was "
+            f"non-finite from step {collapse.start_step}: blown up from the start"
+        )
+        return Event(DIVERGED, first_step, last, detail, advice.early_collapse_actions(self._ev))
+
     def _early_blowup(self, blowup, loss: LossView, found: list[Found], last: int | None) -> Event:
         """A loss that blew up in the run's first steps and never learned after: diverged, not stalled.
         Dated from the first step: a run that blows up that soon was unstable from its start."""
@@ -686,27 +705,6 @@ class Diagnoser:
         return replace(e, actions=(advice.spike_action(f.side, at_steps(e)),))
 
 
-def _pairs(steps: Iterable[int], values: Iterable[Any], what: str = "") -> list[tuple[int, Any]]:
-    steps, values = list(steps), list(values)
-    if len(steps) != len(values):
-        raise ValueError(f"diagnose: {len(steps)} steps but {len(values)} {what + ' ' if what else ''}values")
-    return [(int(s), v) for s, v in zip(steps, values)]
-
-
-def _by_step(value: ByStep | None, what: str) -> list[tuple[int, Any]]:
-    if value is None:
-        return []
-    if isinstance(value, Mapping):
-        return sorted((int(s), v) for s, v in value.items())
-    try:
-        steps, values = value
-    except (TypeError, ValueError):
-        raise TypeError(
-            f"diagnose: {what} must be a (steps, values) pair or a mapping step -> value"
-        ) from None
-    return _pairs(steps, values, what)
-
-
 def diagnose(
     steps: Iterable[int],
     values: Iterable[Any],
@@ -773,10 +771,10 @@ def diagnose(
     """
     d = Diagnoser(max_norm=max_norm, precision=precision, objective=objective, **thresholds)
     d.update_keys(keys)
-    flags = _by_step(skipped, "skipped")
+    flags = by_step(skipped, "skipped")
     if flags:
         d.update_skipped([s for s, _ in flags], [v for _, v in flags])
-    pairs = _by_step(loss, "loss")
+    pairs = by_step(loss, "loss")
     if pairs:  # before the norms: a reward-driven loss says the norm's exact zeros are tied batches
         d.update_loss([s for s, _ in pairs], [v for _, v in pairs])
     d.update(steps, values)
@@ -784,11 +782,11 @@ def diagnose(
         (lr, "lr", d.update_lr),
         (scale, "scale", d.update_scale),
     ):
-        pairs = _by_step(given, what)
+        pairs = by_step(given, what)
         if pairs:
             method([s for s, _ in pairs], [v for _, v in pairs])
     for name, given in (optimizer or {}).items():
-        for step, value in _by_step(given, name):
+        for step, value in by_step(given, name):
             d.update_settings(step, {name: value})
     for step in sorted(layers or {}):
         d.update_layers(step, layers[step])

@@ -332,3 +332,24 @@ def level(x: float | None) -> str:
 def from_log(x: float) -> str:
     """A norm read in log10: the zeros (read as LOG_ZERO) printed as 0, never as the stand-in."""
     return "0" if x <= LOG_ZERO else num(10.0**x)
+
+
+def led_into(events: list[Event], verdict: str, gap: int) -> Event | None:
+    """The divergence or rise of the norm that ran into the first collapse to non-finite values (begun
+    before it, lasting to within ``gap`` steps of it): the collapse's cause, whose actions lead. A NaN at
+    the end of a divergence is where it ended, not another fault."""
+    if verdict != NONFINITE:
+        return None
+    collapse = next((e for e in events if e.kind == NONFINITE), None)
+    if collapse is None:
+        return None
+    return next(
+        (
+            e
+            for e in events
+            if e.kind in (DIVERGED, EXPLODING)
+            and e.start_step < collapse.start_step
+            and e.end_step >= collapse.start_step - gap
+        ),
+        None,
+    )

@@ -8,8 +8,11 @@ from __future__ import annotations
 import bisect
 import math
 from collections import deque
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Iterable, Mapping
+from typing import Any, Union
+
+# Another metric given to :func:`~fastnorm.diagnose`: a ``(steps, values)`` pair or a mapping step -> value.
+ByStep = Union[Mapping[int, float], tuple[Iterable[int], Iterable[Any]]]
 
 MAD_TO_SIGMA = 1.4826  # MAD of a normal distribution times this is its standard deviation
 # The fewest points a rule counted in steps is judged on: a median of 3 needs two of them to agree, so one
@@ -194,3 +197,26 @@ def rolling_median(ys: list[float], w: int) -> list[float]:
             lo += 1
         out.append(median(window))
     return out
+
+
+def pairs(steps: Iterable[int], values: Iterable[Any], what: str = "") -> list[tuple[int, Any]]:
+    """``(step, value)`` pairs of two equally long sequences; a ValueError naming ``what`` otherwise."""
+    steps, values = list(steps), list(values)
+    if len(steps) != len(values):
+        raise ValueError(f"diagnose: {len(steps)} steps but {len(values)} {what + ' ' if what else ''}values")
+    return [(int(s), v) for s, v in zip(steps, values)]
+
+
+def by_step(value: ByStep | None, what: str) -> list[tuple[int, Any]]:
+    """A mapping step -> value or a ``(steps, values)`` pair as sorted ``(step, value)`` pairs."""
+    if value is None:
+        return []
+    if isinstance(value, Mapping):
+        return sorted((int(s), v) for s, v in value.items())
+    try:
+        steps, values = value
+    except (TypeError, ValueError):
+        raise TypeError(
+            f"diagnose: {what} must be a (steps, values) pair or a mapping step -> value"
+        ) from None
+    return pairs(steps, values, what)
