@@ -420,7 +420,45 @@ def tabular(loop: Loop, lr=0.01, opt="sgd", **_):
     return train(step_fn, params, optimizer, loop), {"chance": None, "objective": "minimise"}
 
 
-FAMILIES = {f.__name__: f for f in (stdlm, shapes, finetune, denoiser, gan, contrastive, bandit, vae, tabular)}
+def gru(loop: Loop, lr=3e-3, opt="adam", weight_decay=0.0, **_):
+    """A GRU that reads 10 tokens of 8 and writes them back reversed: a recurrent net's bursty norm."""
+    vocab, length = 8, 10
+    emb, rnn, head = nn.Embedding(vocab + 1, 16), nn.GRU(16, 64, batch_first=True), nn.Linear(64, vocab)
+    params = [*emb.parameters(), *rnn.parameters(), *head.parameters()]
+    if opt == "adam":
+        optimizer = adam(params, lr, weight_decay=weight_decay)
+    else:
+        optimizer = torch.optim.SGD(params, lr=lr, momentum=0.9)
+
+    def step_fn(step):
+        x = torch.randint(0, vocab, (32, length))
+        out, _ = rnn(emb(torch.cat([x, torch.full_like(x, vocab)], 1)))  # read, then write on a blank token
+        logits = head(out[:, length:])
+        return F.cross_entropy(logits.reshape(-1, vocab), x.flip(1).reshape(-1)), None
+
+    return train(step_fn, params, optimizer, loop), {"chance": math.log(vocab), "objective": "minimise"}
+
+
+def ranker(loop: Loop, lr=0.05, **_):
+    """An MLP scorer of 16 features trained on pairs with a margin ranking (hinge) loss, SGD with momentum:
+    a loss that is exactly 0 on the pairs it orders by the margin."""
+    gen = torch.Generator().manual_seed(11)
+    w = torch.randn(16, generator=gen)
+    model = mlp([16, 32, 1], nn.ReLU)
+    params = list(model.parameters())
+    optimizer = torch.optim.SGD(params, lr, momentum=0.9)
+
+    def step_fn(step):
+        a, b = torch.randn(64, 16), torch.randn(64, 16)
+        target = torch.sign((a - b) @ w + 0.3 * torch.randn(64))
+        return F.margin_ranking_loss(model(a).squeeze(1), model(b).squeeze(1), target, margin=1.0), None
+
+    return train(step_fn, params, optimizer, loop), {"chance": None, "objective": "minimise"}
+
+
+FAMILIES = {
+    f.__name__: f for f in (stdlm, shapes, finetune, denoiser, gan, contrastive, bandit, vae, tabular, gru, ranker)
+}
 
 
 # ----------------------------------------------------------------------------
@@ -693,6 +731,19 @@ SPECS = [
     Spec("tabular-lr-too-high", "tabular", lr_too_high, {"factor": 300.0}, seed=483),
     Spec("tabular-plateau-warmup-nolr", "tabular", plateau, {"onset": 25, "warmup": 10}, NOLR, seed=484),
     Spec("tabular-slow-rise", "tabular", slow_rise, {"onset": 100, "growth": 1.06}, seed=485),
+    # A third batch, made after the rule change "a collapse that a divergence led into", scored live from the
+    # first run of the diagnosis on it.
+    Spec("gru-healthy", "gru", healthy, seed=491),
+    Spec("gru-healthy-nolr", "gru", healthy, loop=NOLR, seed=492),
+    Spec("gru-lr-too-high-nolr", "gru", lr_too_high, {"factor": 300.0}, NOLR, seed=493),
+    Spec("gru-slow-rise", "gru", slow_rise, {"onset": 120, "growth": 1.06, "opt": "sgd", "lr": 0.1}, seed=494),
+    Spec("gru-plateau-nolr", "gru", plateau, {"onset": 40}, NOLR, seed=495),
+    Spec("gru-weight-decay", "gru", weight_decay, {"decay": 100.0}, seed=496),
+    Spec("ranker-healthy", "ranker", healthy, seed=501),
+    Spec("ranker-healthy-nolr", "ranker", healthy, loop=NOLR, seed=502),
+    Spec("ranker-lr-too-high", "ranker", lr_too_high, {"factor": 1000.0}, seed=503),
+    Spec("ranker-slow-rise-nolr", "ranker", slow_rise, {"onset": 100, "growth": 1.06}, NOLR, seed=504),
+    Spec("ranker-plateau-warmup", "ranker", plateau, {"onset": 30, "warmup": 10}, seed=505),
 ]
 BY_NAME = {s.name: s for s in SPECS}
 
