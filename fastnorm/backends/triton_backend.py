@@ -325,6 +325,32 @@ def _table(addrs: list[int], numels: list[int], chunk: int) -> tuple[torch.Tenso
     return torch.cat([head, first_chunk, tensor_of_chunk, start]), int(ends[-1])
 
 
+def _launch_per_tensor(
+    k, t: DtypeTable, chunks: torch.Tensor, tensors: torch.Tensor, mode: Mode, p: float
+) -> None:
+    """Each tensor of table ``t``'s own partial from its chunks' rows (``per_tensor_kernel``)."""
+    launch = per_tensor_launch(mode)
+    k.per_tensor_kernel[(t.num_tensors,)](
+        t.table,
+        t.num_tensors,
+        chunks[t.chunk_offset :],
+        tensors[t.tensor_offset :],
+        float(p),
+        **launch.constants,
+        **launch.options,
+    )
+
+
+def _launch_finalize(
+    k, prepared: Prepared, partials, out, root, mode: Mode, p: float, result_dtype: torch.dtype
+) -> None:
+    """The programs' partials merged into ``out`` and the norm into ``root`` (``finalize_kernel``)."""
+    launch = finalize_launch(mode, result_dtype)
+    k.finalize_kernel[(1,)](
+        partials, prepared.num_partials, out, root, float(p), **launch.constants, **launch.options
+    )
+
+
 class TritonBackend:
     name = "triton"
     cacheable = True  # tables of addresses, rebuilt when an address changes
@@ -455,26 +481,8 @@ class TritonBackend:
                     **launch.options,
                 )
                 if per_tensor:
-                    launch = per_tensor_launch(mode)
-                    k.per_tensor_kernel[(t.num_tensors,)](
-                        t.table,
-                        t.num_tensors,
-                        chunks[t.chunk_offset :],
-                        tensors[t.tensor_offset :],
-                        float(p),
-                        **launch.constants,
-                        **launch.options,
-                    )
-            launch = finalize_launch(mode, result_dtype)
-            k.finalize_kernel[(1,)](
-                partials,
-                prepared.num_partials,
-                out,
-                root,
-                float(p),
-                **launch.constants,
-                **launch.options,
-            )
+                    _launch_per_tensor(k, t, chunks, tensors, mode, p)
+            _launch_finalize(k, prepared, partials, out, root, mode, p, result_dtype)
         if tensors is not None and prepared.order is not None:
             tensors = tensors[prepared.order]
         return out, root, tensors
@@ -521,20 +529,8 @@ class TritonBackend:
                     **launch.constants,
                     **launch.options,
                 )
-                launch = per_tensor_launch(mode)
-                k.per_tensor_kernel[(t.num_tensors,)](
-                    t.table,
-                    t.num_tensors,
-                    chunks[t.chunk_offset :],
-                    tensors[t.tensor_offset :],
-                    float(p),
-                    **launch.constants,
-                    **launch.options,
-                )
-            launch = finalize_launch(mode, result_dtype)
-            k.finalize_kernel[(1,)](
-                partials, prepared.num_partials, out, root, float(p), **launch.constants, **launch.options
-            )
+                _launch_per_tensor(k, t, chunks, tensors, mode, p)
+            _launch_finalize(k, prepared, partials, out, root, mode, p, result_dtype)
         # Each tensor's row: the counts add up over its chunks (exact in float64, in any order), the
         # largest |x| is the largest, and sum_sq is its own partial (per_tensor_kernel: in order) at scale 1.
         of_chunk = prepared.tensor_of_chunk()

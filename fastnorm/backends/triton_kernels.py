@@ -352,23 +352,35 @@ def _chunk_partial(
         if MODE == 2:
             m = total
         else:
-            s = total
-            inf = float("inf")
-            if WIDE:
-                # Only squares can leave float64's range (a float64 sum of |x| past it is inf).
-                if MODE == 0:
-                    if (s == inf) | (nonzero & (s < tl.full((), F64_TRUSTED_MIN, tl.float64))):
-                        top, _ = _chunk_sum(chunk_ptr, n, one, 2, DTYPE, CDT, False, 0, ROWS, VEC)
-                        if top < inf:  # else an inf value: the plain sum, inf, is right
-                            m = _power_of_two_below(top)
-                            s, _ = _chunk_sum(chunk_ptr, n, m, 0, DTYPE, CDT, True, 0, ROWS, VEC)
-            elif DTYPE == tl.bfloat16 or DTYPE == tl.float32:
-                # float16 squares and sums always fit float32; these may not.
-                lost = s == inf
-                if MODE == 0:
-                    lost = lost | (nonzero & (s < tl.full((), F32_TRUSTED_MIN, tl.float64)))
-                if lost:
-                    s, _ = _chunk_sum(chunk_ptr, n, one, MODE, DTYPE, tl.float64, False, 0, ROWS, VEC)
+            m, s = _in_range(chunk_ptr, n, total, nonzero, MODE, DTYPE, ROWS, VEC)
+    return m, s
+
+
+@triton.jit
+def _in_range(
+    chunk_ptr, n, s, nonzero, MODE: tl.constexpr, DTYPE: tl.constexpr, ROWS: tl.constexpr, VEC: tl.constexpr
+):
+    """The partial (m, s) of a chunk whose plain sum ``s`` (of squares, MODE 0; of |x|, MODE 1) may
+    have left its accumulator's range: float64 squares summed again at a power-of-two scale, bfloat16
+    and float32 summed again in float64; ``s`` as it is otherwise (m = 0)."""
+    m = tl.zeros((), tl.float64)
+    one = tl.full((), 1.0, tl.float64)
+    inf = float("inf")
+    if DTYPE == tl.float64:
+        # Only squares can leave float64's range (a float64 sum of |x| past it is inf).
+        if MODE == 0:
+            if (s == inf) | (nonzero & (s < tl.full((), F64_TRUSTED_MIN, tl.float64))):
+                top, _ = _chunk_sum(chunk_ptr, n, one, 2, DTYPE, tl.float64, False, 0, ROWS, VEC)
+                if top < inf:  # else an inf value: the plain sum, inf, is right
+                    m = _power_of_two_below(top)
+                    s, _ = _chunk_sum(chunk_ptr, n, m, 0, DTYPE, tl.float64, True, 0, ROWS, VEC)
+    elif DTYPE == tl.bfloat16 or DTYPE == tl.float32:
+        # float16 squares and sums always fit float32; these may not.
+        lost = s == inf
+        if MODE == 0:
+            lost = lost | (nonzero & (s < tl.full((), F32_TRUSTED_MIN, tl.float64)))
+        if lost:
+            s, _ = _chunk_sum(chunk_ptr, n, one, MODE, DTYPE, tl.float64, False, 0, ROWS, VEC)
     return m, s
 
 
@@ -520,20 +532,8 @@ def norm_stats_kernel(
             acc += part.to(tl.float64)
             top = tl.maximum(top, run_top)
             both += _run_small(x, DTYPE, CDT, TINY_BITS)
-        m = tl.zeros((), tl.float64)
-        s = tl.sum(acc)
         top_bits = tl.max(top)
-        nonzero_any = top_bits > 0
-        inf = float("inf")
-        if WIDE:  # as _chunk_partial: a float64 chunk whose plain squares left the range, scaled
-            if (s == inf) | (nonzero_any & (s < tl.full((), F64_TRUSTED_MIN, tl.float64))):
-                big, _ = _chunk_sum(chunk_ptr, n, one, 2, DTYPE, CDT, False, 0, ROWS, VEC)
-                if big < inf:
-                    m = _power_of_two_below(big)
-                    s, _ = _chunk_sum(chunk_ptr, n, m, 0, DTYPE, CDT, True, 0, ROWS, VEC)
-        elif DTYPE == tl.bfloat16 or DTYPE == tl.float32:
-            if (s == inf) | (nonzero_any & (s < tl.full((), F32_TRUSTED_MIN, tl.float64))):
-                s, _ = _chunk_sum(chunk_ptr, n, one, 0, DTYPE, tl.float64, False, 0, ROWS, VEC)
+        m, s = _in_range(chunk_ptr, n, tl.sum(acc), top_bits > 0, 0, DTYPE, ROWS, VEC)  # as _chunk_partial
         tl.store(chunk_partial_ptr + 2 * c, m)
         tl.store(chunk_partial_ptr + 2 * c + 1, s)
         nonfinite = tl.zeros((), tl.int32)
