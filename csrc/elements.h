@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
+#include <utility>
 
 #include "convert.h"
 #include "fastnorm.h"
@@ -72,5 +73,14 @@ struct NoVisit {
 template <class V>
 constexpr bool kVisits = !std::is_same_v<std::decay_t<V>, NoVisit>;
 constexpr int64_t kVisitBytes = 8192;
+// A visitor that also takes each block of kLanes elements as the loop reads it
+// (block), then the stretch they form (stretch), instead of the stretch alone
+// (a call): kernels_impl.h's Counter of the loop's own target.
+template <class V, class = void>
+struct VisitsBlocks : std::false_type {};
+template <class V>
+struct VisitsBlocks<V, std::void_t<decltype(std::declval<V&>().block(nullptr))>> : std::true_type {};
+template <class V>
+constexpr bool kVisitsBlocks = VisitsBlocks<std::decay_t<V>>::value;
 
 }  // namespace fastnorm

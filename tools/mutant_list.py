@@ -2031,4 +2031,38 @@ MUTANTS = [
         ],
         "what": "a loss that fell before its first non-finite value is read as blown up from the start",
     },
+    {
+        "name": "avx2-bounds-miss-a-register",
+        "path": "csrc/isa_avx2.h",
+        "old": "    for (int r = 0; r < kLanes / kWidth; ++r) {\n      const __m256i a =\n",
+        "new": "    for (int r = 0; r + 1 < kLanes / kWidth; ++r) {\n      const __m256i a =\n",
+        "tests": ["tests/test_stats.py::test_every_column_matches_the_reference"],
+        "what": "the AVX2 bounds skip each block's last register: its largest |x| and zeros go unseen",
+        "requires": "avx2",
+    },
+    {
+        "name": "avx2-bf16-way-2-blocks-unbounded",
+        "path": "csrc/isa_avx2.h",
+        "old": (
+            "        add_bf16_words_ahead<Power>(acc, x, i, stop, ahead);\n"
+            "        if constexpr (kVisitsBlocks<Visit>) visit.block(x + i * kLanes);\n      }\n      mxcsr_fence(acc);\n"
+            "      _mm_setcsr(clear);"
+        ),
+        "new": (
+            "        add_bf16_words_ahead<Power>(acc, x, i, stop, ahead);\n      }\n      mxcsr_fence(acc);\n"
+            "      _mm_setcsr(clear);"
+        ),
+        "tests": ["tests/test_stats.py::test_cpp_counts_see_every_stretch_of_the_fused_pass_once"],
+        "what": "the bfloat16 word loop's careful way (after a subnormal) leaves its blocks out of the bounds",
+        "requires": "avx2",
+    },
+    {
+        "name": "avx2-bf16-last-chunk-unstretched",
+        "path": "csrc/isa_avx2.h",
+        "old": "      visit.stretch(x + counted, blocks * kLanes - counted);\n      counted = blocks * kLanes;\n",
+        "new": "      counted = blocks * kLanes;\n",
+        "tests": ["tests/test_stats.py::test_cpp_counts_see_every_stretch_of_the_fused_pass_once"],
+        "what": "the bfloat16 word loop never counts its last chunk's zeros and values below the normal range",
+        "requires": "avx2",
+    },
 ]
