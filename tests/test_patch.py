@@ -377,6 +377,47 @@ def test_the_monitor_gets_each_steps_norm_once():
     assert len(monitor.norms) == 3
 
 
+class Measuring(Monitor):
+    """A monitor that measures the step itself (the HF callback's protocol): it answers with a norm of
+    its own for the tensors it knows, None for others."""
+
+    def __init__(self, known, norm):
+        super().__init__()
+        self.known, self.norm, self.asked = {id(t) for t in known}, norm, []
+
+    def measure(self, tensors, norm_type, gradients):
+        self.asked.append((list(tensors), norm_type, gradients))
+        return self.norm if all(id(t) in self.known for t in tensors) else None
+
+
+def test_a_measuring_monitor_is_asked_first_and_its_norm_is_used_as_is():
+    params = grads_of([(20,), (5, 5)], seed=12, scale=4.0)
+    expected = [p.grad * (1.0 / (3.0 + 1e-6)) for p in params]
+    own = torch.tensor(3.0)  # not the gradients' norm: what is used shows where it came from
+    monitor = Measuring(params + [p.grad for p in params], own)
+    with fastnorm.patch(monitor=monitor):
+        returned = torch.nn.utils.clip_grad_norm_(iter(params), 1.0)  # an iterator: listed once, then read
+        grads = [p.grad for p in params]
+        assert torch.nn.utils.get_total_norm(grads) is own
+        other = grads_of([(7,)], seed=13)
+        assert torch.nn.utils.get_total_norm([other[0].grad]).item() == pytest.approx(
+            other[0].grad.double().norm().item(), rel=1e-6
+        )  # a None answer: computed as usual
+        torch.nn.utils.clip_grad_norm_(params, 1e9, error_if_nonfinite=True)  # a host read: not asked
+    assert returned is own and monitor.norms[0] is own
+    for p, e in zip(params, expected):
+        torch.testing.assert_close(p.grad, e)
+    assert [(len(t), n, g) for t, n, g in monitor.asked] == [(2, 2.0, False), (2, 2.0, True), (1, 2.0, True)]
+    assert monitor.asked[0][0][0] is params[0]
+
+
+def test_a_measuring_monitor_keeps_torchs_warning_for_an_empty_generator():
+    monitor = Measuring([], torch.tensor(1.0))
+    with fastnorm.patch(monitor=monitor), pytest.warns(UserWarning, match="empty generator"):
+        torch.nn.utils.clip_grad_norm_((p for p in ()), 1.0)
+    assert monitor.asked == []
+
+
 def test_nested_patches_hand_norms_to_the_newest_monitor():
     params = grads_of([(20,)], seed=11)
     outer, inner = Monitor(), Monitor()

@@ -141,10 +141,10 @@ def full(t: torch.Tensor) -> torch.Tensor:
 
 
 class OnMeshes(torch.nn.Module):
-    """A small MLP whose first two layers are DTensors on two device meshes, the last plain; the
-    forward pass reads them as full tensors (one process, gloo)."""
+    """A small MLP whose first two layers are DTensors on two device meshes, the last plain (or, with
+    ``meshes=1``, all three on one mesh); the forward pass reads them as full tensors (one process, gloo)."""
 
-    def __init__(self) -> None:
+    def __init__(self, meshes: int = 2) -> None:
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
@@ -152,7 +152,11 @@ class OnMeshes(torch.nn.Module):
         torch.manual_seed(0)
         self.a, self.b, self.c = torch.nn.Linear(12, 24), torch.nn.Linear(24, 24), torch.nn.Linear(24, 1)
         mesh = init_device_mesh("cpu", (1, 1), mesh_dim_names=("dp", "tp"))
-        for layer, sub in ((self.a, mesh["dp"]), (self.b, mesh["tp"])):
+        # two meshes and the plain last layer; or every layer on one mesh
+        placed = [(self.a, mesh["dp"]), (self.b, mesh["tp"])]
+        if meshes == 1:
+            placed = [(layer, mesh["dp"]) for layer in (self.a, self.b, self.c)]
+        for layer, sub in placed:
             layer.weight = torch.nn.Parameter(distribute_tensor(layer.weight.detach(), sub, [Shard(0)]))
             layer.bias = torch.nn.Parameter(distribute_tensor(layer.bias.detach(), sub, [Replicate()]))
 
@@ -336,6 +340,127 @@ def test_the_monitor_under_patch_and_the_callback_number_steps_as_the_trainer(tm
         logged = norm_steps(tmp_path / f"{name}.jsonl")
         assert sorted(logged) == sorted(trainers), name
         assert all(logged[s] == pytest.approx(trainers[s], rel=1e-6) for s in trainers), name
+
+
+def test_hf_callback_logs_every_steps_norm_without_clipping(tmp_path, one_thread):
+    """max_grad_norm=0: the Trainer still measures each step's norm (accelerate 1.16 on: with
+    get_total_norm alone); the callback recognises the model's gradients there and logs it."""
+    from fastnorm.integrations.hf import GradNormCallback
+
+    path = tmp_path / "norms.jsonl"
+    callback = GradNormCallback([fastnorm.JsonlLogger(path)], log_every_n_steps=4, diagnose=False)
+    trainer, _ = fit(tmp_path, [callback], max_grad_norm=0.0, logging_steps=1)
+    trainers = {row["step"]: row["grad_norm"] for row in trainer.state.log_history if "grad_norm" in row}
+    logged = norm_steps(path)
+    assert sorted(logged) == sorted(trainers) == list(range(1, STEPS + 1))
+    assert all(logged[s] == pytest.approx(trainers[s], rel=1e-6) for s in trainers)
+
+
+class _Poison(transformers.TrainerCallback):
+    """Makes one module's weight gradient NaN at one step (a parameter hook: the others' are untouched)."""
+
+    def __init__(self, module: torch.nn.Module, step: int) -> None:
+        self.step, self.on = step, False
+        module.weight.register_hook(lambda g: g * float("nan") if self.on else g)
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self.on = state.global_step + 1 == self.step  # the step the Trainer numbers global_step + 1
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.on = False
+
+
+def test_hf_callback_per_layer_norms_come_from_the_steps_own_pass(tmp_path, one_thread):
+    """per_layer: each module's norm once per window, at the window's last step, from the pass of the
+    step's norm (so they add up to it), however the Trainer's logging steps fall."""
+    from fastnorm.integrations.hf import GradNormCallback
+
+    path = tmp_path / "norms.jsonl"
+    callback = GradNormCallback(
+        [fastnorm.JsonlLogger(path)], log_every_n_steps=4, diagnose=False, per_layer=True
+    )
+    fit(tmp_path, [callback], logging_steps=3)  # the Trainer's logs fall off the window's edges
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    with_layers = {r["step"]: r for r in rows if any(k.startswith("gradient_norm_layer/") for k in r)}
+    assert sorted(with_layers) == [4, 8, 12]
+    norms = norm_steps(path)
+    for step, row in with_layers.items():
+        parts = [v for k, v in row.items() if k.startswith("gradient_norm_layer/")]
+        assert len(parts) == len(fastnorm.LayerGradNorms(gpt2()).names)
+        assert math.sqrt(sum(v * v for v in parts)) == pytest.approx(norms[step], rel=1e-5)
+
+
+def test_hf_callback_layer_stats_name_the_module_that_went_non_finite_first(tmp_path, one_thread):
+    """layer_stats: the statistics of every step, before the clip: the poisoned module is non-finite
+    at its step alone; the others only from the next step, once the NaN-scaled update reached them."""
+    from fastnorm.integrations.hf import GradNormCallback
+
+    path = tmp_path / "norms.jsonl"
+    callback = GradNormCallback(
+        [fastnorm.JsonlLogger(path)], log_every_n_steps=STEPS, per_layer=True, layer_stats=True
+    )
+    model = gpt2()
+    poisoned = "transformer.h.1.mlp.c_proj"
+    trainer = transformers.Trainer(
+        model=model,
+        args=arguments(tmp_path),
+        train_dataset=Tokens(STEPS * 4),
+        callbacks=[callback, _Poison(model.get_submodule(poisoned), step=5)],
+    )
+    trainer.train()
+    window = callback.monitor.layer_window
+    assert window.steps == STEPS
+    assert window.layers[poisoned]["first_nonfinite"] == 5
+    assert window.layers[poisoned]["nonfinite_steps"] == STEPS - 4
+    others = [name for name in window.layers if name != poisoned]
+    assert others and all(window.layers[name]["first_nonfinite"] == 6 for name in others)
+    row = [json.loads(line) for line in path.read_text().splitlines()][-1]
+    assert row["gradient_norm_locate_layers_nonfinite_first/" + poisoned] == 5
+    line = f"layers: `{poisoned}`'s gradient went non-finite first, at step 5, on {STEPS - 4} of"
+    assert any(x.startswith(line) for x in callback.monitor.diagnosis.located)
+
+
+@pytest.mark.parametrize("meshes", [1, 2], ids=["one-mesh", "two-meshes"])
+def test_hf_callback_per_layer_leaves_dtensor_gradients_to_the_trainers_path(tmp_path, one_thread, meshes):
+    """DTensor gradients: a part of the model per mesh, or a norm that is a collective: the callback
+    measures none of them itself (the run is the Trainer's, as without it) and logs the step's norm."""
+    from fastnorm.integrations.hf import GradNormCallback
+
+    def train(run, callbacks):
+        model = OnMeshes(meshes)
+        args = arguments(tmp_path / run, learning_rate=1e-2, warmup_steps=0, remove_unused_columns=False)
+        trainer = transformers.Trainer(
+            model=model, args=args, train_dataset=Regression(STEPS * 4), callbacks=callbacks
+        )
+        trainer.train()
+        return {row["step"]: row["grad_norm"] for row in trainer.state.log_history if "grad_norm" in row}
+
+    path = tmp_path / "norms.jsonl"
+    callback = GradNormCallback(
+        [fastnorm.JsonlLogger(path)], log_every_n_steps=4, per_layer=True, layer_stats=True, diagnose=False
+    )
+    with one_rank():
+        plain, watched = train("plain", []), train("watched", [callback])
+    assert sorted(watched) == list(range(1, STEPS + 1))
+    assert all(watched[s] == pytest.approx(plain[s], rel=1e-6) for s in plain)
+    logged = norm_steps(path)
+    assert all(logged[s] == pytest.approx(watched[s], rel=1e-6) for s in watched)
+    assert callback.monitor.layer_window is None or callback.monitor.layer_window.steps == 0
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        ({"per_layer": 1}, TypeError, "GradNormCallback: per_layer must be True or False"),
+        ({"layer_stats": True}, ValueError, "GradNormCallback: layer_stats needs per_layer=True"),
+        ({"per_layer": True, "layer_depth": 0}, ValueError, "GradNormCallback: layer_depth must be a positive int"),
+    ],
+)
+def test_hf_callback_refuses_bad_layer_arguments(kwargs, error, match):
+    from fastnorm.integrations.hf import GradNormCallback
+
+    with pytest.raises(error, match=match):
+        GradNormCallback(**kwargs)
 
 
 def _spike_guard_callback():

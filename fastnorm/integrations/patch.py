@@ -51,7 +51,8 @@ def clip_grad_norm_(
     foreach: bool | None = None,
 ) -> Tensor:
     """:func:`torch.nn.utils.clip_grad_norm_`, computed by :func:`fastnorm.clip_`."""
-    norm = clip_(parameters, max_norm, norm_type, error_if_nonfinite, foreach)
+    parameters, measured = _measured(parameters, norm_type, error_if_nonfinite, gradients=False)
+    norm = clip_(parameters, max_norm, norm_type, error_if_nonfinite, foreach, total_norm=measured)
     _to_monitor(norm)
     return norm
 
@@ -67,8 +68,12 @@ def get_total_norm(
     (a parameter's values, not its ``.grad``), computed by :func:`fastnorm.total_norm`.
 
     Not handed to the monitor: a framework may call it for one group of
-    gradients (one device mesh) and combine the groups itself.
+    gradients (one device mesh) and combine the groups itself. A monitor that
+    measures the step itself is asked first (see :func:`_measured`).
     """
+    tensors, measured = _measured(tensors, norm_type, error_if_nonfinite, gradients=True)
+    if measured is not None:
+        return measured
     return total_norm(tensors, norm_type, error_if_nonfinite, foreach, gradients=True)
 
 
@@ -296,6 +301,37 @@ def _shares_memory(a: Tensor, b: Tensor) -> bool:
     )
 
 
+def _handle() -> Patch | None:
+    """The newest live patch that has a monitor."""
+    return next((h for h in reversed(_State.handles) if h.monitor is not None), None)
+
+
+def _measured(tensors: Any, norm_type: Any, error_if_nonfinite: bool, gradients: bool) -> tuple[Any, Any]:
+    """Asks a monitor that measures the step itself for the norm of ``tensors``, before any is computed.
+
+    A monitor with ``measure(tensors, norm_type, gradients)`` (the HF callback's:
+    it knows the model, so it recognises the model's own gradients, and gives
+    their norm with the per-layer norms and statistics of the same pass) returns
+    the norm, which the replacement then uses as is, or None to leave the call
+    to fastnorm as usual. ``gradients``: the tensors are the gradients
+    (``get_total_norm``), not the parameters (``clip_grad_norm_``). Not asked
+    where the call reads the norm on the host (``error_if_nonfinite``).
+
+    Returns:
+        (tensors, norm): the tensors (an iterator made a list when the monitor
+        was asked; an empty generator stays one, for torch's warning) and the
+        measured norm or None.
+    """
+    handle = _handle()
+    measure = getattr(handle.monitor, "measure", None) if handle is not None else None
+    if not callable(measure) or error_if_nonfinite or isinstance(tensors, Tensor):
+        return tensors, None
+    listed = list(tensors)
+    if not listed:
+        return ((t for t in listed) if isinstance(tensors, types.GeneratorType) else listed), None
+    return listed, measure(listed, norm_type, gradients)
+
+
 def _to_monitor(norm: Tensor, once_per_step: bool = False) -> None:
     """Hands a step's pre-clip norm to the newest live patch's monitor: a device copy, no sync.
 
@@ -305,7 +341,7 @@ def _to_monitor(norm: Tensor, once_per_step: bool = False) -> None:
     and is not handed again. The handle keeps that last norm alive, so no later
     norm can be allocated at its address.
     """
-    handle = next((h for h in reversed(_State.handles) if h.monitor is not None), None)
+    handle = _handle()
     if handle is None:
         return
     if once_per_step and handle._last is not None and _shares_memory(norm, handle._last):
