@@ -453,7 +453,7 @@ def test_hf_callback_per_layer_leaves_dtensor_gradients_to_the_trainers_path(tmp
     [
         ({"per_layer": 1}, TypeError, "GradNormCallback: per_layer must be True or False"),
         ({"layer_stats": True}, ValueError, "GradNormCallback: layer_stats needs per_layer=True"),
-        ({"per_layer": True, "layer_depth": 0}, ValueError, "GradNormCallback: layer_depth must be a positive int"),
+        ({"per_layer": True, "layer_depth": 0}, ValueError, "layer_depth must be a positive int"),
     ],
 )
 def test_hf_callback_refuses_bad_layer_arguments(kwargs, error, match):
