@@ -269,6 +269,8 @@ def tensor_norms(items: list[Any], p: float, group: Any) -> tuple[Tensor, Tensor
 def _group_limits(plan: Plan, limits: list[torch.dtype | None]) -> list[list[torch.dtype | None]]:
     """Each group's limit dtype per row, from each item's (None: the tensor's own)."""
     rows: list[list[torch.dtype | None]] = [[None] * g.size for g in plan.norm_groups]
+    if limits.count(None) == len(limits):
+        return rows  # no limit given (the usual call): nothing to place, no item to tell apart
     given: dict[tuple[int, int], int] = {}
     for item, (where, limit) in enumerate(zip(plan.item_rows, limits)):
         if where is None:
@@ -321,6 +323,20 @@ def tensor_stats(
     else:
         total = _reduce(norm_plan, p, "tensor_stats")[0]
     acc = accumulate_dtype(first)
+    if _in_order(plan):  # the backend's rows are the items' already (a tensor of its own, made by this call)
+        return total, to_device(results[0][2], first).to(acc), plan
     rows = [to_device(t, first).to(acc) for _, _, t in results]
     rows.append(torch.zeros((1, len(COLUMNS)), dtype=acc, device=first))  # items without a gradient
     return total, torch.cat(rows)[_index(plan, "gather", first, lambda: _item_gather(plan))], plan
+
+
+def _in_order(plan: Plan) -> bool:
+    """Whether item i is row i of the plan's one norm group, every item with a gradient (found once)."""
+    if plan.in_order is None:
+        groups = plan.norm_groups
+        plan.in_order = (
+            len(groups) == 1
+            and groups[0].size == len(plan.item_rows)
+            and all(r == (0, i) for i, r in enumerate(plan.item_rows))
+        )
+    return plan.in_order

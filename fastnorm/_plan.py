@@ -67,6 +67,7 @@ class Plan:
     item_domains: list[int]
     no_gradient: bool  # items were given, and not one of them has a gradient
     indices: dict[Any, Tensor] = field(default_factory=dict)  # device index tensors, built on first use
+    in_order: bool | None = None  # item i is row i of the one norm group (see _eager.tensor_stats)
     # Backends' states hold addresses only: tensors made for this plan live as
     # long as it does (such plans are never cached).
     keepalive: list[Tensor] = field(default_factory=list, repr=False)

@@ -2113,4 +2113,20 @@ MUTANTS = [
         "tests": ["tests/test_patch.py::test_a_measuring_monitor_is_asked_first_and_its_norm_is_used_as_is"],
         "what": "clip_grad_norm_ never asks a measuring monitor: its per-layer statistics are lost",
     },
+    {
+        "name": "stats-rows-always-in-order",
+        "path": "fastnorm/_eager.py",
+        "old": "        plan.in_order = (\n            len(groups) == 1\n",
+        "new": "        plan.in_order = True or (\n            len(groups) == 1\n",
+        "tests": ["tests/test_stats.py"],
+        "what": "tensor_stats hands the backend's rows on as the items' where some item has no gradient or another group",
+    },
+    {
+        "name": "stats-limits-taken-for-none",
+        "path": "fastnorm/_eager.py",
+        "old": "    if limits.count(None) == len(limits):\n        return rows  # no limit given",
+        "new": "    if True:\n        return rows  # no limit given",
+        "tests": ["tests/test_stats.py"],
+        "what": "tensor_stats drops the limit dtypes given: every tensor counted against its own dtype",
+    },
 ]

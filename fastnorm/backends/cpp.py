@@ -87,7 +87,7 @@ _LIMIT_CODES_KEPT = 64
 
 def _limit_codes(limits: list[torch.dtype | None]) -> torch.Tensor | None:
     """The int32 codes of ``limits`` (-1: the tensor's own dtype), None when every one is."""
-    if all(limit is None for limit in limits):
+    if limits.count(None) == len(limits):
         return None
     key = tuple(limits)
     codes = _LIMIT_CODES.get(key)
