@@ -1127,6 +1127,28 @@ def test_a_plateau_after_a_logged_warmup_is_a_stall_whose_schedule_is_named():
     assert late.verdict == "stalled" and first_action(late) != "lr_schedule", late.report()
 
 
+def test_a_plateau_without_the_learning_rate_logged_names_both_causes_and_claims_no_rate():
+    # The loss falls from 4.5 to 3 in 25 steps and stays there; the log holds no learning rate. A rate cut
+    # to near zero and a rate too high for the stage both do this: the first action says the log cannot
+    # tell them apart and what to log, the second names the other; the norm in its band puts the cut first.
+    steps = list(range(300))
+    loss = losses(8, lambda i: 3.0 + 1.5 * max(0.0, 1 - i / 25), n=300, sigma=0.05)[1]
+    d = diagnose(steps, noise(8, n=300), loss=(steps, loss))
+    assert d.verdict == "stalled", d.report()
+    assert d.action_ids[:2] == ("lr_schedule", "warmup"), d.report()
+    assert "holds no learning rate" in d.actions[0] and "GradNormMonitor(optimizer=...)" in d.actions[0]
+    assert "constant" not in d.actions[0], d.report()  # nothing the log does not hold is claimed
+    # With the rate logged, constant from the first step: the warmup leads, as before.
+    logged = _plateau_after(lambda i: 3e-3)
+    assert first_action(logged) == "warmup" and "0.003 from the first step" in logged.actions[0], logged.report()
+    # A norm that left its band (a rate too high shows there): the warmup leads, the cut second.
+    from fastnorm.monitoring.diagnosis.advice import Evidence, Stall, stall_actions
+
+    plateau = Stall(never=False, first=4.5, start=0, noise=0.05, plateau=(25, 3.0))
+    ids = [a.id for a in stall_actions(Evidence(), plateau, 0, False, False)]
+    assert ids[:2] == ["warmup", "lr_schedule"], ids
+
+
 def test_a_loss_that_fell_by_half_then_stopped_at_a_logged_rate_cut_is_a_stall():
     # Falls from 4 to 1.8 by step 40, where the rate is cut 10^4x; flat for the rest of the run.
     steps = list(range(300))

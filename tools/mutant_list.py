@@ -2129,4 +2129,14 @@ MUTANTS = [
         "tests": ["tests/test_stats.py"],
         "what": "tensor_stats drops the limit dtypes given: every tensor counted against its own dtype",
     },
+    {
+        "name": "diag-unlogged-plateau-guesses-warmup",
+        "path": "fastnorm/monitoring/diagnosis/advice.py",
+        "old": "    return (cut, warm) if norm_steady else (warm, cut)\n",
+        "new": "    return (warm, cut)\n",
+        "tests": [
+            "tests/test_diagnosis.py::test_a_plateau_without_the_learning_rate_logged_names_both_causes_and_claims_no_rate"
+        ],
+        "what": "a plateau in a log without the rate leads with a warmup, as if the rate were known constant",
+    },
 ]

@@ -415,6 +415,31 @@ def weight_decay_action(ev: Evidence, consequence: str = "") -> Action | None:
     )
 
 
+def unlogged_plateau_actions(plateau: tuple[int, float], norm_steady: bool) -> tuple[Action, Action]:
+    """A loss that fell, then stopped far above where it can go, in a log without the learning rate: the
+    two commonest causes, which the log cannot tell apart, in the order the norm points at.
+
+    A rate cut to near zero (a schedule that decays too early or too far) freezes the weights: the norm
+    stays in its band. A rate too high for the stage (no warmup) leaves its band too, by spikes or growth.
+    """
+    step, at = plateau
+    cut = Action(
+        "lr_schedule",
+        f"Check the learning-rate schedule: the loss stopped falling at {_g(at)} from step {step}, far above "
+        "where it can go, and the log holds no learning rate to tell a rate cut to near zero (a decay too "
+        "early or too far: raise it) from one too high for this stage (warm it up)"
+        + ("; the norm stayed in its band, as it does when the weights stop moving" if norm_steady else "")
+        + ". Log the rate: GradNormMonitor(optimizer=...).",
+    )
+    warm = Action(
+        "warmup",
+        "If the learning rate was constant from the first step, warm it up (or lower it): post-LN "
+        "transformers and deep nets stall at a rate too high for their first steps"
+        + ("." if norm_steady else "; the norm left its band, as such a rate makes it."),
+    )
+    return (cut, warm) if norm_steady else (warm, cut)
+
+
 def stall_actions(ev: Evidence, stall: Stall, layer_snapshots: int, layers_vanished: bool, norm_steady: bool):
     """What to do about a stalled loss, the action the evidence points at first."""
     causes = []
@@ -450,18 +475,19 @@ def stall_actions(ev: Evidence, stall: Stall, layer_snapshots: int, layers_vanis
                 "by noise too).",
             )
         )
-    if stall.plateau is not None and ev.warmup_until is None:
+    if stall.plateau is not None and ev.warmup_until is None and ev.lr_first is not None:
         step, at = stall.plateau
-        lr = f"{_g(ev.lr_first)} from the first step" if ev.lr_first is not None else "constant (none logged)"
         causes.append(
             Action(
                 "warmup",
                 f"Warm the learning rate up (or lower it): the loss stopped falling at {_g(at)} from step "
                 f"{step}, "
-                f"far above where it can go, with the learning rate {lr} and no warmup (post-LN transformers "
-                "and deep nets need one).",
+                f"far above where it can go, with the learning rate {_g(ev.lr_first)} from the first step and "
+                "no warmup (post-LN transformers and deep nets need one).",
             )
         )
+    elif stall.plateau is not None and ev.warmup_until is None:
+        causes.extend(unlogged_plateau_actions(stall.plateau, norm_steady))
     blind = ev.lr_first is None and ev.weight_decay is None and not ev.adam  # no setting of the optimizer
     if stall.never and blind and not causes:
         # The log cannot tell the two commonest causes apart: said so, with what to log.
