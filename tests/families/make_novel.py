@@ -4,7 +4,7 @@
     nice -n 10 python tests/families/make_novel.py NAME ...   # some runs
     python tests/families/make_novel.py --list                # names, family, objective and cause
 
-Needs only torch and Python's own files: nothing is downloaded. Nine families,
+Needs only torch and Python's own files: nothing is downloaded. Thirteen families,
 each on another objective or another kind of training than ``make_runs.py``'s:
 
 * ``stdlm``: a character language model (an embedding and an MLP over the last
@@ -27,7 +27,10 @@ each on another objective or another kind of training than ``make_runs.py``'s:
   SGD with momentum.
 
 ``vae`` and ``tabular`` are a second batch, added after every rule change the
-ledger records: their first score is the rules' on families they never saw.
+ledger records then: their first score is the rules' on families they never
+saw; so are ``gru`` and ``ranker`` (a third batch) and ``attnlm`` (a 2-layer
+pre-LN causal transformer character LM) and ``forecast`` (an LSTM forecaster
+of noisy sines, Huber loss), the fourth.
 
 Each run logs through ``GradNormMonitor`` + ``JsonlLogger`` as a user's loop
 does: some told the optimizer (the learning rate and settings logged), some
@@ -456,8 +459,58 @@ def ranker(loop: Loop, lr=0.05, **_):
     return train(step_fn, params, optimizer, loop), {"chance": None, "objective": "minimise"}
 
 
+def attnlm(loop: Loop, lr=1e-3, opt="adam", weight_decay=0.0, **_):
+    """A 2-layer pre-LayerNorm causal transformer character LM (16 characters of context) on the
+    standard-library source: attention, LayerNorm and a learned position embedding, as small LMs are built."""
+    text = stdlib_text()
+    chars = sorted(set(text))
+    ids = torch.tensor([chars.index(c) for c in text])
+    context, vocab, width = 16, len(chars), 48
+    emb, pos = nn.Embedding(vocab, width), nn.Parameter(torch.zeros(context, width))
+    layer = nn.TransformerEncoderLayer(width, 4, 4 * width, dropout=0.0, batch_first=True, norm_first=True)
+    body, norm, head = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False), nn.LayerNorm(width), nn.Linear(width, vocab)
+    params = [*emb.parameters(), pos, *body.parameters(), *norm.parameters(), *head.parameters()]
+    if opt == "adam":
+        optimizer = adam(params, lr, weight_decay=weight_decay, betas=(0.9, 0.95))
+    else:
+        optimizer = torch.optim.SGD(params, lr=lr, momentum=0.9)
+    mask = nn.Transformer.generate_square_subsequent_mask(context)
+
+    def step_fn(step):
+        start = torch.randint(0, len(ids) - context - 1, (32,))
+        x = torch.stack([ids[s : s + context] for s in start])
+        y = torch.stack([ids[s + 1 : s + context + 1] for s in start])
+        h = norm(body(emb(x) + pos, mask=mask, is_causal=True))
+        return F.cross_entropy(head(h).reshape(-1, vocab), y.reshape(-1)), None
+
+    return train(step_fn, params, optimizer, loop), {"chance": math.log(vocab), "objective": "minimise"}
+
+
+def forecast(loop: Loop, lr=3e-3, **_):
+    """An LSTM that forecasts the next 4 points of a noisy sum of three sines from its last 24, with the
+    Huber loss (smooth L1): a regression whose floor is the noise's, not 0."""
+
+    def series(n: int) -> torch.Tensor:
+        t = torch.arange(28, dtype=torch.float32) + torch.rand(n, 1) * 1000
+        phase = torch.rand(n, 3) * 6.283
+        wave = sum(torch.sin(t / period + phase[:, i : i + 1]) / (i + 1) for i, period in enumerate((3.0, 7.0, 17.0)))
+        return (wave + 0.1 * torch.randn(n, 28)).unsqueeze(-1)
+
+    rnn, head = nn.LSTM(1, 48, batch_first=True), nn.Linear(48, 4)
+    params = [*rnn.parameters(), *head.parameters()]
+    optimizer = adam(params, lr)
+
+    def step_fn(step):
+        x = series(32)
+        out, _ = rnn(x[:, :24])
+        return F.smooth_l1_loss(head(out[:, -1]), x[:, 24:, 0]), None
+
+    return train(step_fn, params, optimizer, loop), {"chance": None, "objective": "minimise"}
+
+
 FAMILIES = {
-    f.__name__: f for f in (stdlm, shapes, finetune, denoiser, gan, contrastive, bandit, vae, tabular, gru, ranker)
+    f.__name__: f
+    for f in (stdlm, shapes, finetune, denoiser, gan, contrastive, bandit, vae, tabular, gru, ranker, attnlm, forecast)
 }
 
 
@@ -487,7 +540,8 @@ def lr_too_high(family, loop, factor=1000.0, **kw):
     end = level(trained.losses, len(trained.losses) - 50, len(trained.losses))
     blew = blowup_step(trained.losses) is not None or not math.isfinite(end)
     chance = facts["chance"]
-    require(blew or (chance is not None and end > 0.9 * chance), f"it learned (loss {end:.3g})")
+    worse = end > 10 * trained.losses[0]  # a regression (no chance level) that ended far above its start
+    require(blew or worse or (chance is not None and end > 0.9 * chance), f"it learned (loss {end:.3g})")
     return trained, facts, {
         "cause": f"a learning rate {factor:g}x the healthy one from the first step",
         "verdicts": ["diverged", "nonfinite", "stalled"],
@@ -744,6 +798,20 @@ SPECS = [
     Spec("ranker-lr-too-high", "ranker", lr_too_high, {"factor": 1000.0}, seed=503),
     Spec("ranker-slow-rise-nolr", "ranker", slow_rise, {"onset": 100, "growth": 1.06}, NOLR, seed=504),
     Spec("ranker-plateau-warmup", "ranker", plateau, {"onset": 30, "warmup": 10}, seed=505),
+    # A fourth batch, made after the rule change "a plateau in a log without the learning rate names both
+    # causes", scored live from the first run of the diagnosis on it.
+    Spec("attnlm-healthy", "attnlm", healthy, seed=511),
+    Spec("attnlm-healthy-nolr", "attnlm", healthy, loop=NOLR, seed=512),
+    Spec("attnlm-lr-too-high-nolr", "attnlm", lr_too_high, {"factor": 3000.0}, NOLR, seed=513),
+    Spec("attnlm-plateau-nolr", "attnlm", plateau, {"onset": 40}, NOLR, seed=514),
+    Spec("attnlm-slow-rise", "attnlm", slow_rise, {"onset": 120, "growth": 1.05}, seed=515),
+    Spec("attnlm-weight-decay", "attnlm", weight_decay, {"decay": 100.0}, seed=516),
+    Spec("forecast-healthy", "forecast", healthy, seed=521),
+    Spec("forecast-healthy-nolr", "forecast", healthy, loop=NOLR, seed=522),
+    Spec("forecast-lr-too-high", "forecast", lr_too_high, {"factor": 1000.0}, seed=523),
+    Spec("forecast-fp16-underflow-nolr", "forecast", fp16_underflow, {"onset": 150}, NOLR, seed=524),
+    Spec("forecast-plateau-warmup", "forecast", plateau, {"onset": 40, "warmup": 10}, seed=525),
+    Spec("forecast-detached-midway", "forecast", nothing_trains, {"onset": 150}, seed=526),
 ]
 BY_NAME = {s.name: s for s in SPECS}
 
