@@ -322,6 +322,9 @@ struct BitLanes<2> {
   static FASTNORM_INLINE __m256i max(__m256i a, __m256i b) { return _mm256_max_epi16(a, b); }
   static FASTNORM_INLINE __m256i min(__m256i a, __m256i b) { return _mm256_min_epi16(a, b); }
   static FASTNORM_INLINE __m256i less(__m256i a, __m256i b) { return _mm256_cmpgt_epi16(b, a); }
+  static FASTNORM_INLINE __m256i eq(__m256i a, __m256i b) { return _mm256_cmpeq_epi16(a, b); }
+  static FASTNORM_INLINE __m256i add(__m256i a, __m256i b) { return _mm256_add_epi16(a, b); }
+  static FASTNORM_INLINE __m256i sub(__m256i a, __m256i b) { return _mm256_sub_epi16(a, b); }
   static FASTNORM_INLINE __m256i set1(int64_t v) { return _mm256_set1_epi16(int16_t(v)); }
 };
 template <>
@@ -329,6 +332,9 @@ struct BitLanes<4> {
   static FASTNORM_INLINE __m256i max(__m256i a, __m256i b) { return _mm256_max_epi32(a, b); }
   static FASTNORM_INLINE __m256i min(__m256i a, __m256i b) { return _mm256_min_epi32(a, b); }
   static FASTNORM_INLINE __m256i less(__m256i a, __m256i b) { return _mm256_cmpgt_epi32(b, a); }
+  static FASTNORM_INLINE __m256i eq(__m256i a, __m256i b) { return _mm256_cmpeq_epi32(a, b); }
+  static FASTNORM_INLINE __m256i add(__m256i a, __m256i b) { return _mm256_add_epi32(a, b); }
+  static FASTNORM_INLINE __m256i sub(__m256i a, __m256i b) { return _mm256_sub_epi32(a, b); }
   static FASTNORM_INLINE __m256i set1(int64_t v) { return _mm256_set1_epi32(int32_t(v)); }
 };
 template <>
@@ -340,6 +346,9 @@ struct BitLanes<8> {
     return _mm256_blendv_epi8(a, b, _mm256_cmpgt_epi64(a, b));
   }
   static FASTNORM_INLINE __m256i less(__m256i a, __m256i b) { return _mm256_cmpgt_epi64(b, a); }
+  static FASTNORM_INLINE __m256i eq(__m256i a, __m256i b) { return _mm256_cmpeq_epi64(a, b); }
+  static FASTNORM_INLINE __m256i add(__m256i a, __m256i b) { return _mm256_add_epi64(a, b); }
+  static FASTNORM_INLINE __m256i sub(__m256i a, __m256i b) { return _mm256_sub_epi64(a, b); }
   static FASTNORM_INLINE __m256i set1(int64_t v) { return _mm256_set1_epi64x(v); }
 };
 
@@ -403,8 +412,42 @@ struct Bounds {
   }
 };
 
-// The counts' loop of kernels_impl.h (count_bits) runs every element here.
+// The counts' loop (kernels_impl.h, count_bits) over whole pairs of 32-byte
+// registers: the magnitude bits' maximum and the zeros and values below lo,
+// each counted by subtracting its compare's mask (-1 where true) from lanes of
+// the element's width: six vector operations a register, as AVX-512's masked
+// adds. Left to the compiler the loop ran scalar: 17.8 GB/s on a 16 MB float32
+// tensor against torch.sum's 36 on Zen 3 (one core). Returns how many elements
+// it read (a multiple of two registers); m, zeros and below are raised by what
+// it found. n <= kCountBlock: a lane's count stays far below its type's range.
 template <class E>
-FASTNORM_INLINE int64_t count_blocks(const typename E::Bits*, int64_t, int64_t, int64_t&, int64_t&, int64_t&) {
-  return 0;
+FASTNORM_INLINE int64_t count_blocks(const typename E::Bits* x, int64_t n, int64_t lo, int64_t& m, int64_t& zeros,
+                                     int64_t& below) {
+  using S = std::make_signed_t<typename E::Bits>;
+  using L = BitLanes<int(sizeof(S))>;
+  constexpr int kWidth = 32 / int(sizeof(S));
+  const __m256i mask = L::set1(int64_t(E::kAbsMask)), low = L::set1(lo), none = _mm256_setzero_si256();
+  __m256i m0 = none, m1 = none, z0 = none, z1 = none, b0 = none, b1 = none;
+  int64_t i = 0;
+  for (; i + 2 * kWidth <= n; i += 2 * kWidth) {
+    const __m256i a0 = _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i)), mask);
+    const __m256i a1 = _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i + kWidth)), mask);
+    m0 = L::max(m0, a0);
+    m1 = L::max(m1, a1);
+    z0 = L::sub(z0, L::eq(a0, none));
+    z1 = L::sub(z1, L::eq(a1, none));
+    b0 = L::sub(b0, L::less(a0, low));
+    b1 = L::sub(b1, L::less(a1, low));
+  }
+  // The two registers' lanes summed: at most 2 * kCountBlock / (2 * kWidth) a lane, far inside S.
+  alignas(32) S top[kWidth], zs[kWidth], bs[kWidth];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(top), L::max(m0, m1));
+  _mm256_store_si256(reinterpret_cast<__m256i*>(zs), L::add(z0, z1));
+  _mm256_store_si256(reinterpret_cast<__m256i*>(bs), L::add(b0, b1));
+  for (int j = 0; j < kWidth; ++j) {
+    m = top[j] > m ? top[j] : m;
+    zeros += zs[j];
+    below += bs[j];
+  }
+  return i;
 }

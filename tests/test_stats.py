@@ -327,6 +327,32 @@ def test_cpp_counts_of_a_16_bit_piece_over_65535_values_are_exact(isas, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+def test_cpp_counts_alone_find_the_largest_magnitude_in_every_lane(isas, dtype):
+    """The counts alone (a pass's activations) keep the largest magnitude of the
+    vector loops' lanes: placed at each element of two 64-byte registers, with
+    a zero and a subnormal beside it, it is the one reported."""
+    cpp = _cpp()
+    gen = torch.Generator().manual_seed(29)
+    tiny = torch.finfo(dtype).tiny
+    count_stats, _, task, table = cpp.count_stats_args(1)
+    code = cpp.DTYPE_CODES[dtype]
+    lanes = 128 // (torch.finfo(dtype).bits // 8)
+    tensors = []
+    for k in range(lanes):
+        x = torch.rand(4 * lanes + 3, generator=gen, dtype=torch.float64) + 0.5
+        x[k] = -7.0 - k / 8  # exact in every dtype
+        x[(k + 1) % lanes], x[(k + 2) % lanes] = 0.0, tiny / 4
+        tensors.append(x.to(dtype))
+    want = reference(tensors, [None] * len(tensors))
+    for isa in isas:
+        cpp._C.use_isa(isa)
+        for k, (t, row) in enumerate(zip(tensors, want)):
+            counts = torch.empty(len(COLUMNS), dtype=torch.float64)
+            count_stats(t.data_ptr(), t.numel(), code, -1, task, table, counts.data_ptr(), 1)
+            np.testing.assert_array_equal(counts.numpy()[1:], row[1:], err_msg=f"{isa}, lane {k}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_cpp_counts_see_every_stretch_of_the_fused_pass_once(isas, dtype):
     """The counts run inside the sum's loop, a stretch at a time (16 KiB, the
     bfloat16 loop's first block apart): values on both sides of every stretch's
