@@ -214,8 +214,8 @@ FASTNORM_NOINLINE void count_high(const typename E::Bits* x, int64_t n, int64_t 
 
 // The largest magnitude bits, the zeros and the values below lo of the
 // stretches it is given, each of at most kCountBlock elements. Inlined into
-// the sums' loops of its target (those of another, avx2's bfloat16 loop for
-// avx512, call it through isa_avx512.h's Detached).
+// the sums' loops of its target (a visited pass never sums in another's:
+// isa_avx512.h, kOwnVisited).
 template <class E>
 struct Counter {
   using S = std::make_signed_t<typename E::Bits>;
