@@ -12,8 +12,9 @@ Beside the set's table it prints the leave-one-family-out table: the novel
 families (``make_novel.py``: objectives and kinds of training the rules were
 never tuned on) and the public logs (``public/``: ``trainer_state.json`` files
 people committed, each with its source and a truth labelled from its numbers
-before any diagnosis), each scored by rules that were not changed while
-looking at it. ``ledger.json`` records every rule change and the families
+before any diagnosis; a truth's ``family`` names a later batch, ``public2``,
+collected after the first was frozen), each scored by rules that were not
+changed while looking at it. ``ledger.json`` records every rule change and the families
 looked at while making it; a family looked at is scored by the rows frozen
 there before the first change that looked at it, any other by the rules as
 they are now.
@@ -378,8 +379,10 @@ def lofo_report(families: dict[str, list[dict]], whence: dict[str, str]) -> str:
         for r in every
         if not r["verdict_ok"] or r["action_ok"] is False or r["offline_alarm"] or r["lead_ok"] is False
     ]
-    novel = [r for r in every if r["family"] != PUBLIC]
-    public = [r for r in every if r["family"] == PUBLIC]
+    # Public logs are families "public" (the first batch) and "public2", ... (batches collected after a rule
+    # change froze the ones before: scored live, by rules no one changed while looking at them).
+    novel = [r for r in every if not r["family"].startswith(PUBLIC)]
+    public = [r for r in every if r["family"].startswith(PUBLIC)]
     for label, part in (("novel families", novel), ("public logs", public), ("all", every)):
         if not part:
             continue
