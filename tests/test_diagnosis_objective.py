@@ -70,6 +70,25 @@ def test_a_policy_gradient_is_read_from_its_negative_loss_and_its_tied_batches_a
     assert diagnose(steps, norms, loss=(steps, losses), objective="minimise").objective == "minimise"
 
 
+def test_a_reward_driven_runs_short_drops_are_tied_batches_not_batches_to_check():
+    """GRPO's and PPO's norm falls 100x for a step where most of a group's rewards tied (only the KL term
+    and a few samples left): read as a loss to minimise, each drop asks to check that batch; read as
+    reward-driven (its 'reward' key), each is said to be a tie, with nothing to do."""
+    rng = random.Random(3)
+    steps = list(range(N))
+    norms = [0.3 * math.exp(rng.gauss(0, 0.2)) * (0.01 if s % 37 == 20 else 1.0) for s in steps]
+    losses = [abs(rng.gauss(0, 0.01)) for _ in steps]
+    plain = diagnose(steps, norms, loss=(steps, losses), objective="minimise")
+    drops = [e for e in plain.events if e.kind == "spike"]
+    assert drops and all("check_batch" in [a.id for a in e.actions] for e in drops), plain.report()
+    d = diagnose(steps, norms, loss=(steps, losses), keys=["grad_norm", "reward", "kl"])
+    assert d.objective == "reinforcement" and d.verdict == "stable", d.report()
+    tied = [e for e in d.events if e.kind == "spike"]
+    assert len(tied) == len(drops), d.report()
+    assert all(not e.actions and "rewards tied" in e.detail for e in tied), d.report()
+    assert "check_batch" not in d.action_ids
+
+
 def test_the_objective_named_by_a_logs_keys():
     assert from_keys(["reward"])[0] == "reinforcement"
     assert from_keys(["train/rewards/format_reward_fn/mean"])[0] == "reinforcement"

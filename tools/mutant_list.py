@@ -2157,6 +2157,17 @@ MUTANTS = [
         "what": "tensor_stats drops the limit dtypes given: every tensor counted against its own dtype",
     },
     {
+        "name": "diag-reward-tie-drop-sends-to-the-batch",
+        "path": "fastnorm/monitoring/diagnosis/diagnoser.py",
+        "old": "        if f.side < 0 and self._ties_are_ordinary():",
+        "new": "        if False:",
+        "tests": [
+            "tests/test_diagnosis_objective.py::"
+            "test_a_reward_driven_runs_short_drops_are_tied_batches_not_batches_to_check"
+        ],
+        "what": "a reward-driven run's drop at a batch whose rewards tied asks to check that batch",
+    },
+    {
         "name": "diag-unlogged-plateau-guesses-warmup",
         "path": "fastnorm/monitoring/diagnosis/advice.py",
         "old": "    return (cut, warm) if norm_steady else (warm, cut)\n",

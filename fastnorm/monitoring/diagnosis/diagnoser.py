@@ -702,6 +702,11 @@ class Diagnoser:
         context = self._lr_context(e.start_step)
         if context is not None:
             return replace(e, detail=f"{e.detail}; {context}: normal if it settles")
+        if f.side < 0 and self._ties_are_ordinary():
+            # A group whose rewards (nearly) all tied has (nearly) no advantage: only the KL term and the
+            # few samples left move the policy, a drop of orders of magnitude for that step, not a bad batch.
+            tie = "in a reward-driven run: a batch whose rewards tied: ordinary"
+            return replace(e, detail=f"{e.detail}; {tie}")
         return replace(e, actions=(advice.spike_action(f.side, at_steps(e)),))
 
 
