@@ -89,6 +89,73 @@ def test_a_reward_driven_runs_short_drops_are_tied_batches_not_batches_to_check(
     assert "check_batch" not in d.action_ids
 
 
+def rewards(seed=0, shape="rises"):
+    """A policy gradient's mean reward over N steps, a batch's mean of 16 Bernoulli draws: its success
+    probability rising from 0.3 to 0.8, staying at 0.3, or falling from 0.7 to 0.2 after step 100."""
+    rng = random.Random(seed)
+    out = []
+    for s in range(N):
+        p = {
+            "rises": 0.3 + 0.5 * min(1.0, s / 150),
+            "flat": 0.3,
+            "falls": 0.7 - 0.5 * min(1.0, max(0, s - 100) / 100),
+        }[shape]
+        out.append(sum(rng.random() < p for _ in range(16)) / 16)
+    return out
+
+
+def test_a_reward_that_never_rose_is_a_stall_and_one_that_fell_a_divergence():
+    """The loss of a policy gradient says nothing of what it learned; its logged reward does. Its norm and
+    loss the same healthy ones in every case: only the reward tells them apart."""
+    steps, norms, losses = policy()
+    for seed in range(3):
+        d = diagnose(steps, norms, loss=(steps, losses), reward=(steps, rewards(seed)))
+        assert d.verdict == "stable" and "reward" in d.signals, d.report()
+        d = diagnose(steps, norms, loss=(steps, losses), reward=(steps, rewards(seed, "flat")))
+        assert d.verdict == "stalled" and d.action_ids[:2] == ("check_labels", "raise_lr"), d.report()
+        assert "reward never rose" in d.events[-1].detail and "by hand" in d.actions[0]
+        assert d.headline().startswith("the reward has stalled")
+        d = diagnose(steps, norms, loss=(steps, losses), reward=(steps, rewards(seed, "falls")))
+        assert d.verdict == "diverged" and d.action_ids[0] == "lower_lr", d.report()
+        assert "reward fell" in d.events[-1].detail
+    # A reward that never moved at all (a reward function that never pays out): a stall, not a division by 0.
+    d = diagnose(steps, norms, loss=(steps, losses), reward=(steps, [-1.0] * N))
+    assert d.verdict == "stalled" and "-1 over its first" in d.events[-1].detail, d.report()
+    # Too few rewards to judge, non-finite ones, and a run that is not reward-driven: the reward is not read.
+    assert diagnose(steps, norms, loss=(steps, losses), reward=(steps[:19], [0.3] * 19)).verdict == "stable"
+    noisy = [math.nan if s % 2 else r for s, r in enumerate(rewards(0))]
+    assert diagnose(steps, norms, loss=(steps, losses), reward=(steps, noisy)).verdict == "stable"
+    gan_steps, gan_norms, gan_losses = gan()
+    flat = (gan_steps, rewards(0, "flat"))
+    d = diagnose(gan_steps, gan_norms, loss=(gan_steps, gan_losses), objective="adversarial", reward=flat)
+    assert d.verdict == "stable", d.report()
+
+
+def test_the_reward_is_read_from_a_trainer_state_and_reaches_the_report(tmp_path):
+    """TRL's GRPO logs ``reward`` beside ``loss`` and ``grad_norm`` (DPO's ``rewards/chosen`` is no reward):
+    ``fastnorm diagnose`` reads it, says so and judges it."""
+    import json
+
+    steps, norms, losses = policy()
+    flat = rewards(1, "flat")
+    history = [
+        {"step": s + 1, "grad_norm": n or 1e-3, "loss": l, "reward": r, "rewards/chosen": 0.5}
+        for s, n, l, r in zip(steps, norms, losses, flat)
+    ]
+    path = tmp_path / "trainer_state.json"
+    path.write_text(json.dumps({"log_history": history}))
+    series = fastnorm.read_series(path)
+    assert series.reward is not None and series.reward.key == "reward" and len(series.reward.steps) == N
+    from fastnorm.monitoring.command import diagnose_series
+
+    d = diagnose_series(series)
+    assert d.verdict == "stalled" and d.objective == "reinforcement", d.report()
+    assert "the reward" in d.report().splitlines()[0]
+    dpo = [{k: v for k, v in h.items() if k != "reward"} for h in history]
+    path.write_text(json.dumps({"log_history": dpo}))
+    assert fastnorm.read_series(path).reward is None
+
+
 def test_the_objective_named_by_a_logs_keys():
     assert from_keys(["reward"])[0] == "reinforcement"
     assert from_keys(["train/rewards/format_reward_fn/mean"])[0] == "reinforcement"

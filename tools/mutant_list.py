@@ -2157,6 +2157,28 @@ MUTANTS = [
         "what": "tensor_stats drops the limit dtypes given: every tensor counted against its own dtype",
     },
     {
+        "name": "diag-reward-stall-reads-a-median",
+        "path": "fastnorm/monitoring/diagnosis/objective.py",
+        "old": "    first, last = _trimmed_mean(head), _trimmed_mean(tail)",
+        "new": "    first, last = median(sorted(head)), median(sorted(tail))",
+        "tests": [
+            "tests/test_diagnosis_objective.py::"
+            "test_a_reward_that_never_rose_is_a_stall_and_one_that_fell_a_divergence"
+        ],
+        "what": "a reward of a few discrete scores is read by its medians, which move a whole score at a time",
+    },
+    {
+        "name": "diag-reward-not-read-from-the-log",
+        "path": "fastnorm/monitoring/series.py",
+        "old": "        \"reward\": _first(REWARD_KEYS, present),\n",
+        "new": "",
+        "tests": [
+            "tests/test_diagnosis_objective.py::"
+            "test_the_reward_is_read_from_a_trainer_state_and_reaches_the_report"
+        ],
+        "what": "a log's reward is never read: a GRPO run whose reward never rose is stable",
+    },
+    {
         "name": "diag-reward-tie-drop-sends-to-the-batch",
         "path": "fastnorm/monitoring/diagnosis/diagnoser.py",
         "old": "        if f.side < 0 and self._ties_are_ordinary():",

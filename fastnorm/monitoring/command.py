@@ -44,6 +44,7 @@ def diagnose_series(series: Series, max_norm: float | None = None, objective: st
         loss=series.loss.pair() if series.loss else None,
         lr=series.lr.pair() if series.lr else None,
         scale=series.scale.pair() if series.scale else None,
+        reward=series.reward.pair() if series.reward else None,
         layers=series.layers,
         skipped=series.skipped.pair() if series.skipped else None,
         optimizer={name: track.pair() for name, track in series.optimizer.items()},
@@ -58,7 +59,7 @@ def diagnose_series(series: Series, max_norm: float | None = None, objective: st
 def _read(series: Series) -> str:
     """What was read, for the first line of the report."""
     text = f"{series.source}: {len(series.values)} values of '{series.key}'"
-    tracks = (series.loss, series.lr, series.scale, series.skipped)
+    tracks = (series.loss, series.lr, series.scale, series.reward, series.skipped)
     others = [f"'{t.key}'" for t in tracks if t is not None]
     if series.layers:
         others.append(f"per-layer norms at {len(series.layers)} steps")

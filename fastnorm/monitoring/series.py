@@ -80,6 +80,19 @@ LOSS_KEYS = (
 )
 LR_KEYS = (LR_KEY, "lr", "learning_rate", "train/learning_rate", "train/lr")
 SCALE_KEYS = ("loss_scale", "train/loss_scale", "grad_scale", "scaler/scale", "amp_scale", "scale")
+# A reward-driven run's mean reward (TRL's GRPO and PPO log "reward", the monitor "gradient_norm_reward");
+# never a preference loss's rewards/chosen.
+REWARD_KEYS = (
+    f"{KEY}_reward",
+    "reward",
+    "train/reward",
+    "rewards/mean",
+    "reward_mean",
+    "mean_reward",
+    "episode_reward",
+    "train/episode_reward",
+    "env/reward_mean",
+)
 STEP_KEYS = ("step", "global_step", "_step", "trainer/global_step")
 
 _TFEVENTS = "events.out.tfevents"
@@ -140,6 +153,7 @@ class Series:
         loss (Track, optional): the training loss.
         lr (Track, optional): the learning rate.
         scale (Track, optional): a loss scaler's scale.
+        reward (Track, optional): a reward-driven run's mean reward.
         skipped (Track, optional): whether the optimizer skipped each step (1) or applied it (0).
         layers (dict): step -> {layer name: norm}, where per-layer norms were logged.
         runs (int): how many runs the file holds (a step sequence that starts
@@ -161,6 +175,7 @@ class Series:
     loss: Track | None = None
     lr: Track | None = None
     scale: Track | None = None
+    reward: Track | None = None
     skipped: Track | None = None
     layers: dict[int, dict[str, Any]] = field(default_factory=dict)
     runs: int = 1
@@ -334,6 +349,7 @@ def _from_records(records: list[dict], key: str | None, source: Path) -> Series:
         "loss": _first(LOSS_KEYS, present),
         "lr": _first(LR_KEYS, present, prefix="lr-"),
         "scale": _first(SCALE_KEYS, present),
+        "reward": _first(REWARD_KEYS, present),
         "skipped": SKIPPED_KEY if SKIPPED_KEY in present else None,
     }
     settings = {name: k for name, k in OPTIMIZER_KEYS.items() if k in present}

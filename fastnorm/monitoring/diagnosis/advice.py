@@ -46,7 +46,7 @@ IDS = {
     "weight_decay": "lower the weight decay",
     "adam_eps": "lower Adam's eps (or scale the loss up)",
     "batch_size": "larger batches (or a normalisation that does not depend on them)",
-    "check_labels": "check that the labels match the inputs",
+    "check_labels": "check that the labels match the inputs (a reward-driven run's: that its reward pays)",
     "check_data": "check the data (NaN/inf, outliers, the pipeline)",
     "check_batch": "check one batch",
     "normalisation": "check the input normalisation, the normalisation layers and the initialisation",

@@ -188,6 +188,7 @@ class Diagnoser:
         self._keys: tuple[str, ...] = ()
         self._rl_read: tuple[int, bool] | None = None  # (losses read, reward-driven) when last inferred
         self._losses_read = 0
+        self._rewards: list[tuple[int, float]] = []  # a reward-driven run's finite rewards, in step order
         self._norm = NormSignal(
             window=window,
             warmup=warmup,
@@ -280,6 +281,21 @@ class Diagnoser:
                 self._loss.update(step, value)
                 self._losses_read += 1
 
+    def update_reward(self, steps: Iterable[int], rewards: Iterable[Any]) -> None:
+        """Reads a reward-driven run's mean reward at some steps, in step order (non-numeric and
+        non-finite values are skipped). Judged where the run is reward-driven (``objective=
+        "reinforcement"``, or read so from the log): a reward that never rose is a stall, one that fell
+        well below its start a divergence.
+
+        Args:
+            steps (iterable of int): the step of each reward.
+            rewards (iterable of float): the rewards.
+        """
+        for step, raw in pairs(steps, rewards, "reward"):
+            value = number(raw)
+            if value is not None and math.isfinite(value):
+                self._rewards.append((step, value))
+
     def update_lr(self, steps: Iterable[int], lrs: Iterable[Any]) -> None:
         """Reads the learning rate at some steps, in step order: it dates warmups and schedule changes."""
         for step, raw in pairs(steps, lrs, "lr"):
@@ -342,6 +358,7 @@ class Diagnoser:
                 ("loss", self._loss.read),
                 ("lr", self._lr.last is not None),
                 ("scale", bool(self._skips.scale)),
+                ("reward", bool(self._rewards)),
                 ("layers", self._layers.snapshots > 0),
                 ("skipped", self._skips.flags_read),
             )
@@ -398,6 +415,9 @@ class Diagnoser:
             fall = None if VANISHING in {e.kind for e in events} else self._fall_from_start(objective, last)
             if fall is not None:
                 events.append(fall)
+            reward = objectives.reward_event(self._rewards) if objective == objectives.REINFORCEMENT else None
+            if reward is not None:
+                events.append(reward)
         early = self._early_collapse(events, last)
         if early is not None:
             events.append(early)
@@ -717,6 +737,7 @@ def diagnose(
     loss: ByStep | None = None,
     lr: ByStep | None = None,
     scale: ByStep | None = None,
+    reward: ByStep | None = None,
     layers: Mapping[int, Mapping[str, Any]] | None = None,
     skipped: ByStep | None = None,
     optimizer: Mapping[str, ByStep] | None = None,
@@ -742,6 +763,8 @@ def diagnose(
         loss, lr, scale (optional): the training loss, the learning rate and a
             loss scaler's scale, each a ``(steps, values)`` pair or a mapping
             step -> value.
+        reward (optional): a reward-driven run's mean reward, the same way: judged where the run is
+            reward-driven (a reward that never rose is a stall).
         layers (mapping, optional): step -> {layer name: norm}, the per-layer
             norms at the steps they were logged.
         skipped (optional): whether the optimizer skipped each step (1 or
@@ -786,6 +809,7 @@ def diagnose(
     for given, what, method in (
         (lr, "lr", d.update_lr),
         (scale, "scale", d.update_scale),
+        (reward, "reward", d.update_reward),
     ):
         pairs = by_step(given, what)
         if pairs:

@@ -82,7 +82,7 @@ class Diagnosis:
             verdict's event first.
         steps (int): how many norm values were read.
         signals (tuple of str): what else was read: ``"loss"``, ``"lr"``,
-            ``"scale"``, ``"layers"``, ``"skipped"``.
+            ``"scale"``, ``"reward"``, ``"layers"``, ``"skipped"``.
         error (str): for the verdict ``"diagnosis failed"``, what failed; empty otherwise.
         objective (str): what the loss is: ``"minimise"`` (a loss to a floor), ``"adversarial"``,
             ``"reinforcement"`` or ``"contrastive"``, as given or read from the log.
@@ -130,7 +130,10 @@ class Diagnosis:
     def headline(self) -> str:
         """The verdict in words, with its onset: ``"the run diverged (since step 450)"``."""
         onset = self.onset
-        return HEADLINES[self.verdict] + (f" (since step {onset})" if onset is not None else "")
+        words = HEADLINES[self.verdict]
+        if self.verdict == STALLED and self.objective == "reinforcement":
+            words = "the reward has stalled"  # a reward-driven loss sits near 0 by design: it never stalls
+        return words + (f" (since step {onset})" if onset is not None else "")
 
     def to_dict(self) -> dict:
         """The diagnosis as plain JSON-ready data."""
@@ -170,6 +173,7 @@ class Diagnosis:
                 "loss": "the loss",
                 "lr": "the learning rate",
                 "scale": "the loss scale",
+                "reward": "the reward",
                 "layers": "per-layer norms",
                 "skipped": "the optimizer's skip flags",
             }

@@ -22,9 +22,12 @@ which no cross-entropy or squared error can (read as reinforcement, and said).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
-from fastnorm.monitoring.diagnosis.advice import Action
+from fastnorm.monitoring.diagnosis.advice import RAISE_LR, Action
+from fastnorm.monitoring.diagnosis.events import DIVERGED, STALLED, Event, num
+from fastnorm.monitoring.diagnosis.robust import median
 
 MINIMISE, ADVERSARIAL, REINFORCEMENT, CONTRASTIVE = "minimise", "adversarial", "reinforcement", "contrastive"
 OBJECTIVES = (MINIMISE, ADVERSARIAL, REINFORCEMENT, CONTRASTIVE)
@@ -56,6 +59,72 @@ POLICY_SATURATED = Action(
     "the task allows: saturated). If saturated, lower the learning rate or add an entropy bonus; log the "
     "entropy and the reward's spread.",
 )
+
+
+# The reward, where a reward-driven run logs it: what it learned, which its loss (near 0 by design) and its
+# norm cannot say. Judged over at least this many points.
+REWARD_POINTS = 20
+REWARD_ROSE_SE = 2.0  # a rise of this many standard errors (of the two means' difference) is learning
+REWARD_FELL_SE = 3.0  # and a fall of this many no noise,
+REWARD_FELL_SHARE = 0.1  # where it is a tenth of the reward's level or more
+REWARD_FLAT = Action(
+    "check_labels",
+    "The reward never rose. The log cannot tell a reward the policy never earns (a task too hard for it, a "
+    "reward function or answer parser that never pays out: score a few of its samples by hand) from a "
+    "learning rate too low to move it (then raise it, or lower the KL penalty). If the reward is already "
+    "the best the task allows, nothing is wrong.",
+)
+REWARD_FELL = Action(
+    "lower_lr",
+    "The reward fell below where it started: the policy got worse. Lower the learning rate (or raise the KL "
+    "penalty, tighten the clip range), and check that the reward measures what you want (a policy that "
+    "found a loophole in it scores well on another part).",
+)
+
+
+def _trimmed_mean(values: list[float]) -> float:
+    """The mean of the middle 80%: a reward is often a mean of a few discrete scores, which a median
+    reads in steps of one score; an outlier moves this little."""
+    ordered = sorted(values)
+    cut = len(ordered) // 10
+    kept = ordered[cut : len(ordered) - cut]
+    return sum(kept) / len(kept)
+
+
+def reward_event(points: list[tuple[int, float]]) -> Event | None:
+    """A reward-driven run's finite rewards ``(step, reward)``, in step order, judged.
+
+    A stall where the mean of its last third is not :data:`REWARD_ROSE_SE`
+    standard errors above that of its first fifth (the reward never rose, or
+    stayed put); a divergence where it is :data:`REWARD_FELL_SE` below, and a
+    tenth of its level or more; None when it rose, or with fewer than
+    :data:`REWARD_POINTS` points. The means are of the middle 80%; a point's
+    noise is read from its moves from one point to the next (1.48 times their
+    median over sqrt 2: a trend barely moves them), the means' standard error
+    from it.
+    """
+    if len(points) < REWARD_POINTS:
+        return None
+    values = [v for _, v in points]
+    n = len(values)
+    head, tail = values[: max(3, n // 5)], values[n - n // 3 :]
+    moves = sorted(abs(b - a) for a, b in zip(values, values[1:]))
+    noise = 1.4826 * median(moves) / math.sqrt(2)
+    se = noise * math.sqrt(1 / len(head) + 1 / len(tail))
+    first, last = _trimmed_mean(head), _trimmed_mean(tail)
+    rise = last - first
+    said = (
+        f"{num(first)} over its first {len(head)} points, {num(last)} over its last {len(tail)} "
+        f"(a point's noise {num(noise)})"
+    )
+    start, end = points[0][0], points[-1][0]
+    # A fall is judged against the reward's level too: a smoothed reward's tiny noise makes any drift many
+    # standard errors.
+    if rise < -REWARD_FELL_SE * se and -rise >= REWARD_FELL_SHARE * max(abs(first), abs(last)):
+        return Event(DIVERGED, start, end, f"the reward fell: {said}", (REWARD_FELL,))
+    if rise <= REWARD_ROSE_SE * se:
+        return Event(STALLED, start, end, f"the reward never rose: {said}", (REWARD_FLAT, RAISE_LR))
+    return None
 
 
 def check(objective: str | None, owner: str) -> str | None:
