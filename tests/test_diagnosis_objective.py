@@ -139,8 +139,8 @@ def test_the_reward_is_read_from_a_trainer_state_and_reaches_the_report(tmp_path
     steps, norms, losses = policy()
     flat = rewards(1, "flat")
     history = [
-        {"step": s + 1, "grad_norm": n or 1e-3, "loss": l, "reward": r, "rewards/chosen": 0.5}
-        for s, n, l, r in zip(steps, norms, losses, flat)
+        {"step": s + 1, "grad_norm": n or 1e-3, "loss": loss, "reward": r, "rewards/chosen": 0.5}
+        for s, n, loss, r in zip(steps, norms, losses, flat)
     ]
     path = tmp_path / "trainer_state.json"
     path.write_text(json.dumps({"log_history": history}))
@@ -154,6 +154,32 @@ def test_the_reward_is_read_from_a_trainer_state_and_reaches_the_report(tmp_path
     dpo = [{k: v for k, v in h.items() if k != "reward"} for h in history]
     path.write_text(json.dumps({"log_history": dpo}))
     assert fastnorm.read_series(path).reward is None
+
+
+def test_a_monitor_given_the_reward_logs_it_and_judges_it_online(tmp_path):
+    """GradNormMonitor.update(..., reward=) keeps the reward on the device with the norm, logs it as
+    gradient_norm_reward, reads the run as reward-driven (its tied batches' exact zeros no level) and
+    judges the reward online as offline; the log it wrote is diagnosed the same."""
+    import torch
+
+    from fastnorm.monitoring.command import diagnose_series
+
+    steps, norms, losses = policy()
+    flat = rewards(2, "flat")
+    path = tmp_path / "metrics.jsonl"
+    monitor = fastnorm.GradNormMonitor(25, loggers=[fastnorm.JsonlLogger(path)], warn=False)
+    with monitor:
+        for s, v, loss, r in zip(steps, norms, losses, flat):
+            monitor.update(torch.tensor(v), s, loss=loss, reward=torch.tensor(r))
+    online = monitor.diagnosis
+    assert online.verdict == "stalled" and online.objective == "reinforcement", online.report()
+    assert online.action_ids[:2] == ("check_labels", "raise_lr") and "reward" in online.signals
+    series = fastnorm.read_series(path)
+    assert series.reward is not None and series.reward.key == "gradient_norm_reward"
+    assert list(series.reward.values) == pytest.approx(flat)
+    assert diagnose_series(series).to_dict() == online.to_dict()
+    with pytest.raises(TypeError, match="reward"):
+        fastnorm.GradNormMonitor(10).update(1.0, 0, reward="high")
 
 
 def test_the_objective_named_by_a_logs_keys():

@@ -81,9 +81,11 @@ def test_buffer_is_preallocated_and_never_grows():
     buffer = monitor._rec.buffer
     address = buffer.data_ptr()
     for i in range(5000):
-        monitor.update(torch.tensor(float(i)), loss=torch.tensor(1.0), skipped=torch.tensor(i % 7 == 0))
+        monitor.update(
+            torch.tensor(float(i)), loss=torch.tensor(1.0), skipped=torch.tensor(i % 7 == 0), reward=0.5
+        )
     assert monitor._rec.buffer is buffer and buffer.data_ptr() == address
-    assert buffer.numel() == 3 * 16  # the norm, the loss and the skip flag of each step
+    assert buffer.numel() == 4 * 16  # the norm, the loss, the skip flag and the reward of each step
     monitor.close()
 
 

@@ -2179,6 +2179,16 @@ MUTANTS = [
         "what": "a log's reward is never read: a GRPO run whose reward never rose is stable",
     },
     {
+        "name": "monitor-reward-read-from-the-loss-row",
+        "path": "fastnorm/monitoring/monitor.py",
+        "old": "        rewards = tuple(host[_REWARD * n + i] if given",
+        "new": "        rewards = tuple(host[_LOSS * n + i] if given",
+        "tests": [
+            "tests/test_diagnosis_objective.py::test_a_monitor_given_the_reward_logs_it_and_judges_it_online"
+        ],
+        "what": "the monitor logs and judges each step's loss as its reward",
+    },
+    {
         "name": "diag-reward-tie-drop-sends-to-the-batch",
         "path": "fastnorm/monitoring/diagnosis/diagnoser.py",
         "old": "        if f.side < 0 and self._ties_are_ordinary():",

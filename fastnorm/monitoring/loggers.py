@@ -34,7 +34,7 @@ from typing import Any, TextIO
 from fastnorm.monitoring.diagnosis import Diagnosis
 from fastnorm.monitoring.diagnosis.skips import SPIKE_CODE
 from fastnorm.monitoring.layer_stats import LayerWindow
-from fastnorm.monitoring.series import KEY, LAYER_PREFIX, LOSS_KEY, LR_KEY, SKIPPED_KEY
+from fastnorm.monitoring.series import KEY, LAYER_PREFIX, LOSS_KEY, LR_KEY, REWARD_KEY, SKIPPED_KEY
 
 
 @dataclass(frozen=True)
@@ -68,9 +68,11 @@ class Window:
         spiked (tuple of bool): whether each step was skipped for a spike alone
             (:class:`~fastnorm.SpikeGuard`); empty when none was. Such a step
             is logged with ``gradient_norm_skipped`` 2.
-            layer_window (LayerWindow, optional): each layer's gradient statistics
+        layer_window (LayerWindow, optional): each layer's gradient statistics
             over the window's steps that gave them (``GradNormMonitor.update(...,
             layer_stats=)``); None where none did. Its notable keys are in ``settings``.
+        rewards (tuple of float or None): a reward-driven run's reward at each step, None where none
+            was given; empty when no step of the window had one. Logged as ``gradient_norm_reward``.
     """
 
     steps: tuple[int, ...]
@@ -85,6 +87,7 @@ class Window:
     lrs: dict[int, float] = field(default_factory=dict)
     spiked: tuple[bool, ...] = ()
     layer_window: LayerWindow | None = None
+    rewards: tuple[float | None, ...] = ()
 
     def metrics(self) -> Iterator[tuple[int, dict[str, float]]]:
         """``(step, metrics)`` in step order: each step's norm, the statistics
@@ -94,6 +97,8 @@ class Window:
             metrics = {KEY: value}
             if self.losses and self.losses[i] is not None:
                 metrics[LOSS_KEY] = self.losses[i]
+            if self.rewards and self.rewards[i] is not None:
+                metrics[REWARD_KEY] = self.rewards[i]
             if self.skipped and self.skipped[i] is not None:
                 spike = bool(self.spiked) and self.spiked[i]
                 metrics[SKIPPED_KEY] = SPIKE_CODE if spike else float(self.skipped[i])

@@ -47,12 +47,13 @@ from fastnorm.monitoring import values
 from fastnorm.monitoring.loggers import Logger, Window, window_stats
 from fastnorm.monitoring.diagnosis.skips import SPIKE_CODE
 from fastnorm.monitoring.optimizer import optimizer_lr, optimizer_settings, precision_of
+from fastnorm.monitoring.series import REWARD_KEY
 
 # The per-step quantities, one row of the device buffer each, all crossing in the
 # window's one transfer. Another per-step quantity is one more row here, a field
 # of Window and a count in window_stats.
-_NORM, _LOSS, _SKIPPED = 0, 1, 2
-_ROWS = 3
+_NORM, _LOSS, _SKIPPED, _REWARD = 0, 1, 2, 3
+_ROWS = 4
 # The longest window: its slots are allocated on the device at the first update, so a window of 10**9 would
 # take 24 GB there (and as much in host lists) before anything is logged.
 MAX_WINDOW = 1_000_000
@@ -101,6 +102,7 @@ class _InFlight:
     steps: list[int]
     has_loss: list[bool]
     has_skipped: list[bool]
+    has_reward: list[bool]
     layers_step: int | None
     settings: dict[str, float]
     lrs: dict[int, float]
@@ -153,6 +155,7 @@ class _Recorder:
         self.steps: list[int] = [0] * n
         self.has_loss: list[bool] = [False] * n
         self.has_skipped: list[bool] = [False] * n
+        self.has_reward: list[bool] = [False] * n
         self.count = 0
         self.next_step = 0
         self.layers_step: int | None = None
@@ -175,12 +178,13 @@ class _Recorder:
         loss: Tensor | float | None,
         skipped: Tensor | float | None,
         stats: Tensor | None = None,
+        reward: Tensor | float | None = None,
     ) -> None:
-        device = next((v.device for v in (norm, loss, skipped, stats) if isinstance(v, Tensor)), None)
+        device = next((v.device for v in (norm, loss, skipped, stats, reward) if isinstance(v, Tensor)), None)
         if self.buffer is None or (device is not None and device != self.buffer.device):
             self.allocate(device, norm)
         buffer, slot = self.buffer, self.count
-        for row, value in ((_NORM, norm), (_LOSS, loss), (_SKIPPED, skipped)):
+        for row, value in ((_NORM, norm), (_LOSS, loss), (_SKIPPED, skipped), (_REWARD, reward)):
             if isinstance(value, Tensor):
                 buffer[row * self.n + slot].copy_(value.detach().reshape(()))
             elif value is not None:
@@ -201,6 +205,7 @@ class _Recorder:
         self.steps[slot] = step
         self.has_loss[slot] = loss is not None
         self.has_skipped[slot] = skipped is not None
+        self.has_reward[slot] = reward is not None
         self.count += 1
         self.next_step = step + 1
         if self.in_flight is not None and self.in_flight.event.query():
@@ -233,6 +238,7 @@ class _Recorder:
             return
         steps, has_loss = self.steps[: self.count], self.has_loss[: self.count]
         has_skipped = self.has_skipped[: self.count]
+        has_reward = self.has_reward[: self.count]
         layers_step = self.layers_step
         settings = self.settings()
         if self.locator is not None:  # the locator's window: its own one read, at the same cadence
@@ -246,7 +252,7 @@ class _Recorder:
         if self.host is None:
             host = self.buffer.tolist()
             _layer_stats.reset(self.region(), self.n)
-            self.emit(steps, has_loss, has_skipped, host, layers_step, settings, lrs, given)
+            self.emit(steps, has_loss, has_skipped, has_reward, host, layers_step, settings, lrs, given)
             return
         if self.in_flight is not None:
             self.land()  # its pinned memory is about to be overwritten
@@ -254,7 +260,9 @@ class _Recorder:
         _layer_stats.reset(self.region(), self.n)  # on the copy's stream, after it
         event = torch.cuda.Event()
         event.record(torch.cuda.current_stream(self.buffer.device))  # the stream the copy went on
-        self.in_flight = _InFlight(event, self.host, steps, has_loss, has_skipped, layers_step, settings, lrs, given)
+        self.in_flight = _InFlight(
+            event, self.host, steps, has_loss, has_skipped, has_reward, layers_step, settings, lrs, given
+        )
 
     def land(self) -> None:
         """Logs the window in flight, waiting for its copy if it has not landed."""
@@ -265,6 +273,7 @@ class _Recorder:
             flight.steps,
             flight.has_loss,
             flight.has_skipped,
+            flight.has_reward,
             flight.host.tolist(),
             flight.layers_step,
             flight.settings,
@@ -277,6 +286,7 @@ class _Recorder:
         steps: list[int],
         has_loss: list[bool],
         has_skipped: list[bool],
+        has_reward: list[bool],
         host: list[float],
         layers_step: int | None,
         settings: dict[str, float],
@@ -288,6 +298,9 @@ class _Recorder:
         losses = tuple(host[_LOSS * n + i] if given else None for i, given in enumerate(has_loss))
         if not any(has_loss):
             losses = ()
+        rewards = tuple(host[_REWARD * n + i] if given else None for i, given in enumerate(has_reward))
+        if not any(has_reward):
+            rewards = ()
         codes = tuple(host[_SKIPPED * n + i] if given else None for i, given in enumerate(has_skipped))
         if not any(has_skipped):
             codes = ()
@@ -302,7 +315,7 @@ class _Recorder:
         interrupted: BaseException | None = None  # a Ctrl-C, raised again once every logger has the window
         if self.diagnoser is not None:
             try:
-                self.diagnose(steps, values, losses, codes, layers, layers_step, settings, lrs)
+                self.diagnose(steps, values, losses, codes, layers, layers_step, settings, lrs, rewards)
             except BaseException as exc:
                 interrupted = exc
         window = Window(
@@ -318,6 +331,7 @@ class _Recorder:
             lrs,
             spiked,
             self.layer_window,
+            rewards,
         )
         for i, logger in enumerate(self.loggers):
             try:
@@ -349,7 +363,9 @@ class _Recorder:
             found[f"precision/{self.precision}"] = 1.0
         return found
 
-    def diagnose(self, steps, values, losses, skipped, layers, layers_step, settings, lrs) -> None:
+    def diagnose(
+        self, steps, values, losses, skipped, layers, layers_step, settings, lrs, rewards=()
+    ) -> None:
         """Feeds the window to the diagnoser and reads its verdict; a failure leaves a verdict that says so.
 
         The diagnoser is kept: the next window is diagnosed again, so a failure on one input does not
@@ -360,6 +376,10 @@ class _Recorder:
             if skipped:
                 flagged = [(s, f) for s, f in zip(steps, skipped) if f is not None]
                 self.diagnoser.update_skipped([s for s, _ in flagged], [f for _, f in flagged])
+            if rewards:  # before the norms: a reward says their exact zeros are batches whose rewards tied
+                self.diagnoser.update_keys((REWARD_KEY,))  # what the log holds, as read back offline
+                given = [(s, r) for s, r in zip(steps, rewards) if r is not None]
+                self.diagnoser.update_reward([s for s, _ in given], [r for _, r in given])
             self.diagnoser.update(steps, values)
             if losses:
                 self.diagnoser.update_loss(
@@ -688,6 +708,7 @@ class GradNormMonitor:
         loss: Tensor | float | None = None,
         skipped: Tensor | bool | int | None = None,
         layer_stats: Tensor | None = None,
+        reward: Tensor | float | None = None,
     ) -> None:
         """Records one step's norm (and loss, and skip flag); never reads a device value.
 
@@ -723,6 +744,10 @@ class GradNormMonitor:
                 Folded on the device into the window's (every step that gives them counts):
                 :attr:`layer_window`, logged keys (``gradient_norm_locate_layers_...``) and a
                 ``where:`` line of the diagnosis say which layer went non-finite first.
+            reward (Tensor or float, optional): a reward-driven run's mean reward at this step
+                (REINFORCE, PPO, GRPO): logged as ``gradient_norm_reward``; the run is then read as
+                reward-driven (unless ``objective`` says otherwise), and a reward that never rose is
+                a stall, one that fell well below its start a divergence.
 
         Raises:
             RuntimeError: after :meth:`close`.
@@ -736,6 +761,8 @@ class GradNormMonitor:
             loss = values.scalar(loss, "loss")
         if skipped is not None:
             skipped = values.flag(skipped)
+        if reward is not None:
+            reward = values.scalar(reward, "reward")
         if step is None:
             step = rec.next_step
         elif isinstance(step, bool) or not isinstance(step, numbers.Integral):
@@ -748,7 +775,7 @@ class GradNormMonitor:
             )
         if layer_stats is not None:
             layer_stats = _layer_stats.check(layer_stats, len(rec.layer_names))
-        rec.update(norm, int(step), layers, loss, skipped, layer_stats)
+        rec.update(norm, int(step), layers, loss, skipped, layer_stats, reward)
 
     # -- the transfer ----------------------------------------------------------
 

@@ -82,8 +82,9 @@ LR_KEYS = (LR_KEY, "lr", "learning_rate", "train/learning_rate", "train/lr")
 SCALE_KEYS = ("loss_scale", "train/loss_scale", "grad_scale", "scaler/scale", "amp_scale", "scale")
 # A reward-driven run's mean reward (TRL's GRPO and PPO log "reward", the monitor "gradient_norm_reward");
 # never a preference loss's rewards/chosen.
+REWARD_KEY = f"{KEY}_reward"
 REWARD_KEYS = (
-    f"{KEY}_reward",
+    REWARD_KEY,
     "reward",
     "train/reward",
     "rewards/mean",

@@ -186,7 +186,8 @@ class Diagnoser:
         self.precision = checks.precision(precision, "Diagnoser")
         self.objective = objectives.check(objective, "Diagnoser")
         self._keys: tuple[str, ...] = ()
-        self._rl_read: tuple[int, bool] | None = None  # (losses read, reward-driven) when last inferred
+        # ((losses read, rewards given), reward-driven) when last inferred
+        self._rl_read: tuple[tuple[int, bool], bool] | None = None
         self._losses_read = 0
         self._rewards: list[tuple[int, float]] = []  # a reward-driven run's finite rewards, in step order
         self._norm = NormSignal(
@@ -283,9 +284,10 @@ class Diagnoser:
 
     def update_reward(self, steps: Iterable[int], rewards: Iterable[Any]) -> None:
         """Reads a reward-driven run's mean reward at some steps, in step order (non-numeric and
-        non-finite values are skipped). Judged where the run is reward-driven (``objective=
-        "reinforcement"``, or read so from the log): a reward that never rose is a stall, one that fell
-        well below its start a divergence.
+        non-finite values are skipped). Given before the norms of the same steps, it says their exact
+        zeros are batches whose rewards tied. A run given a reward is reward-driven unless its
+        ``objective`` or its log says otherwise; there, a reward that never rose is a stall, one that
+        fell well below its start a divergence.
 
         Args:
             steps (iterable of int): the step of each reward.
@@ -457,10 +459,9 @@ class Diagnoser:
         """A reward-driven run, as far as read: its exact zeros are batches whose rewards tied."""
         if self.objective is not None:
             return self.objective == objectives.REINFORCEMENT
-        if self._rl_read is None or self._losses_read != self._rl_read[0]:
-            losses = [v for _, v in self._loss.all() if math.isfinite(v)]
-            read = objectives.infer(self._keys, losses)
-            self._rl_read = (self._losses_read, read is not None and read[0] == objectives.REINFORCEMENT)
+        read_so_far = (self._losses_read, bool(self._rewards))
+        if self._rl_read is None or self._rl_read[0] != read_so_far:
+            self._rl_read = (read_so_far, self._objective()[0] == objectives.REINFORCEMENT)
         return self._rl_read[1]
 
     def _objective(self) -> tuple[str, str]:
@@ -468,6 +469,8 @@ class Diagnoser:
         if self.objective is not None:
             return self.objective, ""
         read = objectives.infer(self._keys, [v for _, v in self._loss.all() if math.isfinite(v)])
+        if read is None and self._rewards:
+            return objectives.REINFORCEMENT, "a reward was given"
         return read if read is not None else (objectives.MINIMISE, "")
 
     def _fall_from_start(self, objective: str, last: int) -> Event | None:
@@ -802,14 +805,15 @@ def diagnose(
     flags = by_step(skipped, "skipped")
     if flags:
         d.update_skipped([s for s, _ in flags], [v for _, v in flags])
-    pairs = by_step(loss, "loss")
-    if pairs:  # before the norms: a reward-driven loss says the norm's exact zeros are tied batches
-        d.update_loss([s for s, _ in pairs], [v for _, v in pairs])
+    # Before the norms: a reward-driven loss, or a reward, says the norm's exact zeros are tied batches.
+    for given, what, method in ((loss, "loss", d.update_loss), (reward, "reward", d.update_reward)):
+        pairs = by_step(given, what)
+        if pairs:
+            method([s for s, _ in pairs], [v for _, v in pairs])
     d.update(steps, values)
     for given, what, method in (
         (lr, "lr", d.update_lr),
         (scale, "scale", d.update_scale),
-        (reward, "reward", d.update_reward),
     ):
         pairs = by_step(given, what)
         if pairs:
