@@ -4,7 +4,7 @@
     nice -n 10 python tests/families/make_novel.py NAME ...   # some runs
     python tests/families/make_novel.py --list                # names, family, objective and cause
 
-Needs only torch and Python's own files: nothing is downloaded. Thirteen families,
+Needs only torch and Python's own files: nothing is downloaded. Fifteen families,
 each on another objective or another kind of training than ``make_runs.py``'s:
 
 * ``stdlm``: a character language model (an embedding and an MLP over the last
@@ -30,7 +30,9 @@ each on another objective or another kind of training than ``make_runs.py``'s:
 ledger records then: their first score is the rules' on families they never
 saw; so are ``gru`` and ``ranker`` (a third batch) and ``attnlm`` (a 2-layer
 pre-LN causal transformer character LM) and ``forecast`` (an LSTM forecaster
-of noisy sines, Huber loss), the fourth.
+of noisy sines, Huber loss), the fourth; ``grpo`` (a group-relative policy
+gradient with a KL term to its initial copy, its mean reward logged) and
+``vit`` (a 2-layer vision transformer on the shapes), the fifth.
 
 Each run logs through ``GradNormMonitor`` + ``JsonlLogger`` as a user's loop
 does: some told the optimizer (the learning rate and settings logged), some
@@ -508,10 +510,68 @@ def forecast(loop: Loop, lr=3e-3, **_):
     return train(step_fn, params, optimizer, loop), {"chance": None, "objective": "minimise"}
 
 
+def grpo(loop: Loop, lr=3e-3, beta=0.04, reward_bug=False, **_):
+    """A group-relative policy gradient (GRPO's objective, small): for each of 8 prompts (a context of 12
+    features) the policy samples a group of 8 answers among 16; an answer is rewarded 1 if it is the
+    prompt's right one (a hidden linear rule) and 0.2 if it is a neighbour of it; advantages are the
+    rewards' differences from their group's mean over its spread, and a KL term (beta) holds the policy
+    near its initial copy. A group whose rewards all tie has no advantage. ``reward_bug``: the reward is
+    computed against answers shuffled apart from their prompts (labels that lost their alignment), so it
+    pays at random."""
+    rule = torch.randn(12, 16)
+    policy, ref = mlp([12, 64, 16], nn.Tanh), mlp([12, 64, 16], nn.Tanh)
+    ref.load_state_dict(policy.state_dict())
+    ref.requires_grad_(False)
+    params = list(policy.parameters())
+    optimizer = adam(params, lr)
+
+    def step_fn(step):
+        c = torch.randn(8, 12)
+        right = (c @ rule).argmax(1)
+        logp = F.log_softmax(policy(c), 1)
+        answers = torch.multinomial(logp.exp().detach(), 8, replacement=True)  # (prompts, group)
+        target = torch.randint(0, 16, (8,)) if reward_bug else right
+        distance = (answers - target[:, None]).abs()
+        r = (distance == 0).float() + 0.2 * (distance == 1).float()
+        advantage = (r - r.mean(1, keepdim=True)) / (r.std(1, keepdim=True) + 1e-4)
+        chosen = logp.gather(1, answers)
+        ref_logp = F.log_softmax(ref(c), 1)
+        kl = (logp.exp() * (logp - ref_logp)).sum(1).mean()
+        loss = -(advantage * chosen).mean() + beta * kl
+        return loss, {"reward": float(r.mean())}
+
+    return train(step_fn, params, optimizer, loop), {"chance": None, "objective": "reinforcement"}
+
+
+def vit(loop: Loop, lr=1e-3, opt="adam", weight_decay=0.0, **_):
+    """A tiny vision transformer on the 16x16 shapes: 4x4 patches, a class token, a learned position
+    embedding and 2 pre-LayerNorm encoder layers of width 32."""
+    x, y = shapes_data()
+    width = 32
+    patch = nn.Linear(16, width)
+    cls, pos = nn.Parameter(torch.zeros(1, 1, width)), nn.Parameter(torch.zeros(1, 17, width))
+    layer = nn.TransformerEncoderLayer(width, 4, 2 * width, dropout=0.0, batch_first=True, norm_first=True)
+    encoder = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+    norm, head = nn.LayerNorm(width), nn.Linear(width, 3)
+    params = [*patch.parameters(), cls, pos, *encoder.parameters(), *norm.parameters(), *head.parameters()]
+    optimizer = adam(params, lr, weight_decay)
+
+    def step_fn(step):
+        i = torch.randint(0, len(x), (32,))
+        patches = x[i].unfold(2, 4, 4).unfold(3, 4, 4).reshape(32, 16, 16)  # (batch, 16 patches, 4x4)
+        tokens = torch.cat([cls.expand(32, 1, width), patch(patches)], 1) + pos
+        return F.cross_entropy(head(norm(encoder(tokens)[:, 0])), y[i]), None
+
+    return train(step_fn, params, optimizer, loop), {"chance": math.log(3), "objective": "minimise"}
+
+
 FAMILIES = {
     f.__name__: f
-    for f in (stdlm, shapes, finetune, denoiser, gan, contrastive, bandit, vae, tabular, gru, ranker, attnlm, forecast)
-}
+    for f in (
+        stdlm, shapes, finetune, denoiser, gan, contrastive, bandit, vae, tabular, gru, ranker, attnlm, forecast,
+        grpo, vit,
+    )
+}  # fmt: skip
 
 
 # ----------------------------------------------------------------------------
@@ -725,6 +785,43 @@ def policy_saturates(family, loop, factor=100.0, **kw):
     }
 
 
+def _reward_rise(trained: Trained) -> tuple[float, float]:
+    r = trained.extras["reward"]
+    return _mean(r[:60]), _mean(r[-100:])
+
+
+def reward_never_pays(family, loop, **kw):
+    """The reward is computed against answers shuffled apart from their prompts: it pays at random, whatever
+    the policy answers, and the reward never rises."""
+    trained, facts = _run(family, loop, {**kw, "reward_bug": True})
+    first, last = _reward_rise(trained)
+    require(last < first + 0.02, f"the reward rose from {first:.3g} to {last:.3g}")
+    return trained, facts, {
+        "cause": f"a reward computed against answers shuffled apart from their prompts: it pays at random "
+        f"({first:.3g} over the "
+        f"first 60 steps, {last:.3g} over the last 100)",
+        "verdicts": ["stalled"],
+        "onset": 0,
+        "actions": ["check_labels"],
+        "abrupt": False,
+    }
+
+
+def lr_too_low(family, loop, factor=1e-3, **kw):
+    """A learning rate far too low from the first step: the policy barely moves, the reward stays put."""
+    loop.lr_factor = lambda s: factor
+    trained, facts = _run(family, loop, kw)
+    first, last = _reward_rise(trained)
+    require(last < first + 0.02, f"the reward rose from {first:.3g} to {last:.3g}")
+    return trained, facts, {
+        "cause": f"a learning rate {factor:g}x the healthy one: the reward stays put ({first:.3g} to {last:.3g})",
+        "verdicts": ["stalled"],
+        "onset": 0,
+        "actions": ["raise_lr"],
+        "abrupt": False,
+    }
+
+
 @dataclass(frozen=True)
 class Spec:
     name: str
@@ -812,6 +909,20 @@ SPECS = [
     Spec("forecast-fp16-underflow-nolr", "forecast", fp16_underflow, {"onset": 150}, NOLR, seed=524),
     Spec("forecast-plateau-warmup", "forecast", plateau, {"onset": 40, "warmup": 10}, seed=525),
     Spec("forecast-detached-midway", "forecast", nothing_trains, {"onset": 150}, seed=526),
+    # A fifth batch, made after the rule changes "a reward-driven run's logged reward is evidence" and "a
+    # tied batch's drop is ordinary", scored live from the first run of the diagnosis on it.
+    Spec("grpo-healthy", "grpo", healthy, seed=531),
+    Spec("grpo-healthy-nolr", "grpo", healthy, loop=NOLR, seed=532),
+    Spec("grpo-reward-never-pays", "grpo", reward_never_pays, seed=533),
+    Spec("grpo-reward-never-pays-nolr", "grpo", reward_never_pays, loop=NOLR, seed=534),
+    Spec("grpo-lr-too-low", "grpo", lr_too_low, {"factor": 1e-3}, seed=535),
+    Spec("grpo-policy-saturates", "grpo", policy_saturates, {"factor": 100.0}, seed=536),
+    Spec("vit-healthy", "vit", healthy, seed=541),
+    Spec("vit-healthy-nolr", "vit", healthy, loop=NOLR, seed=542),
+    Spec("vit-lr-too-high-nolr", "vit", lr_too_high, {"factor": 1000.0}, NOLR, seed=543),
+    Spec("vit-plateau-warmup", "vit", plateau, {"onset": 30, "warmup": 10}, seed=544),
+    Spec("vit-slow-rise-nolr", "vit", slow_rise, {"onset": 120, "growth": 1.05}, NOLR, seed=545),
+    Spec("vit-weight-decay", "vit", weight_decay, {"decay": 100.0}, seed=546),
 ]
 BY_NAME = {s.name: s for s in SPECS}
 

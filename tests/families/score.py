@@ -109,6 +109,7 @@ def replay(folder: Path, truth: dict) -> Online:
         objective=named[0] if named else None,
     )
     losses = dict(zip(series.loss.steps, series.loss.values)) if series.loss else {}
+    rewards = dict(zip(series.reward.steps, series.reward.values)) if series.reward else {}
     seen: list[tuple[int, str]] = []
     group = optimizer.param_groups[0]
     with warnings.catch_warnings(record=True) as caught:
@@ -122,7 +123,9 @@ def replay(folder: Path, truth: dict) -> Online:
                 else:
                     group[name] = v
             before = len(caught)
-            monitor.update(float(value), step, loss=losses.get(step))
+            reward = rewards.get(step)
+            reward = reward if isinstance(reward, float) else None  # as logged; a word is no reward
+            monitor.update(float(value), step, loss=losses.get(step), reward=reward)
             for w in caught[before:]:
                 if issubclass(w.category, RecoveredWarning):
                     seen.append((step, "recovered"))
