@@ -7,9 +7,15 @@ import fastnorm
 
 PACKAGE = Path(fastnorm.__file__).parent / "monitoring"
 # Each module may import only modules earlier in this order.
-ORDER = ["series", "diagnosis", "plot", "layer_stats", "loggers", "optimizer", "values", "monitor", "command"]
+ORDER = [
+    "series", "diagnosis", "plot", "layer_stats", "loggers", "optimizer", "values", "alerts", "monitor",
+    "command",
+]  # fmt: skip
 # The same inside the diagnosis, whose modules each hold one part of it.
-DIAGNOSIS = ["events", "robust", "advice", "schedule", "skips", "layers", "norm", "loss", "objective", "zeros", "diagnoser"]
+DIAGNOSIS = [
+    "events", "robust", "advice", "schedule", "skips", "layers", "norm", "loss", "objective", "zeros",
+    "diagnoser", "whole",
+]  # fmt: skip
 # What of fastnorm outside monitoring the monitoring modules may import: never the compute core.
 OUTSIDE = {"fastnorm", "fastnorm._lazy", "fastnorm.checks"}
 

@@ -269,8 +269,8 @@ MUTANTS = [
     {
         "name": "cpp-bf16-first-block-as-words",
         "path": "csrc/isa_avx2.h",
-        "old": "    add_block<BF16, Power>(acc, x);\n    b = 1;",
-        "new": "    add_bf16_words<Power>(acc, x);\n    b = 1;",
+        "old": "    add_block<BF16, Power>(acc, x);\n    if constexpr (kVisitsBlocks<Visit>)",
+        "new": "    add_bf16_words<Power>(acc, x);\n    if constexpr (kVisitsBlocks<Visit>)",
         "tests": ["tests/test_cpu_kernels.py::test_bf16_words_read_nothing_outside_the_tensor"],
         "what": "the first block is read as words too, one element before the tensor",
         "requires": "avx2",
@@ -589,8 +589,8 @@ MUTANTS = [
     {
         "name": "triton-float32-underflow-unchecked",
         "path": "fastnorm/backends/triton_kernels.py",
-        "old": "                    lost = lost | (nonzero & (s < tl.full((), F32_TRUSTED_MIN, tl.float64)))",
-        "new": "                    lost = lost",
+        "old": "            lost = lost | (nonzero & (s < tl.full((), F32_TRUSTED_MIN, tl.float64)))",
+        "new": "            lost = lost",
         "tests": ["tests/test_triton_kernels.py::test_squares_below_float32_range_are_summed_in_float64"],
         "what": "float32 squares lost to underflow are trusted",
     },
@@ -621,8 +621,14 @@ MUTANTS = [
     {
         "name": "triton-programs-skip-last-chunk",
         "path": "fastnorm/backends/triton_kernels.py",
-        "old": "    for c in range(pid, num_chunks, tl.num_programs(0)):",
-        "new": "    for c in range(pid, num_chunks - 1, tl.num_programs(0)):",
+        "old": (
+            "    run_s = tl.zeros((), tl.float64)\n"
+            "    for c in range(pid, num_chunks, tl.num_programs(0)):\n"
+        ),
+        "new": (
+            "    run_s = tl.zeros((), tl.float64)\n"
+            "    for c in range(pid, num_chunks - 1, tl.num_programs(0)):\n"
+        ),
         "tests": ["tests/test_norm.py::test_matches_oracle"],
         "what": "the programs never read the last chunk",
     },
@@ -1440,7 +1446,7 @@ MUTANTS = [
     },
     {
         "name": "monitor-never-withdraws",
-        "path": "fastnorm/monitoring/monitor.py",
+        "path": "fastnorm/monitoring/alerts.py",
         "old": "        elif not d.unstable and self.alarms:",
         "new": "        elif False:",
         "tests": ["tests/test_monitor.py::test_a_warning_is_withdrawn_once_when_the_run_recovers"],
@@ -1448,7 +1454,7 @@ MUTANTS = [
     },
     {
         "name": "monitor-warns-on-too-few-points",
-        "path": "fastnorm/monitoring/monitor.py",
+        "path": "fastnorm/monitoring/alerts.py",
         "old": "            if not new:\n                return\n",
         "new": "",
         "tests": ["tests/test_monitor.py::test_no_warning_while_too_few_points_were_read"],
@@ -1456,7 +1462,7 @@ MUTANTS = [
     },
     {
         "name": "monitor-warns-only-when-the-verdict-changes",
-        "path": "fastnorm/monitoring/monitor.py",
+        "path": "fastnorm/monitoring/alerts.py",
         "old": "if self.warned_at is None or e.start_step > self.warned_at or _key(e) not in self.warned_of",
         "new": "if d.verdict not in self.alarms",
         "tests": ["tests/test_monitor.py::test_a_new_fault_under_the_same_verdict_is_warned_of_again"],
@@ -1464,7 +1470,7 @@ MUTANTS = [
     },
     {
         "name": "monitor-a-refined-date-is-news",
-        "path": "fastnorm/monitoring/monitor.py",
+        "path": "fastnorm/monitoring/alerts.py",
         "old": "e.start_step > self.warned_at or",
         "new": "e.start_step != self.warned_at or",
         "tests": [
@@ -1474,7 +1480,7 @@ MUTANTS = [
     },
     {
         "name": "monitor-a-new-cause-is-no-news",
-        "path": "fastnorm/monitoring/monitor.py",
+        "path": "fastnorm/monitoring/alerts.py",
         "old": " or _key(e) not in self.warned_of",
         "new": "",
         "tests": [
@@ -1484,7 +1490,7 @@ MUTANTS = [
     },
     {
         "name": "monitor-withdraws-only-the-last-verdict",
-        "path": "fastnorm/monitoring/monitor.py",
+        "path": "fastnorm/monitoring/alerts.py",
         "old": (
             "            if d.verdict not in self.alarms:\n                self.alarms.append(d.verdict)\n"
         ),

@@ -28,8 +28,6 @@ closes every logger even when one fails; and a monitor dropped without
 from __future__ import annotations
 
 import numbers
-import sys
-import warnings
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -39,7 +37,7 @@ import torch
 from torch import Tensor
 
 from fastnorm import checks
-from fastnorm.monitoring.diagnosis import UNSTABLE, Diagnoser, Diagnosis, Event
+from fastnorm.monitoring.diagnosis import Diagnoser, Diagnosis
 from fastnorm.monitoring.diagnosis.events import FAILED, TOO_FEW
 from fastnorm.monitoring.diagnosis.objective import check as check_objective
 from fastnorm.monitoring import layer_stats as _layer_stats  # update() has an argument of that name
@@ -48,6 +46,14 @@ from fastnorm.monitoring.loggers import Logger, Window, window_stats
 from fastnorm.monitoring.diagnosis.skips import SPIKE_CODE
 from fastnorm.monitoring.optimizer import optimizer_lr, optimizer_settings, precision_of
 from fastnorm.monitoring.series import REWARD_KEY
+from fastnorm.monitoring.alerts import (  # noqa: F401  (the warnings are this module's names too)
+    Alerts,
+    MonitorWarning,
+    RecoveredWarning,
+    UnstableGradientWarning,
+    _warn,
+    own_frames,
+)
 
 # The per-step quantities, one row of the device buffer each, all crossing in the
 # window's one transfer. Another per-step quantity is one more row here, a field
@@ -57,32 +63,7 @@ _ROWS = 4
 # The longest window: its slots are allocated on the device at the first update, so a window of 10**9 would
 # take 24 GB there (and as much in host lists) before anything is logged.
 MAX_WINDOW = 1_000_000
-
-
-class UnstableGradientWarning(UserWarning):
-    """The gradient-norm diagnosis turned unstable (diverged, exploding, vanishing, nonfinite or stalled), or
-    found a new unstable event: one that began after the last warning, or a new kind and first action."""
-
-
-class RecoveredWarning(UserWarning):
-    """A run the monitor warned about recovered: its verdict is stable again, the warning is withdrawn."""
-
-
-class MonitorWarning(UserWarning):
-    """The monitor could not do part of its job (a logger failed, a value was invalid); training goes on."""
-
-
-def _warn(message: str, category: type[Warning]) -> None:
-    """Warns at the first frame outside this module: the caller's ``update``, ``close`` or ``with``."""
-    frame, level = sys._getframe(1), 2  # stacklevel 1 is this function, 2 its caller
-    while frame is not None and frame.f_code.co_filename == __file__:
-        frame, level = frame.f_back, level + 1
-    warnings.warn(message, category, stacklevel=level)
-
-
-def _key(event: Event) -> tuple[str, str]:
-    """An unstable event's kind and cause (its first action's id)."""
-    return event.kind, getattr(event.actions[0], "id", str(event.actions[0])) if event.actions else ""
+own_frames(__file__)  # a warning points past this module's frames too, at the caller's line
 
 
 def _name(logger: Any) -> str:
@@ -109,7 +90,7 @@ class _InFlight:
     stats_given: int
 
 
-class _Recorder:
+class _Recorder(Alerts):
     """The state and work of a :class:`GradNormMonitor`.
 
     Kept apart from the monitor so that ``weakref.finalize`` can hold it without
@@ -411,41 +392,6 @@ class _Recorder:
             raise
         if self.warn:
             self.alert(self.diagnosis, steps[-1])
-
-    def alert(self, d: Diagnosis, step: int) -> None:
-        """Warns of what is new in the diagnosis at ``step``; withdraws every warning once the run is stable.
-
-        A warning is given for an unstable event not warned of yet: the first, one that began after the last
-        warning (a new onset: a fault that comes while an earlier alarm stands), or one whose kind and first
-        action were not warned of (a new cause). An earlier event seen again, however its dates are refined
-        window by window, is no news.
-        """
-        if d.unstable:  # too few points to judge are unstable too, with no event to warn of
-            unstable = [e for e in d.events if e.kind in UNSTABLE]
-            new = [
-                e
-                for e in unstable
-                if self.warned_at is None or e.start_step > self.warned_at or _key(e) not in self.warned_of
-            ]
-            if not new:
-                return
-            text = f"fastnorm: {d.headline()}"
-            if self.warned_at is not None:
-                news = ", ".join(f"{e.kind} from step {e.start_step}" for e in new)
-                text += f"; new since the warning of step {self.warned_at}: {news}"
-            self.warned_of.update(_key(e) for e in unstable)
-            self.warned_at = step
-            if d.verdict not in self.alarms:
-                self.alarms.append(d.verdict)
-            _warn(f"{text}.\n{d.report()}", UnstableGradientWarning)
-        elif not d.unstable and self.alarms:
-            names = " and ".join(f"'{v}'" for v in self.alarms)
-            _warn(
-                f"fastnorm: the run recovered: {d.headline()} at step {step}; the {names} "
-                f"warning{'s are' if len(self.alarms) > 1 else ' is'} withdrawn.",
-                RecoveredWarning,
-            )
-            self.alarms, self.warned_of, self.warned_at = [], set(), None
 
     def failed(self, i: int, exc: Exception, doing: str) -> None:
         self.logger_failures[i] += 1

@@ -27,7 +27,7 @@ from fastnorm.monitoring.diagnosis.advice import (
     RAISE_LR,
     SKIP_NONFINITE,
 )
-from fastnorm.monitoring.diagnosis.diagnoser import ByStep, Diagnoser, diagnose
+from fastnorm.monitoring.diagnosis.diagnoser import Diagnoser
 from fastnorm.monitoring.diagnosis.events import (
     DECAY,
     DIVERGED,
@@ -46,6 +46,8 @@ from fastnorm.monitoring.diagnosis.events import (
     Diagnosis,
     Event,
 )
+from fastnorm.monitoring.diagnosis.robust import ByStep
+from fastnorm.monitoring.diagnosis.whole import diagnose
 
 __all__ = [
     "CHECK_DATA_NAN",
