@@ -32,9 +32,15 @@ FASTNORM_INLINE __m512d step(__m512d acc, __m512d v) {
   }
 }
 
-// Eight bfloat16 to float32, exactly: each one's bits are the high half of its float32's.
-FASTNORM_INLINE __m256 widen_bf16(__m128i h) {
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+// Eight 16-bit values to float32, exactly: float16 by F16C, bfloat16 by its bits widened (each one's
+// bits are the high half of its float32's).
+template <class E>
+FASTNORM_INLINE __m256 halves_to_float(__m128i h) {
+  if constexpr (E::kCode == kBFloat16) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  } else {
+    return _mm256_cvtph_ps(h);
+  }
 }
 
 // float64, float16, and the float32 and bfloat16 of the statistics' pass
@@ -48,12 +54,9 @@ FASTNORM_INLINE void add_block(Acc& a, const typename E::T* x) {
       a.z[k] = step<Power, false>(a.z[k], _mm512_loadu_pd(x + 8 * k));
     } else if constexpr (E::kCode == kFloat32) {
       a.z[k] = step<Power, true>(a.z[k], _mm512_cvtps_pd(_mm256_loadu_ps(x + 8 * k)));
-    } else if constexpr (E::kCode == kBFloat16) {
-      const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x + 8 * k));
-      a.z[k] = step<Power, true>(a.z[k], _mm512_cvtps_pd(widen_bf16(h)));
     } else {
       const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x + 8 * k));
-      a.z[k] = step<Power, true>(a.z[k], _mm512_cvtps_pd(_mm256_cvtph_ps(h)));
+      a.z[k] = step<Power, true>(a.z[k], _mm512_cvtps_pd(halves_to_float<E>(h)));
     }
   }
 }
@@ -93,12 +96,9 @@ FASTNORM_INLINE void add_tail(Acc& a, const typename E::T* x, int64_t n) {
       a.z[k] = step<Power, false>(a.z[k], _mm512_maskz_loadu_pd(m, x + 8 * k));
     } else if constexpr (E::kCode == kFloat32) {
       a.z[k] = step<Power, true>(a.z[k], _mm512_cvtps_pd(_mm256_maskz_loadu_ps(m, x + 8 * k)));
-    } else if constexpr (E::kCode == kBFloat16) {
-      const __m128i h = _mm_maskz_loadu_epi16(m, x + 8 * k);
-      a.z[k] = step<Power, true>(a.z[k], _mm512_cvtps_pd(widen_bf16(h)));
     } else {
       const __m128i h = _mm_maskz_loadu_epi16(m, x + 8 * k);
-      a.z[k] = step<Power, true>(a.z[k], _mm512_cvtps_pd(_mm256_cvtph_ps(h)));
+      a.z[k] = step<Power, true>(a.z[k], _mm512_cvtps_pd(halves_to_float<E>(h)));
     }
   }
 }

@@ -569,6 +569,19 @@ def test_a_long_loss_costs_constant_memory():
     assert d.result().verdict == "stable"
 
 
+def test_a_long_reward_costs_constant_memory_and_is_still_judged():
+    """A reward-driven run's reward is thinned as the loss is: one that rose is no stall, however long."""
+    d = Diagnoser(objective="reinforcement")
+    n = 200_000
+    rng = random.Random(17)
+    for start in range(0, n, 1000):
+        steps = range(start, start + 1000)
+        d.update(steps, [10 ** rng.gauss(0, 0.1) for _ in steps])
+        d.update_reward(steps, [min(1.0, s / 100_000) + rng.gauss(0, 0.3) for s in steps])
+    assert len(d._rewards.all()) <= 2 * 1024
+    assert d.result().verdict == "stable"
+
+
 def test_runs_without_torch():
     # torch made unimportable: the diagnosis, reached as users reach it, must not need it.
     code = (

@@ -482,8 +482,8 @@ MUTANTS = [
     {
         "name": "cpp-avx512-bf16-widened-as-the-low-half",
         "path": "csrc/isa_avx512.h",
-        "old": "  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));",
-        "new": "  return _mm256_castsi256_ps(_mm256_cvtepu16_epi32(h));",
+        "old": "    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));",
+        "new": "    return _mm256_castsi256_ps(_mm256_cvtepu16_epi32(h));",
         "tests": ["tests/test_stats.py::test_cpp_statistics_keep_the_norms_bits_in_every_mode"],
         "what": "the statistics' pass widens bfloat16 into a float32's low half: its sum is not the norm's",
         "requires": "avx512",

@@ -61,7 +61,7 @@ from fastnorm.monitoring.alerts import (  # noqa: F401  (the warnings are this m
 _NORM, _LOSS, _SKIPPED, _REWARD = 0, 1, 2, 3
 _ROWS = 4
 # The longest window: its slots are allocated on the device at the first update, so a window of 10**9 would
-# take 24 GB there (and as much in host lists) before anything is logged.
+# take 32 GB there (and as much in host lists) before anything is logged.
 MAX_WINDOW = 1_000_000
 own_frames(__file__)  # a warning points past this module's frames too, at the caller's line
 

@@ -50,7 +50,7 @@ from fastnorm.monitoring.diagnosis.events import (
 from fastnorm.monitoring.diagnosis.layers import LayerSignal
 from fastnorm.monitoring.diagnosis.loss import LossSignal, LossView, loss_event
 from fastnorm.monitoring.diagnosis.norm import Found, NormSignal
-from fastnorm.monitoring.diagnosis.robust import median, number, pairs, times
+from fastnorm.monitoring.diagnosis.robust import Thinned, median, number, pairs, times
 from fastnorm.monitoring.diagnosis.schedule import LrSignal, OptimizerSettings
 from fastnorm.monitoring.diagnosis.skips import SPIKE_CODE, SkipSignal
 from fastnorm.monitoring.diagnosis.zeros import ZeroSignal
@@ -189,7 +189,7 @@ class Diagnoser:
         # ((losses read, rewards given), reward-driven) when last inferred
         self._rl_read: tuple[tuple[int, bool], bool] | None = None
         self._losses_read = 0
-        self._rewards: list[tuple[int, float]] = []  # a reward-driven run's finite rewards, in step order
+        self._rewards = Thinned(objectives.REWARD_KEPT)  # a reward-driven run's finite rewards, in step order
         self._norm = NormSignal(
             window=window,
             warmup=warmup,
@@ -296,7 +296,7 @@ class Diagnoser:
         for step, raw in pairs(steps, rewards, "reward"):
             value = number(raw)
             if value is not None and math.isfinite(value):
-                self._rewards.append((step, value))
+                self._rewards.add(step, value)
 
     def update_lr(self, steps: Iterable[int], lrs: Iterable[Any]) -> None:
         """Reads the learning rate at some steps, in step order: it dates warmups and schedule changes."""
@@ -417,7 +417,8 @@ class Diagnoser:
             fall = None if VANISHING in {e.kind for e in events} else self._fall_from_start(objective, last)
             if fall is not None:
                 events.append(fall)
-            reward = objectives.reward_event(self._rewards) if objective == objectives.REINFORCEMENT else None
+            rewarded = objective == objectives.REINFORCEMENT
+            reward = objectives.reward_event(self._rewards.all()) if rewarded else None
             if reward is not None:
                 events.append(reward)
         early = self._early_collapse(events, last)

@@ -64,6 +64,9 @@ POLICY_SATURATED = Action(
 # The reward, where a reward-driven run logs it: what it learned, which its loss (near 0 by design) and its
 # norm cannot say. Judged over at least this many points.
 REWARD_POINTS = 20
+# Kept at most this finely, as the loss (pairs averaged beyond: a point's noise and the points' count shrink
+# together, so the means' standard error is the same).
+REWARD_KEPT = 1024
 REWARD_ROSE_SE = 2.0  # a rise of this many standard errors (of the two means' difference) is learning
 REWARD_FELL_SE = 3.0  # and a fall of this many no noise,
 REWARD_FELL_SHARE = 0.1  # where it is a tenth of the reward's level or more
