@@ -205,6 +205,14 @@ MUTANTS = [
         "requires": "avx2",
     },
     {
+        "name": "cpp-avx2-bf16-visitor-through-the-reference",
+        "path": "csrc/isa_avx2.h",
+        "old": "  std::decay_t<Visit> visit = caller;\n",
+        "new": "  Visit& visit = caller;\n",
+        "tests": ["tests/test_cpu_codegen.py::test_the_statistics_loops_keep_their_lanes_in_registers"],
+        "what": "the bfloat16 word loop reaches its visitor through the reference: the bounds' lanes live in memory",
+    },
+    {
         "name": "stats-total-from-torch-rows",
         "path": "fastnorm/_eager.py",
         "old": "        total = _reduce(norm_plan, p, \"tensor_stats\")[0]\n",
