@@ -223,12 +223,18 @@ std::vector<std::string> supported_isas();
 // start afterwards: to compare them within one process.
 void use_isa(const std::string& name);
 
+// The default prefetch distance (bytes) for a CPU of `vendor` ("intel", "amd",
+// anything else), with or without AVX-512: 4096 on Intel, where the loops
+// reach the memory's speed only with it; 1024 on AMD without AVX-512 (Zen 3,
+// measured: its 256-entry reorder buffer holds too few lines of the loops
+// in flight); 0 elsewhere (AMD Zen 4 reads at the memory's speed without).
+// docs/design.md, "Where the cycles go".
+int64_t vendor_prefetch(const std::string& vendor, bool avx512);
+
 // The software prefetch distance of the kernels' loops (prefetch.h), in bytes;
-// 0 for none. FASTNORM_PREFETCH (bytes) when set, else 4096 on Intel CPUs,
-// where the loops reach the memory's speed only with it, and 0 elsewhere
-// (AMD Zen 4 reaches it without). Chosen at the first use; a value that is
-// not a multiple of 64 in [0, 65536] throws std::runtime_error there. It never
-// changes a result's bits.
+// 0 for none. FASTNORM_PREFETCH (bytes) when set, else vendor_prefetch of
+// this CPU. Chosen at the first use; a value that is not a multiple of 64 in
+// [0, 65536] throws std::runtime_error there. It never changes a result's bits.
 int64_t prefetch_bytes();
 
 // Sets it for the calls that start afterwards (to compare within one process);

@@ -524,7 +524,6 @@ void use_isa(const std::string& name) {
 namespace {
 
 constexpr int64_t kMaxPrefetch = int64_t(1) << 16;
-constexpr int64_t kIntelPrefetch = 4096;
 
 bool valid_prefetch(int64_t bytes) { return bytes >= 0 && bytes <= kMaxPrefetch && bytes % 64 == 0; }
 
@@ -542,9 +541,11 @@ int64_t default_prefetch() {
   }
 #if defined(FASTNORM_HAVE_X86)
   __builtin_cpu_init();
-  if (__builtin_cpu_is("intel")) return kIntelPrefetch;
-#endif
+  const char* vendor = __builtin_cpu_is("intel") ? "intel" : __builtin_cpu_is("amd") ? "amd" : "";
+  return vendor_prefetch(vendor, __builtin_cpu_supports("avx512f"));
+#else
   return 0;
+#endif
 }
 
 std::atomic<int64_t>& prefetch_setting() {
@@ -553,6 +554,12 @@ std::atomic<int64_t>& prefetch_setting() {
 }
 
 }  // namespace
+
+int64_t vendor_prefetch(const std::string& vendor, bool avx512) {
+  if (vendor == "intel") return 4096;
+  if (vendor == "amd" && !avx512) return 1024;
+  return 0;
+}
 
 int64_t prefetch_bytes() { return prefetch_setting().load(std::memory_order_relaxed); }
 

@@ -677,6 +677,23 @@ def _cpu_flags() -> set[str] | None:
     return set(match.group(1).split()) if match else None
 
 
+def test_the_default_prefetch_distance_follows_the_vendor():
+    """Intel 4096 bytes, AMD without AVX-512 (Zen 3) 1024, AMD with it (Zen 4) and others none;
+    this CPU's default is its vendor's (docs/design.md, "Where the cycles go")."""
+    rule = cpp._C.vendor_prefetch
+    assert [rule("intel", False), rule("intel", True)] == [4096, 4096]
+    assert [rule("amd", False), rule("amd", True)] == [1024, 0]
+    assert [rule("", False), rule("arm", True)] == [0, 0]
+    flags = _cpu_flags()
+    if flags is None or "sse2" not in flags:
+        pytest.skip("this CPU's vendor is read from the x86 flags Linux reports")
+    if os.environ.get("FASTNORM_PREFETCH"):
+        pytest.skip("FASTNORM_PREFETCH sets the distance")
+    vendor = re.search(r"^vendor_id\s*:\s*(\S+)", Path("/proc/cpuinfo").read_text(), re.MULTILINE)
+    name = {"GenuineIntel": "intel", "AuthenticAMD": "amd"}.get(vendor.group(1) if vendor else "", "")
+    assert cpp._C.prefetch_bytes() == rule(name, "avx512f" in flags)  # tests that set it restore it
+
+
 @pytest.mark.slow
 def test_info_reports_the_widest_instruction_set_the_cpu_has(capsys):
     flags = _cpu_flags()

@@ -213,6 +213,14 @@ MUTANTS = [
         "what": "the bfloat16 word loop reaches its visitor through the reference: the bounds' lanes live in memory",
     },
     {
+        "name": "cpp-prefetch-none-on-amd-without-avx512",
+        "path": "csrc/kernels.cpp",
+        "old": "  if (vendor == \"amd\" && !avx512) return 1024;\n",
+        "new": "",
+        "tests": ["tests/test_cpu_kernels.py::test_the_default_prefetch_distance_follows_the_vendor"],
+        "what": "AMD CPUs without AVX-512 (Zen 3) get no software prefetch",
+    },
+    {
         "name": "stats-total-from-torch-rows",
         "path": "fastnorm/_eager.py",
         "old": "        total = _reduce(norm_plan, p, \"tensor_stats\")[0]\n",
