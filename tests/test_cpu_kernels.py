@@ -668,13 +668,19 @@ def test_a_known_instruction_set_the_cpu_lacks_leaves_the_torch_backend_with_a_w
     assert "using the torch backend" in warning
 
 
-def _cpu_flags() -> set[str] | None:
+def _cpuinfo(field: str) -> str | None:
+    """The first value of ``field`` in /proc/cpuinfo, None where Linux does not report it."""
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
         return None
-    match = re.search(r"^flags\s*:(.*)$", text, re.MULTILINE)
-    return set(match.group(1).split()) if match else None
+    match = re.search(rf"^{field}\s*:(.*)$", text, re.MULTILINE)
+    return match.group(1).strip() if match else None
+
+
+def _cpu_flags() -> set[str] | None:
+    flags = _cpuinfo("flags")
+    return set(flags.split()) if flags is not None else None
 
 
 def test_the_default_prefetch_distance_follows_the_vendor():
@@ -689,8 +695,7 @@ def test_the_default_prefetch_distance_follows_the_vendor():
         pytest.skip("this CPU's vendor is read from the x86 flags Linux reports")
     if os.environ.get("FASTNORM_PREFETCH"):
         pytest.skip("FASTNORM_PREFETCH sets the distance")
-    vendor = re.search(r"^vendor_id\s*:\s*(\S+)", Path("/proc/cpuinfo").read_text(), re.MULTILINE)
-    name = {"GenuineIntel": "intel", "AuthenticAMD": "amd"}.get(vendor.group(1) if vendor else "", "")
+    name = {"GenuineIntel": "intel", "AuthenticAMD": "amd"}.get(_cpuinfo("vendor_id") or "", "")
     assert cpp._C.prefetch_bytes() == rule(name, "avx512f" in flags)  # tests that set it restore it
 
 
