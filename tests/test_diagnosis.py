@@ -661,6 +661,27 @@ def test_a_loss_at_chance_from_the_start_with_normal_gradients_checks_the_labels
     assert re.search(r"stayed at 2\.3\d* = ln 10 \(chance for 10 classes\) from step 0", d.actions[0])
 
 
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_loss_that_learned_then_went_back_to_chance_as_the_rate_still_rose_lowers_the_rate(seed):
+    # Two classes: the loss fell from ln 2 to about 0.35 while the learning rate warmed up linearly through
+    # the whole run; at K it went back to ln 2 and stayed. It had learned far below chance, so its labels
+    # match its inputs: a rate still rising threw that away, and the rate leads, with what shows it. With
+    # the rate constant the log cannot tell a rate too high from labels that changed: the labels lead, as
+    # for a loss at chance from the start.
+    rng = random.Random(seed)
+    loss = [
+        (0.35 + 0.34 * math.exp(-i / 60) if i < K else math.log(2)) + rng.gauss(0.0, 0.01) for i in range(N)
+    ]
+    rising = {i: 5e-5 * (i + 1) / N for i in range(N)}
+    d = diagnose(range(N), noise(seed), loss=(range(N), loss), lr=rising)
+    assert d.verdict == "stalled" and first_action(d) == "lower_lr", d.report()
+    assert re.search(r"fell to 0\.3\d*, well below chance \(ln 2 = 0\.693\)", d.actions[0]), d.actions[0]
+    assert f"while the learning rate was still rising (to step {N - 1})" in d.actions[0]
+    assert d.action_ids.count("lower_lr") == 1
+    constant = diagnose(range(N), noise(seed), loss=(range(N), loss), lr={0: 5e-5})
+    assert first_action(constant) == "check_labels", constant.report()
+
+
 def test_a_weight_decay_that_holds_the_weights_down_is_named():
     steps, values, loss = series_with(lambda i: 1.0)
     settings = {"weight_decay": ({0: 5.0}), "beta2": {0: 0.999}, "eps": {0: 1e-8}}

@@ -221,6 +221,17 @@ MUTANTS = [
         "what": "AMD CPUs without AVX-512 (Zen 3) get no software prefetch",
     },
     {
+        "name": "diagnosis-a-return-to-chance-under-a-rising-rate-checks-the-labels",
+        "path": "fastnorm/monitoring/diagnosis/advice.py",
+        "old": "    if stall.learned() and ev.warmup_until is not None and ev.warmup_until >= stall.start:\n",
+        "new": "    if False:\n",
+        "tests": [
+            "tests/test_diagnosis.py::"
+            "test_a_loss_that_learned_then_went_back_to_chance_as_the_rate_still_rose_lowers_the_rate"
+        ],
+        "what": "a loss that learned below chance, then returned to it as the rate rose, blames the labels",
+    },
+    {
         "name": "stats-total-from-torch-rows",
         "path": "fastnorm/_eager.py",
         "old": "        total = _reduce(norm_plan, p, \"tensor_stats\")[0]\n",

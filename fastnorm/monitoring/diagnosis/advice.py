@@ -400,6 +400,18 @@ class Stall:
     chance: int | None = None  # k where the loss began near ln k and ended at it (see LossView.chance)
     noise: float = 0.0  # the loss's step-to-step noise, as a fraction of its level
     plateau: tuple[int, float] | None = None  # (step, level) where an early fall stopped for good
+    best: float | None = None  # its best (smoothed) level, where it went back up from
+
+    def learned(self) -> bool:
+        """A loss that went back to chance after it had fallen a quarter below it: the labels matched its
+        inputs well enough to be learned, so the return is not theirs."""
+        return (
+            not self.never
+            and self.plateau is None
+            and self.chance is not None
+            and self.best is not None
+            and self.best < 0.75 * math.log(self.chance)
+        )
 
 
 def weight_decay_action(ev: Evidence, consequence: str = "") -> Action | None:
@@ -456,7 +468,18 @@ def stall_actions(ev: Evidence, stall: Stall, layer_snapshots: int, layers_vanis
                 "learning rate is far below the one set.",
             )
         )
-    if stall.chance is not None and norm_steady:
+    if stall.learned() and ev.warmup_until is not None and ev.warmup_until >= stall.start:
+        causes.append(
+            Action(
+                "lower_lr",
+                "Lower the peak learning rate, or warm it up more slowly: the loss fell to "
+                f"{_g(stall.best)}, well below chance (ln {stall.chance} = {_g(math.log(stall.chance))}), "
+                f"so the labels can be learned, then went back to chance from step {stall.start} while the "
+                f"learning rate was still rising (to step {ev.warmup_until}): a rate too high for this stage "
+                "threw away what was learned.",
+            )
+        )
+    elif stall.chance is not None and norm_steady:
         causes.append(
             Action(
                 "check_labels",
@@ -538,7 +561,10 @@ def stall_actions(ev: Evidence, stall: Stall, layer_snapshots: int, layers_vanis
     actions = [*causes, lr_action, CHECK_DATA, vanishing]
     if ev.interval > 1:
         actions.append(log_every_step(ev))
-    return tuple(dict.fromkeys(actions))
+    first = {}
+    for action in actions:  # one action per id, the first
+        first.setdefault(action.id, action)
+    return tuple(first.values())
 
 
 def vanish_actions(ev: Evidence, zeros_at: int | None) -> tuple[Action, ...]:

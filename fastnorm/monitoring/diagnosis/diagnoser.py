@@ -570,7 +570,7 @@ class Diagnoser:
     ) -> Event:
         norm_steady = not any(f.event.kind in (EXPLODING, VANISHING) for f in found)
         plateau = loss.plateau() if plateau is None else plateau
-        stall = advice.Stall(never, loss.first, start, loss.chance(), loss.noise, plateau)
+        stall = advice.Stall(never, loss.first, start, loss.chance(), loss.noise, plateau, loss.best)
         actions = advice.stall_actions(
             self._ev, stall, self._layers.snapshots, self._layers.vanished, norm_steady
         )
