@@ -16,10 +16,16 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from helpers import INTERPRETED, patch_triton_language_once_per_launch, use_backend  # noqa: E402
+from helpers import (  # noqa: E402
+    INTERPRETED,
+    patch_triton_language_once_per_launch,
+    skip_discarded_overflow_checks,
+    use_backend,
+)
 
 if INTERPRETED:  # helpers read TRITON_INTERPRET, set above
     patch_triton_language_once_per_launch()
+    skip_discarded_overflow_checks()
 
 # Whole modules that are slow by nature; with the cases that run on the triton
 # backend in Triton's interpreter, they are marked ``slow``, so that

@@ -51,6 +51,31 @@ def patch_triton_language_once_per_launch() -> bool:
     return True
 
 
+def skip_discarded_overflow_checks() -> bool:
+    """Makes Triton's interpreter skip the integer-overflow checks it would throw away.
+
+    With ``sanitize_overflow`` on (the interpreter's default), every 32-bit integer
+    add, sub and mul of a kernel is also done in int64 and compared with int32's
+    range, and the comparison is handed to ``device_assert``, which drops it
+    unless ``debug`` is on (it never is in the interpreter's options): 40% of the
+    time the interpreted kernels took, for no check. Here the option is turned
+    off while ``debug`` is off; with ``debug`` on nothing changes and the checks
+    run. False (and nothing changed) when there is nothing to turn off.
+    """
+    import dataclasses
+
+    try:
+        from triton.runtime import interpreter
+    except ImportError:
+        return False
+    builder = getattr(interpreter, "interpreter_builder", None)
+    options = getattr(builder, "options", None)
+    if options is None or getattr(options, "debug", True) or not getattr(options, "sanitize_overflow", False):
+        return False
+    builder.options = dataclasses.replace(options, sanitize_overflow=False)
+    return True
+
+
 def use_backend(name: str, monkeypatch: pytest.MonkeyPatch) -> str:
     """Forces a backend for CPU tensors; triton needs the interpreter for those."""
     if name == "triton" and not INTERPRETED:

@@ -139,7 +139,9 @@ def test_amd_targets_compile_with_128_bit_loads():
 
 def test_a_target_that_cannot_compile_is_reported_and_the_others_carry_on():
     result = run_python(
-        ["-m", "fastnorm", "kernels", "--target", "sm_90,sm_1,gfx_bad", "--kernel", "finalize"],
+        # the rows come from the compiler and the resource usage: no SASS needed
+        ["-m", "fastnorm", "kernels", "--target", "sm_90,sm_1,gfx_bad", "--kernel", "finalize"]
+        + ["--sass", "none"],
         TRITON_INTERPRET="0",
     )
     assert result.returncode == 1

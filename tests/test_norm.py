@@ -161,7 +161,8 @@ def test_bitwise_deterministic(backend, dtype):
     threads = torch.get_num_threads()
     results = []
     try:
-        for n in (1, 2, 3):
+        # the interpreted Triton kernels run on one thread: only their host side sees the count
+        for n in (1, 2) if backend == "triton" else (1, 2, 3):
             torch.set_num_threads(n)
             for given in (tensors, [t.clone() for t in tensors]):
                 fastnorm.clear_cache()

@@ -421,3 +421,21 @@ def test_the_language_is_patched_within_a_launch_only():
     got = fastnorm.total_norm([x]).item()
     assert reference.rel_err(got, reference.norm([x], 2.0)) <= TOLERANCE[torch.float32]
     assert tl.core.is_builtin(tl.load)
+
+
+def test_the_overflow_checks_the_interpreter_would_drop_are_not_computed(monkeypatch):
+    # conftest turns sanitize_overflow off while debug is off: device_assert drops the checks then.
+    import dataclasses
+
+    from triton.runtime import interpreter
+
+    from helpers import skip_discarded_overflow_checks
+
+    builder = interpreter.interpreter_builder
+    assert (builder.options.debug, builder.options.sanitize_overflow) == (False, False)
+    assert skip_discarded_overflow_checks() is False  # nothing left to turn off
+    # with debug on, the checks would run: they are left as they are
+    debugging = dataclasses.replace(builder.options, debug=True, sanitize_overflow=True)
+    monkeypatch.setattr(builder, "options", debugging)
+    assert skip_discarded_overflow_checks() is False
+    assert builder.options.sanitize_overflow
