@@ -1230,3 +1230,39 @@ def test_a_loss_that_rose_into_nan_in_its_first_steps_names_the_rate_and_the_ini
     # With the rate in the log, its first value is named.
     d = diagnose(steps, values, loss=(steps, loss), lr={i: 3.0 for i in steps})
     assert "it started at 3" in d.actions[0], d.report()
+
+
+def test_a_loss_that_rose_for_many_steps_straight_into_inf_diverged_from_the_start():
+    # A rate far too high from the first step: the loss rises 3x a step from its first value for 17
+    # steps, more than a divergence's too-few points, and is inf from step 17; the norm with it, then 0.
+    steps = list(range(300))
+    loss = [0.9 * 3.0**i if i < 17 else float("inf") for i in steps]
+    values = [0.8 * 2.5**i if i < 19 else 0.0 for i in steps]
+    d = diagnose(steps, values, loss=(steps, loss))
+    assert d.verdict == "nonfinite", d.report()
+    assert list(d.action_ids[:2]) == ["lower_lr", "normalisation"], d.report()
+    diverged = next(e for e in d.events if e.kind == "diverged")
+    assert diverged.start_step == 0, d.report()
+    # A loss that fell first and rose only later into the inf is no blow-up from the start.
+    late = [1.0 / (1 + i) if i < 8 else 0.1 * 3.0 ** (i - 8) for i in range(17)]
+    d = diagnose(steps, values, loss=(steps, [late[i] if i < 17 else float("inf") for i in steps]))
+    assert "diverged" not in [e.kind for e in d.events], d.report()
+
+
+def test_zeros_after_the_loss_went_non_finite_are_its_aftermath_not_the_finding_that_leads():
+    # A divergence from step 100 (the rate grew 6% a step) runs into an inf loss at step 190; from
+    # step 200 the norm is exactly 0 (the NaN loss's gradients skipped): the divergence leads.
+    steps = list(range(300))
+    rise = [1.0 if i < 100 else 1.06 ** (i - 100) for i in steps]
+    after = [float("nan") if i < 200 else 0.0 for i in steps]
+    values = [v * r if i < 190 else after[i] for i, (v, r) in enumerate(zip(noise(7, n=300), rise))]
+    loss = [1.0 / (1 + i / 30) * r if i < 190 else float("inf") for i, r in enumerate(rise)]
+    d = diagnose(steps, values, loss=(steps, loss))
+    assert d.verdict == "nonfinite", d.report()
+    assert first_action(d) == "lower_lr", d.report()
+    zero = next(e for e in d.events if "exactly 0" in e.detail)
+    assert "after the non-finite values from step 190" in zero.detail, d.report()
+    # Zeros that begin before any non-finite value still lead: nothing trains.
+    values = [v if i < 150 else 0.0 for i, v in enumerate(noise(7, n=300))]
+    loss = [1.0 / (1 + i / 30) for i in steps]
+    assert diagnose(steps, values, loss=(steps, loss)).action_ids[0] in ("precision", "no_gradient")

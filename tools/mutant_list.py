@@ -232,6 +232,29 @@ MUTANTS = [
         "what": "a loss that learned below chance, then returned to it as the rate rose, blames the labels",
     },
     {
+        "name": "diagnosis-a-loss-rising-for-many-steps-into-inf-is-no-blow-up",
+        "path": "fastnorm/monitoring/diagnosis/diagnoser.py",
+        "old": "            if not (best_early and values[-1] == max(values)):\n",
+        "new": "            if True:\n",
+        "tests": [
+            "tests/test_diagnosis.py::"
+            "test_a_loss_that_rose_for_many_steps_straight_into_inf_diverged_from_the_start"
+        ],
+        "what": "a loss that rose from its first points into inf over many steps leads with a re-run",
+    },
+    {
+        "name": "diagnosis-zeros-after-a-collapse-lead",
+        "path": "fastnorm/monitoring/diagnosis/diagnoser.py",
+        "old": "        if zero is not None and collapse is not None and "
+        "collapse.start_step <= zero.start_step:\n",
+        "new": "        if False:\n",
+        "tests": [
+            "tests/test_diagnosis.py::"
+            "test_zeros_after_the_loss_went_non_finite_are_its_aftermath_not_the_finding_that_leads"
+        ],
+        "what": "exact zeros after a non-finite loss are read as nothing training and lead",
+    },
+    {
         "name": "stats-total-from-torch-rows",
         "path": "fastnorm/_eager.py",
         "old": "        total = _reduce(norm_plan, p, \"tensor_stats\")[0]\n",

@@ -433,6 +433,14 @@ class Diagnoser:
                 for e in events
             ]
         zero = self._zeros.event(self._ev, last, self.sustain)
+        collapse = next((e for e in events if e.kind == NONFINITE), None)
+        if zero is not None and collapse is not None and collapse.start_step <= zero.start_step:
+            # Zeros from a step at or after non-finite values: the collapse's aftermath (the gradients of
+            # a NaN loss skipped or zeroed), not a run in which nothing trains. Said, never leading.
+            detail = f"{zero.detail}, after the non-finite values from step {collapse.start_step}"
+            events = [e for e in events if not (e.kind == VANISHING and e.end_step >= zero.start_step)]
+            events.append(replace(zero, detail=detail))
+            zero = None
         if zero is not None:
             # The norm's own fall to 0 is this finding, said once.
             events = [e for e in events if not (e.kind == VANISHING and e.end_step >= zero.start_step)]
@@ -642,15 +650,22 @@ class Diagnoser:
         return None
 
     def _early_collapse(self, events: list[Event], last: int | None) -> Event | None:
-        """A loss that rose 5x from its first value and went non-finite within the run's first
-        ``MIN_POINTS`` losses, with no divergence read into it (too few finite points for one): diverged
-        from the start."""
+        """A loss that rose 5x from its first value and went non-finite, with no divergence read into it:
+        diverged from the start. Either within the run's first ``MIN_POINTS`` losses (too few finite
+        points for a divergence), or over more, rising from its best in its first points to its worst
+        at its last finite one: straight into the non-finite values (a divergence's own reading wants
+        finite points after the rise, and there are none)."""
         collapse = next((e for e in events if e.kind == NONFINITE), None)
         if collapse is None or led_into(events, NONFINITE, self.sustain * self._ev.interval) is not None:
             return None
         before = [(s, y) for s, y in self._loss.all() if s < collapse.start_step]
-        if not before or len(before) >= MIN_POINTS or not 0 < 5 * before[0][1] < max(y for _, y in before):
+        if not before or not 0 < 5 * before[0][1] < max(y for _, y in before):
             return None
+        if len(before) >= MIN_POINTS:
+            values = [y for _, y in before]
+            best_early = min(values) == min(values[:3])
+            if not (best_early and values[-1] == max(values)):
+                return None
         (first_step, first), (step, worst) = before[0], max(before, key=lambda p: p[1])
         detail = (
             f"the loss rose from {num(first)} at step {first_step} to {num(worst)} at step {step} and was "
