@@ -1266,3 +1266,18 @@ def test_zeros_after_the_loss_went_non_finite_are_its_aftermath_not_the_finding_
     values = [v if i < 150 else 0.0 for i, v in enumerate(noise(7, n=300))]
     loss = [1.0 / (1 + i / 30) for i in steps]
     assert diagnose(steps, values, loss=(steps, loss)).action_ids[0] in ("precision", "no_gradient")
+
+
+def test_a_norm_never_finite_under_a_finite_loss_leads_with_the_precision_not_a_rerun():
+    # Every logged norm inf from the first step, the loss flat and finite: every update was skipped (a
+    # loss scaler that never finds a finite step), the backward pass overflows from the start.
+    rng = random.Random(3)
+    steps = list(range(0, 684, 4))
+    loss = [2.44 + rng.gauss(0, 0.04) for _ in steps]
+    d = diagnose(steps, [float("inf")] * len(steps), loss=(steps, loss))
+    assert d.verdict == "nonfinite", d.report()
+    assert d.action_ids[0] == "precision" and "never finite" in d.actions[0], d.report()
+    assert "checkpoint" in d.action_ids[1:]
+    # Finite norms first, then inf to the end under a finite loss: still the skipped steps' re-run.
+    values = [1.0] * 50 + [float("inf")] * (len(steps) - 50)
+    assert diagnose(steps, values, loss=(steps, loss)).action_ids[0] == "checkpoint"

@@ -255,6 +255,18 @@ MUTANTS = [
         "what": "exact zeros after a non-finite loss are read as nothing training and lead",
     },
     {
+        "name": "diagnosis-a-norm-never-finite-is-a-rerun",
+        "path": "fastnorm/monitoring/diagnosis/skips.py",
+        "old": "                    if r.start == first:  "
+        "# not one finite norm: no update was ever applied\n",
+        "new": "                    if False:\n",
+        "tests": [
+            "tests/test_diagnosis.py::"
+            "test_a_norm_never_finite_under_a_finite_loss_leads_with_the_precision_not_a_rerun"
+        ],
+        "what": "a norm inf at every step under a finite loss leads with a re-run from a checkpoint",
+    },
+    {
         "name": "stats-total-from-torch-rows",
         "path": "fastnorm/_eager.py",
         "old": "        total = _reduce(norm_plan, p, \"tensor_stats\")[0]\n",

@@ -376,7 +376,7 @@ class Diagnoser:
         loss = self._loss.view(self.stall_fraction, judge_start=not self._lr.still_warming)
         if objective in objectives.NOT_A_FLOOR:
             loss = None  # no floor to stall at, no rise that is a divergence: the norm is read alone
-        events = self._skips.events(last, self._loss.read, self._loss.nonfinite)
+        events = self._skips.events(last, self._loss.read, self._loss.nonfinite, self._first_step)
         events += self._skips.invalid_events()
         guard = self._skips.guard_events(last)
         events += guard

@@ -27,9 +27,20 @@ from fastnorm.monitoring.diagnosis.advice import (
     INVALID_ACTION,
     LOWER_LR,
     SKIP_NONFINITE,
+    Action,
 )
 from fastnorm.monitoring.diagnosis.events import INVALID, NONFINITE, SKIPPED, STALLED, Event, num
 from fastnorm.monitoring.diagnosis.robust import held
+
+# Every norm non-finite, the loss finite: no step's update was applied; the gradients overflow from the
+# first step, whatever the rate (a rate that blows up the weights makes the loss non-finite too).
+NEVER_FINITE = Action(
+    "precision",
+    "The gradient norm was never finite while the loss stayed finite: every step's update was skipped (a "
+    "loss scaler or an inf check), so nothing was learned. The backward pass overflows from the first "
+    "step: in fp16, train in bf16 (bf16-mixed) or fp32; already in bf16 or fp32, an inf is born in the "
+    "backward pass: fastnorm.Locator(model) names the first module and tensor where it appears.",
+)
 
 _UNFLAGGED = 4096  # non-finite steps kept waiting for a skip flag that comes after their norm
 SPIKE_CODE = 2.0  # a skip flag's value (gradient_norm_skipped) at a step skipped for a spike alone
@@ -172,8 +183,11 @@ class SkipSignal:
             for r in self.invalid
         ]
 
-    def events(self, last: int | None, loss_logged: bool, loss_nonfinite: list[Run]) -> list[Event]:
-        """Skipped steps and collapses, from the runs of non-finite norms and losses."""
+    def events(
+        self, last: int | None, loss_logged: bool, loss_nonfinite: list[Run], first: int | None = None
+    ) -> list[Event]:
+        """Skipped steps and collapses, from the runs of non-finite norms and losses (``first``: the first
+        step read)."""
         events = []
 
         def skipped(r: Run) -> bool:  # the optimizer skipped every step: the weights are intact
@@ -212,9 +226,13 @@ class SkipSignal:
                 detail = (
                     f"{r.count} non-finite norms from step {r.start} to the last step, the first {r.first}"
                 )
+                actions: tuple[Action, ...] = (CHECKPOINT, CHECK_DATA_NAN)
                 if loss_logged:
                     detail += " (the loss stayed finite: every step from there on was skipped)"
-                events.append(Event(NONFINITE, r.start, last, detail, (CHECKPOINT, CHECK_DATA_NAN)))
+                    if r.start == first:  # not one finite norm: no update was ever applied
+                        detail += "; not one norm of the run was finite"
+                        actions = (NEVER_FINITE, CHECKPOINT, CHECK_DATA_NAN)
+                events.append(Event(NONFINITE, r.start, last, detail, actions))
                 continue
             detail = f"{r.count} non-finite norm(s) ({r.first}): "
             detail += "skipped steps, the loss staying finite" if loss_logged else "the norm came back finite"
