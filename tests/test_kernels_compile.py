@@ -117,9 +117,12 @@ def test_general_kernels_read_one_element_per_load_and_say_so():
     # The main loop of a general kernel (addresses of any alignment) loads
     # single elements: a quick compile of one of them on one target.
     command = ["-m", "fastnorm", "kernels", "--json", "--target", "sm_90", "--kernel", "scale"]
+    command += ["--sass", "general"]  # the general kernels' main loops alone
     result = run_python(command, TRITON_INTERPRET="0")
     assert result.returncode == 0, result.stderr
-    general = [r for r in json.loads(result.stdout) if r["variant"].startswith("general")]
+    rows = json.loads(result.stdout)
+    assert all(r["load_bits"] == [] for r in rows if r["variant"].startswith("aligned"))  # not read
+    general = [r for r in rows if r["variant"].startswith("general")]
     assert {r["dtype"]: r["load_bits"] for r in general} == {
         "float32": [32],
         "bfloat16": [16],

@@ -352,11 +352,14 @@ def _read_amd(report: KernelReport, compiled: Any, threads: int) -> None:
     _read_loop(report, _main_loop(code, loops, amd=True), amd=True)
 
 
-SASS_CHOICES = ("all", "aligned", "none")
+SASS_CHOICES = ("all", "aligned", "general", "none")
 
 
 def _wants_sass(launch: Any, sass: str) -> bool:
-    return sass == "all" or (sass == "aligned" and bool(launch.constants.get("ALIGNED")))
+    """aligned: the kernels launched with ALIGNED set; general: those with it cleared."""
+    if sass in ("aligned", "general"):
+        return "ALIGNED" in launch.constants and bool(launch.constants["ALIGNED"]) == (sass == "aligned")
+    return sass == "all"
 
 
 def analyze(launch: Any, target_name: str, sass: str = "all") -> KernelReport:
@@ -435,7 +438,8 @@ def report(
         jobs: compiler processes to run at once.
         kernel: only the kernels whose name contains this.
         sass: which kernels' main loop to read on NVIDIA targets: all, aligned
-            (the ALIGNED norm and scale kernels) or none.
+            (the ALIGNED norm and scale kernels), general (their variants for
+            addresses of any alignment) or none.
 
     Returns:
         list[KernelReport]: rows by target, then in ``triton_backend.launches`` order.
@@ -572,7 +576,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--sass",
         choices=SASS_CHOICES,
         default="all",
-        help="whose main loop to read from SASS (default: all; aligned: the ALIGNED norm and scale kernels)",
+        help="whose main loop to read from SASS (default: all; aligned: the ALIGNED norm and scale kernels; "
+        "general: their variants for any alignment)",
     )
     parser.set_defaults(func=_run)
 
