@@ -1281,3 +1281,16 @@ def test_a_norm_never_finite_under_a_finite_loss_leads_with_the_precision_not_a_
     # Finite norms first, then inf to the end under a finite loss: still the skipped steps' re-run.
     values = [1.0] * 50 + [float("inf")] * (len(steps) - 50)
     assert diagnose(steps, values, loss=(steps, loss)).action_ids[0] == "checkpoint"
+
+
+def test_a_plateau_at_a_logged_cut_of_the_rate_is_dated_from_the_cut():
+    # Falls from 4.5 to 3 by step 24, the rate cut 10^4x at step 30, flat for the rest: the stall's onset
+    # is the cut, its cause, not the run's first step.
+    steps = list(range(300))
+    loss = losses(4, lambda i: 3.0 + 1.5 * max(0.0, 1 - i / 24), n=300, sigma=0.05)[1]
+    values = noise(4, n=300)
+    lr = {i: 3e-3 if i < 30 else 3e-7 for i in steps}
+    d = diagnose(steps, values, loss=(steps, loss), lr=lr)
+    stall = only(d, "stalled")
+    assert d.verdict == "stalled" and first_action(d) == "lr_schedule", d.report()
+    assert stall.start_step == 30 and d.onset == 30, d.report()

@@ -267,6 +267,16 @@ MUTANTS = [
         "what": "a norm inf at every step under a finite loss leads with a re-run from a checkpoint",
     },
     {
+        "name": "diagnosis-a-plateau-at-a-cut-is-dated-from-the-first-step",
+        "path": "fastnorm/monitoring/diagnosis/diagnoser.py",
+        "old": "        start = change[0] if change is not None else self._first_step\n",
+        "new": "        start = self._first_step\n",
+        "tests": [
+            "tests/test_diagnosis.py::test_a_plateau_at_a_logged_cut_of_the_rate_is_dated_from_the_cut"
+        ],
+        "what": "a plateau where the logged rate was cut is dated from the run's first step, not the cut",
+    },
+    {
         "name": "stats-total-from-torch-rows",
         "path": "fastnorm/_eager.py",
         "old": "        total = _reduce(norm_plan, p, \"tensor_stats\")[0]\n",

@@ -610,12 +610,15 @@ class Diagnoser:
             f"the loss fell from {num(loss.first)} to {num(at)} by step {step}, then stopped: "
             f"{num(loss.final)} at the end, {last - step} steps later"
         )
-        stall = self._stall(False, self._first_step, detail, loss, found, last, plateau)
-        cut = self._lr_cut(step, last)
-        if cut is None:
+        change = None if last is None else self._lr.cut(step, last, self._reach(), 10.0)
+        # A logged cut of the rate where the loss stopped is the stall's cause: dated from it. Otherwise
+        # from the first step: a rate too high for the stage (no warmup) was so from the start.
+        start = change[0] if change is not None else self._first_step
+        stall = self._stall(False, start, detail, loss, found, last, plateau)
+        if change is None:
             return stall
         rest = tuple(a for a in stall.actions if a.id != "lr_schedule")
-        return replace(stall, actions=(cut, *rest))
+        return replace(stall, actions=(advice.schedule_cut(change, self._lr.last), *rest))
 
     def _lr_cut(self, step: int, last: int | None, factor: float = 10.0) -> advice.Action | None:
         """The schedule's cut where the loss stopped falling at ``step`` (``LrSignal.cut``), as an action."""
