@@ -40,8 +40,15 @@ def patch_triton_language_once_per_launch() -> bool:
     if original is None or scope is None or tl is None or getattr(original, "once_per_launch", False):
         return False
 
+    found: dict[int, tuple[dict, list]] = {}  # id of a function's globals -> (them, the language modules)
+
     def patch_lang(fn):
-        langs = [v for v in fn.__globals__.values() if inspect.ismodule(v) and v in (tl, tl.core)]
+        # A module's globals hold the language modules it imported for good: read once per module.
+        held = found.get(id(fn.__globals__))
+        if held is None or held[0] is not fn.__globals__:
+            langs = [v for v in fn.__globals__.values() if inspect.ismodule(v) and v in (tl, tl.core)]
+            held = found[id(fn.__globals__)] = (fn.__globals__, langs)
+        langs = held[1]
         if langs and not any(tl.core.is_builtin(getattr(lang, "load", None)) for lang in langs):
             return scope()  # inside a launch: already patched
         return original(fn)
