@@ -245,9 +245,8 @@ MUTANTS = [
     {
         "name": "diagnosis-zeros-after-a-collapse-lead",
         "path": "fastnorm/monitoring/diagnosis/diagnoser.py",
-        "old": "        if zero is not None and collapse is not None and "
-        "collapse.start_step <= zero.start_step:\n",
-        "new": "        if False:\n",
+        "old": "            if collapse is not None and collapse.start_step <= zero.start_step:\n",
+        "new": "            if False:\n",
         "tests": [
             "tests/test_diagnosis.py::"
             "test_zeros_after_the_loss_went_non_finite_are_its_aftermath_not_the_finding_that_leads"

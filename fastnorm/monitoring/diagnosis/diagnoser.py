@@ -433,18 +433,18 @@ class Diagnoser:
                 for e in events
             ]
         zero = self._zeros.event(self._ev, last, self.sustain)
-        collapse = next((e for e in events if e.kind == NONFINITE), None)
-        if zero is not None and collapse is not None and collapse.start_step <= zero.start_step:
-            # Zeros from a step at or after non-finite values: the collapse's aftermath (the gradients of
-            # a NaN loss skipped or zeroed), not a run in which nothing trains. Said, never leading.
-            detail = f"{zero.detail}, after the non-finite values from step {collapse.start_step}"
-            events = [e for e in events if not (e.kind == VANISHING and e.end_step >= zero.start_step)]
-            events.append(replace(zero, detail=detail))
-            zero = None
         if zero is not None:
             # The norm's own fall to 0 is this finding, said once.
             events = [e for e in events if not (e.kind == VANISHING and e.end_step >= zero.start_step)]
-            events.append(zero)
+            collapse = next((e for e in events if e.kind == NONFINITE), None)
+            if collapse is not None and collapse.start_step <= zero.start_step:
+                # Zeros from a step at or after non-finite values: the collapse's aftermath (the gradients
+                # of a NaN loss skipped or zeroed), not a run in which nothing trains. Said, never leading.
+                after = f", after the non-finite values from step {collapse.start_step}"
+                events.append(replace(zero, detail=zero.detail + after))
+                zero = None
+            else:
+                events.append(zero)
         events.sort(key=lambda e: (e.start_step, KINDS.index(e.kind), e.end_step))
         kinds = {e.kind for e in events}
         verdict = next((k for k in UNSTABLE if k in kinds), STABLE)
@@ -610,7 +610,7 @@ class Diagnoser:
             f"the loss fell from {num(loss.first)} to {num(at)} by step {step}, then stopped: "
             f"{num(loss.final)} at the end, {last - step} steps later"
         )
-        change = None if last is None else self._lr.cut(step, last, self._reach(), 10.0)
+        change = self._lr_cut(step, last)
         # A logged cut of the rate where the loss stopped is the stall's cause: dated from it. Otherwise
         # from the first step: a rate too high for the stage (no warmup) was so from the start.
         start = change[0] if change is not None else self._first_step
@@ -620,10 +620,10 @@ class Diagnoser:
         rest = tuple(a for a in stall.actions if a.id != "lr_schedule")
         return replace(stall, actions=(advice.schedule_cut(change, self._lr.last), *rest))
 
-    def _lr_cut(self, step: int, last: int | None, factor: float = 10.0) -> advice.Action | None:
-        """The schedule's cut where the loss stopped falling at ``step`` (``LrSignal.cut``), as an action."""
-        cut = None if last is None else self._lr.cut(step, last, self._reach(), factor)
-        return None if cut is None else advice.schedule_cut(cut, self._lr.last)
+    def _lr_cut(self, step: int, last: int | None, factor: float = 10.0) -> tuple | None:
+        """The logged change of the schedule that cut the rate where the loss stopped falling at ``step``
+        (``LrSignal.cut``), or None."""
+        return None if last is None else self._lr.cut(step, last, self._reach(), factor)
 
     def _lr_jump(self, loss: LossView, found: list[Found], last: int | None) -> Event | None:
         """A loss that jumped 10x over its level just after a jump of the learning rate (more than 2x, or to

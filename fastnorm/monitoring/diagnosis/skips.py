@@ -184,7 +184,7 @@ class SkipSignal:
         ]
 
     def events(
-        self, last: int | None, loss_logged: bool, loss_nonfinite: list[Run], first: int | None = None
+        self, last: int | None, loss_logged: bool, loss_nonfinite: list[Run], first: int | None
     ) -> list[Event]:
         """Skipped steps and collapses, from the runs of non-finite norms and losses (``first``: the first
         step read)."""
