@@ -4,7 +4,7 @@
     nice -n 10 python tests/families/make_novel.py NAME ...   # some runs
     python tests/families/make_novel.py --list                # names, family, objective and cause
 
-Needs only torch and Python's own files: nothing is downloaded. Fifteen families,
+Needs only torch and Python's own files: nothing is downloaded. Nineteen families,
 each on another objective or another kind of training than ``make_runs.py``'s:
 
 * ``stdlm``: a character language model (an embedding and an MLP over the last
@@ -32,7 +32,11 @@ saw; so are ``gru`` and ``ranker`` (a third batch) and ``attnlm`` (a 2-layer
 pre-LN causal transformer character LM) and ``forecast`` (an LSTM forecaster
 of noisy sines, Huber loss), the fourth; ``grpo`` (a group-relative policy
 gradient with a KL term to its initial copy, its mean reward logged) and
-``vit`` (a 2-layer vision transformer on the shapes), the fifth.
+``vit`` (a 2-layer vision transformer on the shapes), the fifth; ``gnn`` (a
+two-layer GCN on a stochastic block model, full-batch), ``distill`` (an MLP
+student distilled from a fixed teacher, KL at temperature 4), ``ctc`` (a
+convolution and a bidirectional GRU under the CTC loss, speech-shaped) and
+``dpo`` (direct preference optimisation against a frozen reference), the sixth.
 
 Each run logs through ``GradNormMonitor`` + ``JsonlLogger`` as a user's loop
 does: some told the optimizer (the learning rate and settings logged), some
@@ -565,11 +569,118 @@ def vit(loop: Loop, lr=1e-3, opt="adam", weight_decay=0.0, **_):
     return train(step_fn, params, optimizer, loop), {"chance": math.log(3), "objective": "minimise"}
 
 
+def gnn(loop: Loop, lr=1e-2, opt="adam", weight_decay=0.0, **_):
+    """A two-layer graph convolutional network (GCN) classifying the nodes of a stochastic block model: 600
+    nodes in 4 communities, 16 noisy features a node, trained full-batch on half the nodes (the same batch
+    at every step, dropout its only noise), as node classifiers are trained."""
+    n, k = 600, 4
+    y = torch.arange(n) % k
+    a = (torch.rand(n, n) < torch.where(y[:, None] == y[None, :], 0.04, 0.006)).float().triu(1)
+    a = a + a.T + torch.eye(n)
+    d = a.sum(1).rsqrt()
+    adj = d[:, None] * a * d[None, :]  # the symmetric normalisation, self-loops included
+    x = 0.4 * torch.randn(k, 16)[y] + torch.randn(n, 16)
+    train_nodes = torch.randperm(n)[: n // 2]
+    first, second = nn.Linear(16, 32), nn.Linear(32, k)
+    params = [*first.parameters(), *second.parameters()]
+    optimizer = adam(params, lr, weight_decay) if opt == "adam" else torch.optim.SGD(params, lr=lr, momentum=0.9)
+
+    def step_fn(step):
+        h = F.dropout(F.relu(adj @ first(x)), 0.5)
+        out = adj @ second(h)
+        return F.cross_entropy(out[train_nodes], y[train_nodes]), None
+
+    return train(step_fn, params, optimizer, loop), {"chance": math.log(k), "objective": "minimise"}
+
+
+def distill(loop: Loop, lr=2e-3, opt="adam", weight_decay=0.0, **_):
+    """Knowledge distillation: a small MLP student learns a larger, fixed teacher's softened outputs on
+    10 classes (the KL divergence at temperature 4, times 16 as Hinton's recipe scales it): the loss
+    falls toward what the student's capacity leaves, not toward 0."""
+    teacher = mlp([20, 128, 128, 10])
+    with torch.no_grad():
+        for layer in teacher[::2]:
+            layer.weight.mul_(2.0)  # a confident teacher: logits spread over several units
+    teacher.requires_grad_(False)
+    student = mlp([20, 24, 10])
+    params = list(student.parameters())
+    optimizer = adam(params, lr, weight_decay) if opt == "adam" else torch.optim.SGD(params, lr=lr, momentum=0.9)
+    t = 4.0
+
+    def step_fn(step):
+        x = torch.randn(64, 20)
+        target = F.log_softmax(teacher(x) / t, 1)
+        return F.kl_div(F.log_softmax(student(x) / t, 1), target, log_target=True, reduction="batchmean") * t * t, None
+
+    return train(step_fn, params, optimizer, loop), {"chance": None, "objective": "minimise"}
+
+
+def ctc(loop: Loop, lr=3e-3, opt="adam", **_):
+    """A speech-recognition-shaped model: a 1-D convolution and a bidirectional GRU read 48 frames of noisy
+    8-D features, in which 3 to 6 symbols (of 10) are each held for 4 to 8 frames, and are trained with the
+    CTC loss (the blank is class 0), as acoustic models are."""
+    codebook = torch.randn(11, 8)
+    codebook[0] = 0.0  # silence
+    conv, rnn, head = nn.Conv1d(8, 32, 5, padding=2), nn.GRU(32, 32, batch_first=True, bidirectional=True), nn.Linear(64, 11)
+    params = [*conv.parameters(), *rnn.parameters(), *head.parameters()]
+    optimizer = adam(params, lr) if opt == "adam" else torch.optim.SGD(params, lr=lr, momentum=0.9)
+    frames = 48
+
+    def batch(n: int):
+        feats, targets, lengths = torch.zeros(n, frames, 8), [], []
+        for i in range(n):
+            symbols = torch.randint(1, 11, (int(torch.randint(3, 7, ())),))
+            at = int(torch.randint(0, 4, ()))
+            for s in symbols.tolist():
+                hold = int(torch.randint(4, 9, ()))
+                feats[i, at : at + hold] = codebook[s]
+                at += hold
+            targets.append(symbols)
+            lengths.append(len(symbols))
+        return feats + 0.6 * torch.randn_like(feats), torch.cat(targets), torch.tensor(lengths)
+
+    def step_fn(step):
+        feats, targets, lengths = batch(16)
+        h = F.relu(conv(feats.transpose(1, 2))).transpose(1, 2)
+        out, _ = rnn(h)
+        logp = F.log_softmax(head(out), -1).transpose(0, 1)  # (frames, batch, classes)
+        every = torch.full((16,), frames, dtype=torch.long)
+        return F.ctc_loss(logp, targets, every, lengths), None
+
+    return train(step_fn, params, optimizer, loop), {"chance": None, "objective": "minimise"}
+
+
+def dpo(loop: Loop, lr=3e-3, beta=0.1, weight_decay=0.0, reward_bug=False, **_):
+    """Direct preference optimisation (DPO's loss, small): a policy over 16 answers to a context of 12
+    features and a frozen copy of it as the reference; of each pair of answers the preferred one scores
+    higher under a hidden linear rule. The loss starts at ln 2 and falls as the policy's log-ratio margin
+    grows. ``reward_bug``: the preferences are a coin flip, apart from the pairs (labels that lost their
+    alignment): there is nothing to learn."""
+    rule = torch.randn(12, 16)
+    policy, ref = mlp([12, 64, 16], nn.Tanh), mlp([12, 64, 16], nn.Tanh)
+    ref.load_state_dict(policy.state_dict())
+    ref.requires_grad_(False)
+    params = list(policy.parameters())
+    optimizer = adam(params, lr, weight_decay)
+
+    def step_fn(step):
+        c = torch.randn(32, 12)
+        a, b = torch.randint(0, 16, (2, 32, 1))
+        score = c @ rule
+        prefer_a = torch.rand(32, 1) < 0.5 if reward_bug else score.gather(1, a) > score.gather(1, b)
+        chosen, rejected = torch.where(prefer_a, a, b), torch.where(prefer_a, b, a)
+        ratio = F.log_softmax(policy(c), 1) - F.log_softmax(ref(c), 1)
+        margin = beta * (ratio.gather(1, chosen) - ratio.gather(1, rejected))
+        return -F.logsigmoid(margin).mean(), None
+
+    return train(step_fn, params, optimizer, loop), {"chance": math.log(2), "objective": "minimise"}
+
+
 FAMILIES = {
     f.__name__: f
     for f in (
         stdlm, shapes, finetune, denoiser, gan, contrastive, bandit, vae, tabular, gru, ranker, attnlm, forecast,
-        grpo, vit,
+        grpo, vit, gnn, distill, ctc, dpo,
     )
 }  # fmt: skip
 
@@ -808,16 +919,40 @@ def reward_never_pays(family, loop, **kw):
 
 
 def lr_too_low(family, loop, factor=1e-3, **kw):
-    """A learning rate far too low from the first step: the policy barely moves, the reward stays put."""
+    """A learning rate far too low from the first step: the model barely moves, the reward (or, without one,
+    the loss) stays put."""
     loop.lr_factor = lambda s: factor
     trained, facts = _run(family, loop, kw)
-    first, last = _reward_rise(trained)
-    require(last < first + 0.02, f"the reward rose from {first:.3g} to {last:.3g}")
+    if "reward" in trained.extras:
+        first, last = _reward_rise(trained)
+        require(last < first + 0.02, f"the reward rose from {first:.3g} to {last:.3g}")
+        what = "the reward"
+    else:
+        first, last = level(trained.losses, 0, 20), level(trained.losses, len(trained.losses) - 50, len(trained.losses))
+        require(last > 0.95 * first, f"the loss fell from {first:.3g} to {last:.3g}")
+        what = "the loss"
     return trained, facts, {
-        "cause": f"a learning rate {factor:g}x the healthy one: the reward stays put ({first:.3g} to {last:.3g})",
+        "cause": f"a learning rate {factor:g}x the healthy one: {what} stays put ({first:.3g} to {last:.3g})",
         "verdicts": ["stalled"],
         "onset": 0,
         "actions": ["raise_lr"],
+        "abrupt": False,
+    }
+
+
+def labels_shuffled(family, loop, **kw):
+    """The labels lost their alignment with the inputs (a preference pair's order is a coin flip): the loss
+    stays at its chance level, whatever the model does."""
+    trained, facts = _run(family, loop, {**kw, "reward_bug": True})
+    chance, n = facts["chance"], len(trained.losses)
+    end = level(trained.losses, n - 50, n)
+    require(end > 0.97 * chance, f"it learned (loss {end:.3g}, chance {chance:.3g})")
+    return trained, facts, {
+        "cause": f"labels that lost their alignment with the inputs: the loss stays at chance ({end:.3g}, "
+        f"ln 2 = {chance:.3g})",
+        "verdicts": ["stalled"],
+        "onset": 0,
+        "actions": ["check_labels", "check_data"],
         "abrupt": False,
     }
 
@@ -923,6 +1058,32 @@ SPECS = [
     Spec("vit-plateau-warmup", "vit", plateau, {"onset": 30, "warmup": 10}, seed=544),
     Spec("vit-slow-rise-nolr", "vit", slow_rise, {"onset": 120, "growth": 1.05}, NOLR, seed=545),
     Spec("vit-weight-decay", "vit", weight_decay, {"decay": 100.0}, seed=546),
+    # A sixth batch, made after the rule changes "a loss rising into inf diverged from the start", "a norm
+    # never finite leads with the precision" and "a plateau at a logged cut is dated from the cut", scored
+    # live from the first run of the diagnosis on it.
+    Spec("gnn-healthy", "gnn", healthy, seed=551),
+    Spec("gnn-healthy-nolr", "gnn", healthy, loop=NOLR, seed=552),
+    Spec("gnn-lr-too-high-nolr", "gnn", lr_too_high, {"factor": 300.0}, NOLR, seed=553),
+    Spec("gnn-weight-decay", "gnn", weight_decay, {"decay": 100.0}, seed=554),
+    Spec("gnn-plateau-warmup", "gnn", plateau, {"onset": 40, "warmup": 10}, seed=555),
+    Spec("gnn-detached-midway", "gnn", nothing_trains, {"onset": 150}, seed=556),
+    Spec("distill-healthy", "distill", healthy, seed=561),
+    Spec("distill-healthy-nolr", "distill", healthy, loop=NOLR, seed=562),
+    Spec("distill-lr-too-high", "distill", lr_too_high, {"factor": 1e4}, seed=563),
+    Spec("distill-slow-rise-nolr", "distill", slow_rise, {"onset": 120, "growth": 1.05}, NOLR, seed=564),
+    Spec("distill-fp16-underflow-nolr", "distill", fp16_underflow, {"onset": 150}, NOLR, seed=565),
+    Spec("distill-resume-jump-nolr", "distill", resume_jump, {"opt": "sgd", "lr": 1.0}, NOLR, seed=566),
+    Spec("ctc-healthy", "ctc", healthy, seed=571),
+    Spec("ctc-healthy-nolr", "ctc", healthy, loop=NOLR, seed=572),
+    Spec("ctc-lr-too-high-nolr", "ctc", lr_too_high, {"factor": 1e4}, NOLR, seed=573),
+    Spec("ctc-slow-rise", "ctc", slow_rise, {"onset": 100, "growth": 1.06}, seed=574),
+    Spec("ctc-plateau-nolr", "ctc", plateau, {"onset": 40}, NOLR, seed=575),
+    Spec("dpo-healthy", "dpo", healthy, seed=581),
+    Spec("dpo-healthy-nolr", "dpo", healthy, loop=NOLR, seed=582),
+    Spec("dpo-labels-shuffled", "dpo", labels_shuffled, seed=583),
+    Spec("dpo-labels-shuffled-nolr", "dpo", labels_shuffled, loop=NOLR, seed=584),
+    Spec("dpo-lr-too-low-nolr", "dpo", lr_too_low, {"factor": 1e-3}, NOLR, seed=585),
+    Spec("dpo-lr-too-high", "dpo", lr_too_high, {"factor": 1000.0}, seed=586),
 ]
 BY_NAME = {s.name: s for s in SPECS}
 
