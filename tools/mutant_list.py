@@ -2286,4 +2286,26 @@ MUTANTS = [
         ],
         "what": "a plateau in a log without the rate leads with a warmup, as if the rate were known constant",
     },
+    {
+        "name": "diagnosis-a-loss-made-worse-from-its-first-point-is-a-rate-too-low",
+        "path": "fastnorm/monitoring/diagnosis/loss.py",
+        "old": "        return (self.steps[0], ys[0], later) if later >= 1.5 * ys[0] else None\n",
+        "new": "        return None\n",
+        "tests": [
+            "tests/test_diagnosis_uncertainty.py::"
+            "test_a_loss_the_updates_made_worse_from_its_first_point_is_a_rate_too_high_not_too_low"
+        ],
+        "what": "a loss the updates made worse from its first point is told to raise the learning rate",
+    },
+    {
+        "name": "diagnosis-an-unlogged-plateau-goes-unsaid",
+        "path": "fastnorm/monitoring/diagnosis/diagnoser.py",
+        "old": "        plateau = loss.plateau(deep=True)\n        if plateau is None or self._lr.first is not None:\n",
+        "new": "        plateau = None\n        if plateau is None or self._lr.first is not None:\n",
+        "tests": [
+            "tests/test_diagnosis_uncertainty.py::"
+            "test_a_loss_flat_after_an_early_fall_in_a_log_without_the_rate_is_said_not_judged"
+        ],
+        "what": "a loss flat after an early fall in a log without the rate reads as plain stable, unsaid",
+    },
 ]

@@ -401,6 +401,7 @@ class Stall:
     noise: float = 0.0  # the loss's step-to-step noise, as a fraction of its level
     plateau: tuple[int, float] | None = None  # (step, level) where an early fall stopped for good
     best: float | None = None  # its best (smoothed) level, where it went back up from
+    rose: tuple[int, float, float] | None = None  # (step, loss, least later level): see LossView.rose_at_once
 
     def learned(self) -> bool:
         """A loss that went back to chance after it had fallen a quarter below it: the labels matched its
@@ -455,6 +456,18 @@ def unlogged_plateau_actions(plateau: tuple[int, float], norm_steady: bool) -> t
 def stall_actions(ev: Evidence, stall: Stall, layer_snapshots: int, layers_vanished: bool, norm_steady: bool):
     """What to do about a stalled loss, the action the evidence points at first."""
     causes = []
+    if stall.rose is not None:
+        step, first, later = stall.rose
+        rate = f" (it is {_g(ev.lr_first)})" if ev.lr_first is not None else ""
+        causes.append(
+            Action(
+                "lower_lr",
+                f"Lower the learning rate{rate}: the loss was {_g(first)} at its first point (step {step}) "
+                f"and {_g(later)} or more at every later one, so the updates made the model worse from the "
+                "first ones, as a rate far too high does (a rate too low, or labels that cannot be learned, "
+                "leave the loss where it began).",
+            )
+        )
     decay = weight_decay_action(ev, ", holding them near zero")
     if decay is not None:
         causes.append(decay)
@@ -558,7 +571,8 @@ def stall_actions(ev: Evidence, stall: Stall, layer_snapshots: int, layers_vanis
             "none",
             "The per-layer norms show no vanishing layer: look at the learning rate and the data first.",
         )
-    actions = [*causes, lr_action, CHECK_DATA, vanishing]
+    # A loss the updates made worse from the first ones rules out a rate too low.
+    actions = [*causes, *([lr_action] if stall.rose is None else []), CHECK_DATA, vanishing]
     if ev.interval > 1:
         actions.append(log_every_step(ev))
     first = {}

@@ -376,6 +376,7 @@ class Diagnoser:
         loss = self._loss.view(self.stall_fraction, judge_start=not self._lr.still_warming)
         if objective in objectives.NOT_A_FLOOR:
             loss = None  # no floor to stall at, no rise that is a divergence: the norm is read alone
+        notes: list[str] = []
         events = self._skips.events(last, self._loss.read, self._loss.nonfinite, self._first_step)
         events += self._skips.invalid_events()
         guard = self._skips.guard_events(last)
@@ -411,6 +412,8 @@ class Diagnoser:
             events.append(self._loss_event(read, loss, found, last))
         elif loss is not None and (plateau := self._plateau_found(loss, last)) is not None:
             events.append(self._plateau(plateau, loss, found, last))
+        elif loss is not None:
+            notes += self._unlogged_plateau(loss, last)
         events += [self._norm_event(f, loss, found) for i, f in enumerate(found) if i not in consumed]
         if objective in objectives.NOT_A_FLOOR:
             events = [self._for_objective(e, objective) for e in events]
@@ -461,8 +464,25 @@ class Diagnoser:
             actions += [a for a in e.actions if a not in actions]
         return Diagnosis(
             verdict, tuple(events), tuple(actions), self._count, signals, objective=objective, objective_read=read_as,
-            located=located_lines(self._located),
+            located=located_lines(self._located), notes=tuple(notes) if verdict == STABLE else (),
         )
+
+    def _unlogged_plateau(self, loss: LossView, last: int) -> list[str]:
+        """A loss that stopped falling early and stayed put, in a log without the learning rate: said (in a
+        run judged stable, where nothing else explains it), not judged. It reads the same as a model that
+        converged early (healthy runs of the families corpus do) and as a rate cut to near zero (a
+        schedule's mistake); only the rate tells them apart."""
+        plateau = loss.plateau(deep=True)
+        if plateau is None or self._lr.first is not None:
+            return []
+        step, at = plateau
+        span = max(1, last - loss.steps[0])
+        return [
+            f"the loss fell less than {loss.stall_fraction:.0%} from step {step} ({num(at)}, from "
+            f"{num(loss.first)} at the start) to the end: {last - step} steps, {(last - step) / span:.0%} of "
+            "the run. A model that converged early and a learning rate cut to near zero read the same; the "
+            "log holds no learning rate to tell them apart: log it (GradNormMonitor(optimizer=...))"
+        ]
 
     def _ties_are_ordinary(self) -> bool:
         """A reward-driven run, as far as read: its exact zeros are batches whose rewards tied."""
@@ -578,7 +598,9 @@ class Diagnoser:
     ) -> Event:
         norm_steady = not any(f.event.kind in (EXPLODING, VANISHING) for f in found)
         plateau = loss.plateau() if plateau is None else plateau
-        stall = advice.Stall(never, loss.first, start, loss.chance(), loss.noise, plateau, loss.best)
+        stall = advice.Stall(
+            never, loss.first, start, loss.chance(), loss.noise, plateau, loss.best, loss.rose_at_once()
+        )
         actions = advice.stall_actions(
             self._ev, stall, self._layers.snapshots, self._layers.vanished, norm_steady
         )

@@ -89,6 +89,8 @@ class Diagnosis:
         objective_read (str): where it was read from the log, how ("" when given or the default).
         located (tuple of str): where the run first went non-finite or
             overflowed, as a :class:`~fastnorm.Locator` logged it (one line each).
+        notes (tuple of str): what the log cannot tell apart, said rather than
+            guessed, with what to log to tell (one line each; no verdict rests on them).
     """
 
     verdict: str
@@ -100,6 +102,7 @@ class Diagnosis:
     objective: str = "minimise"
     objective_read: str = ""  # how the objective was read from the log ("" where given, or the default)
     located: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
 
     @property
     def unstable(self) -> bool:
@@ -153,6 +156,7 @@ class Diagnosis:
             "objective": self.objective,
             "objective_read": self.objective_read,
             "located": list(self.located),
+            "notes": list(self.notes),
         }
 
     def report(self) -> str:
@@ -198,6 +202,7 @@ class Diagnosis:
             lines.extend(f"    - {a}" for a in e.actions)
         if not self.events:
             lines.append("  no event: the norm stayed within its band")
+        lines.extend(f"  note: {line}" for line in self.notes)
         lines.extend(f"  where: {line}" for line in self.located)
         return "\n".join(lines)
 

@@ -201,6 +201,18 @@ class LossView:
                     break
         return None
 
+    def rose_at_once(self) -> tuple[int, float, float] | None:
+        """``(step, loss, least later level)`` where the loss was at its lowest at its first point and every
+        later smoothed level lies 1.5x or more above it: the updates made the model worse from the first
+        ones, as a rate far too high does. A rate too low, or labels that cannot be learned, leave the loss
+        where it began. A loss that follows its batches (``noisy``) has no first point to trust; None
+        otherwise too."""
+        ys = self.ys
+        if self.noisy or len(ys) < 3 * self.w or not ys[0] > 0:
+            return None
+        later = min(self.smooth[self.w :])
+        return (self.steps[0], ys[0], later) if later >= 1.5 * ys[0] else None
+
     def plateau(self, deep: bool = False) -> tuple[int, float] | None:
         """``(step, level)`` where the loss, after falling early (within the first tenth of the run), stopped
         for good far above its start's half: a plateau of two thirds of the run and 200 steps or more, over
