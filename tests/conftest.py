@@ -50,7 +50,13 @@ def _interpreted(item) -> bool:
     return any(isinstance(v, str) and v.split("-")[-1] == "triton" for v in params.values())
 
 
+# Modules whose tests wait on work started in the background at collection:
+# they run last, so that the work has the whole suite to finish in.
+LAST_MODULES = ("test_kernels_compile",)
+
+
 def pytest_collection_modifyitems(config, items):
+    items.sort(key=lambda item: item.module.__name__ in LAST_MODULES)  # stable: the order otherwise kept
     for item in items:
         if item.module.__name__ in SLOW_MODULES or (not torch.cuda.is_available() and _interpreted(item)):
             item.add_marker(pytest.mark.slow)

@@ -7,9 +7,11 @@ and scale kernels read float32/bfloat16/float16 with 128-bit loads only in
 their main loop, and the L2 norm kernels stay within a quarter of a float64
 instruction per element.
 
-Compiling takes minutes of CPU, so it runs once, in a child process started
-when this module is imported: the suite's other tests run meanwhile on the
-other core.
+Compiling takes minutes of CPU, so each compile the tests read runs once, in
+child processes started one after another from when this module is imported
+(at collection), at a low priority: the suite's other tests run meanwhile, and
+the children take the cycles they leave idle. The conftest runs this module
+last, so that the children have the whole suite to finish in.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 
 import pytest
 
@@ -30,23 +33,68 @@ pytest.importorskip("triton")
 
 TARGETS = ("sm_80", "sm_89", "sm_90", "sm_100")
 NARROW = ("float32", "bfloat16", "float16")
+CHILD_NICENESS = 10  # below the tests in the foreground, which are the suite's critical path
 
-_COMPILE = subprocess.Popen(
-    [sys.executable, "-m", "fastnorm", "kernels", "--json", "--sass", "aligned", "--target", *TARGETS],
-    stdout=subprocess.PIPE,
-    stderr=subprocess.PIPE,
-    text=True,
-    env={**os.environ, "TRITON_INTERPRET": "0"},
-    cwd=os.path.dirname(os.path.abspath(__file__)),  # import the installed package, not the source tree
-)
-atexit.register(lambda: _COMPILE.poll() is None and _COMPILE.kill())
+KERNELS = ["-m", "fastnorm", "kernels"]
+# The compiles the tests read, in the order they run in one background thread, one child at a time.
+JOBS = {
+    "aligned": [*KERNELS, "--json", "--sass", "aligned", "--target", *TARGETS],
+    # the general kernels' main loops alone, on one target
+    "general": [*KERNELS, "--json", "--target", "sm_90", "--kernel", "scale", "--sass", "general"],
+    "amd": [*KERNELS, "--json", "--target", "gfx942", "--kernel", "scale"],
+    # the rows come from the compiler and the resource usage: no SASS needed
+    "failing": [*KERNELS, "--target", "sm_90,sm_1,gfx_bad", "--kernel", "finalize", "--sass", "none"],
+    "nomatch": [*KERNELS, "--target", "sm_90", "--kernel", "nomatch"],
+}
+
+
+class Background:
+    """Runs JOBS one after another in child processes at a low priority, from import on."""
+
+    def __init__(self, jobs: dict[str, list[str]]) -> None:
+        self.jobs = jobs
+        self.results: dict[str, subprocess.CompletedProcess] = {}
+        self.done = {name: threading.Event() for name in jobs}
+        self.child: subprocess.Popen | None = None
+        self.stopped = False
+        threading.Thread(target=self._run, daemon=True).start()
+        atexit.register(self.stop)
+
+    def _run(self) -> None:
+        for name, args in self.jobs.items():
+            if self.stopped:
+                break
+            self.child = subprocess.Popen(
+                [sys.executable, *args],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env={**os.environ, "TRITON_INTERPRET": "0"},
+                cwd=os.path.dirname(os.path.abspath(__file__)),  # import the installed package, not the tree
+                preexec_fn=(lambda: os.nice(CHILD_NICENESS)) if hasattr(os, "nice") else None,
+            )
+            out, err = self.child.communicate()
+            self.results[name] = subprocess.CompletedProcess(args, self.child.returncode, out, err)
+            self.done[name].set()
+
+    def result(self, name: str) -> subprocess.CompletedProcess:
+        assert self.done[name].wait(timeout=900), f"{name}: still compiling after 15 minutes"
+        return self.results[name]
+
+    def stop(self) -> None:
+        self.stopped = True
+        if self.child is not None and self.child.poll() is None:
+            self.child.kill()
+
+
+BACKGROUND = Background(JOBS)
 
 
 @pytest.fixture(scope="module")
 def rows():
-    out, err = _COMPILE.communicate(timeout=900)
-    assert _COMPILE.returncode == 0, err[-3000:]
-    return json.loads(out)
+    result = BACKGROUND.result("aligned")
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout)
 
 
 def launched():
@@ -116,9 +164,7 @@ def test_l2_sums_stay_within_a_quarter_fp64_instruction_per_element(rows, target
 def test_general_kernels_read_one_element_per_load_and_say_so():
     # The main loop of a general kernel (addresses of any alignment) loads
     # single elements: a quick compile of one of them on one target.
-    command = ["-m", "fastnorm", "kernels", "--json", "--target", "sm_90", "--kernel", "scale"]
-    command += ["--sass", "general"]  # the general kernels' main loops alone
-    result = run_python(command, TRITON_INTERPRET="0")
+    result = BACKGROUND.result("general")
     assert result.returncode == 0, result.stderr
     rows = json.loads(result.stdout)
     assert all(r["load_bits"] == [] for r in rows if r["variant"].startswith("aligned"))  # not read
@@ -132,8 +178,7 @@ def test_general_kernels_read_one_element_per_load_and_say_so():
 
 
 def test_amd_targets_compile_with_128_bit_loads():
-    command = ["-m", "fastnorm", "kernels", "--json", "--target", "gfx942", "--kernel", "scale"]
-    result = run_python(command, TRITON_INTERPRET="0")
+    result = BACKGROUND.result("amd")
     assert result.returncode == 0, result.stderr
     aligned = [r for r in json.loads(result.stdout) if r["variant"].startswith("aligned")]
     assert len(aligned) == 7 and all(r["load_bits"] == r["store_bits"] == [128] for r in aligned), aligned
@@ -141,12 +186,7 @@ def test_amd_targets_compile_with_128_bit_loads():
 
 
 def test_a_target_that_cannot_compile_is_reported_and_the_others_carry_on():
-    result = run_python(
-        # the rows come from the compiler and the resource usage: no SASS needed
-        ["-m", "fastnorm", "kernels", "--target", "sm_90,sm_1,gfx_bad", "--kernel", "finalize"]
-        + ["--sass", "none"],
-        TRITON_INTERPRET="0",
-    )
+    result = BACKGROUND.result("failing")
     assert result.returncode == 1
     lines = result.stdout.splitlines()
     assert lines[0].split()[:3] == ["target", "kernel", "dtype"]
@@ -236,8 +276,7 @@ def test_unknown_target_names_are_value_errors():
 def test_a_kernel_filter_that_matches_nothing_exits_2_with_the_names():
     from fastnorm.backends import triton_backend
 
-    command = ["-m", "fastnorm", "kernels", "--target", "sm_90", "--kernel", "nomatch"]
-    result = run_python(command, TRITON_INTERPRET="0")
+    result = BACKGROUND.result("nomatch")
     assert (result.returncode, result.stdout) == (2, ""), result.stderr
     names = ", ".join(sorted({launch.kernel for launch in triton_backend.launches()}))
     assert result.stderr == (
