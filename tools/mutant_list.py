@@ -2308,4 +2308,26 @@ MUTANTS = [
         ],
         "what": "a loss flat after an early fall in a log without the rate reads as plain stable, unsaid",
     },
+    {
+        "name": "diagnosis-a-climbing-baseline-warns-of-nothing",
+        "path": "fastnorm/monitoring/diagnosis/norm.py",
+        "old": "        if high - low < CLIMB_ORDERS or high < max(b for _, b in climb):\n",
+        "new": "        if True:\n",
+        "tests": [
+            "tests/test_diagnosis_early.py::"
+            "test_a_baseline_climbing_as_the_loss_turns_warns_before_the_loss_blows_up"
+        ],
+        "what": "a norm whose baseline climbs inside its band warns only once the loss has blown up",
+    },
+    {
+        "name": "diagnosis-a-climb-warns-whatever-the-loss-does",
+        "path": "fastnorm/monitoring/diagnosis/diagnoser.py",
+        "old": "            found = [f for f in found if not f.climbing or now > loss.at(f.event.start_step)]\n",
+        "new": "            found = found\n",
+        "tests": [
+            "tests/test_diagnosis_early.py::"
+            "test_a_climb_the_loss_does_not_follow_or_an_objective_without_a_floor_warns_of_nothing"
+        ],
+        "what": "a climbing norm warns while the loss still holds (a model whose logits sharpen)",
+    },
 ]

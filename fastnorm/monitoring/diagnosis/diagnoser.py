@@ -376,6 +376,14 @@ class Diagnoser:
         loss = self._loss.view(self.stall_fraction, judge_start=not self._lr.still_warming)
         if objective in objectives.NOT_A_FLOOR:
             loss = None  # no floor to stall at, no rise that is a divergence: the norm is read alone
+            # whose level swings by design (a policy's, a generator's): its baseline's climb warns of nothing
+            found = [f for f in found if not f.climbing]
+        elif loss is not None:
+            # A climb is a warning where the loss rose with it (beyond its noise), before it blows up: a norm
+            # that climbs while the loss learns or holds is growth (logits that sharpen, a model leaving its
+            # initialisation).
+            now = loss.at(last) - loss.tol
+            found = [f for f in found if not f.climbing or now > loss.at(f.event.start_step)]
         notes: list[str] = []
         events = self._skips.events(last, self._loss.read, self._loss.nonfinite, self._first_step)
         events += self._skips.invalid_events()

@@ -30,6 +30,8 @@ from fastnorm.monitoring.diagnosis.events import EXPLODING, LOG_ZERO, SPIKE, VAN
 from fastnorm.monitoring.diagnosis.robust import MIN_HELD, Baseline, Extremes, Thinned, held, median
 
 _LEVEL_POINTS = 1024  # the norm's levels are kept at most this finely (pairs averaged beyond)
+# A baseline still climbing: up this far (1.6x) over its last ``window`` points, at its highest at the last.
+CLIMB_ORDERS = 0.2
 
 
 @dataclass
@@ -86,6 +88,7 @@ class Found:
     extreme: float  # log10 of its peak (or trough)
     nonfinite: bool = False
     returned: bool = False  # it came back to the band
+    climbing: bool = False  # the baseline still climbing at the last point read (NormSignal._climbing)
 
 
 @dataclass
@@ -123,6 +126,7 @@ class NormSignal:
         self.recover = recover
         self._base = Baseline(window, band_mads, min_band)
         self._drift_ref = Extremes(horizon)
+        self._climb: deque[tuple[int, float]] = deque(maxlen=window)  # (step, baseline) as points entered it
         self._recent: deque[tuple[int, float]] = deque(maxlen=window)  # (step, log10) before now
         self._found: list[Found] = []
         self._ups: deque[tuple[int, int, float]] = deque(maxlen=256)  # (start, end, peak) upwards
@@ -216,6 +220,7 @@ class NormSignal:
 
     def _track_drift(self, step: int) -> None:
         base, ref = self._base, self._drift_ref
+        self._climb.append((step, base.median))
         ref.push(self.finite, step, base.median)
         rise = base.median - ref.low[0][2]
         fall = ref.high[0][2] - base.median
@@ -273,6 +278,25 @@ class NormSignal:
         if event is not None:
             found.append(event)
 
+    def _climbing(self, last: int | None) -> list[Found]:
+        """The baseline still climbing at the last point read, short of a drift: up ``CLIMB_ORDERS`` or more
+        over its last ``window`` points and at its highest at the last one. Exploding while it climbs, so
+        that the warning comes before the loss turns (a slow rise of the rate lifts the norm's baseline, in
+        its band, for tens of steps before the blow-up); a baseline that levels off is no longer climbing,
+        and the warning is withdrawn."""
+        climb = self._climb
+        if len(climb) < climb.maxlen or last is None or climb[-1][0] != last:
+            return []
+        low_step, low = min(climb, key=lambda c: c[1])
+        high = climb[-1][1]
+        if high - low < CLIMB_ORDERS or high < max(b for _, b in climb):
+            return []
+        detail = (
+            f"rising: the running baseline grew from {from_log(low)} at step {low_step} to {from_log(high)} "
+            f"({10 ** (high - low):.1f}x), and was still growing at the last step"
+        )
+        return [Found(Event(EXPLODING, low_step, last, detail), 1, low, high, climbing=True)]
+
     def _drift_found(self, drift: _Drift) -> Found:
         how = "grew" if drift.kind == EXPLODING else "shrank"
         detail = (
@@ -294,6 +318,8 @@ class NormSignal:
         if self._drift is not None:
             drift = self._drift_found(self._drift)
             found.append(replace(drift, event=replace(drift.event, end_step=last)))
+        elif self._dep is None:
+            found += self._climbing(last)
         return _merge(sorted(found, key=lambda f: (f.event.start_step, f.event.end_step))), ups
 
 
