@@ -437,7 +437,12 @@ FASTNORM_INLINE int64_t count_blocks(const typename E::Bits* x, int64_t n, int64
   const __m256i mask = L::set1(int64_t(E::kAbsMask)), low = L::set1(lo), none = _mm256_setzero_si256();
   __m256i m0 = none, m1 = none, z0 = none, z1 = none, b0 = none, b1 = none;
   int64_t i = 0;
+  // From memory the loop alone leaves it idle part of the time (prefetch.h): 13.3-13.8 GB/s against
+  // 17.7-18.3 for a plain torch.sum on Zen 3; the line prefetch_bytes() ahead of each 64 bytes: 16-18.
+  const int64_t ahead = prefetch_bytes();
+  const int64_t stop = prefetch_stop<typename E::Bits>(n, ahead);
   for (; i + 2 * kWidth <= n; i += 2 * kWidth) {
+    if (i + 2 * kWidth <= stop) prefetch_ahead<2 * kWidth * int(sizeof(S))>(x + i, ahead);
     const __m256i a0 = _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i)), mask);
     const __m256i a1 = _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i + kWidth)), mask);
     m0 = L::max(m0, a0);

@@ -90,3 +90,37 @@ def test_the_statistics_loops_keep_their_lanes_in_registers():
     assert any("sum_bf16" in name for name in functions), sorted(functions)
     found = {name: s for name, code in functions.items() if (s := stores_in_loops(code))}
     assert not found, found
+
+
+_COUNTS = re.compile(r"fastnorm::avx(2|512)::count_bits<fastnorm::(F32|BF16)>")
+
+
+def test_the_count_loops_ask_for_their_lines_ahead():
+    # The locator's counts (``_C.count_stats``) read tensors once, from memory: without a software
+    # prefetch the AVX2 loop read 13.3-13.8 GB/s against 17.7-18.3 for a plain torch.sum on Zen 3.
+    if cpp._C is None or shutil.which("objdump") is None:
+        pytest.skip("the extension is not built, or objdump is not installed")
+    text = subprocess.run(
+        ["objdump", "-d", "--no-show-raw-insn", "-C", str(Path(cpp._C.__file__))],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    functions: dict[str, list[tuple[int, str, str]]] = {}
+    current = None
+    for line in text.splitlines():
+        if m := _FUNCTION.match(line):
+            current = functions.setdefault(m.group(1), []) if _COUNTS.search(m.group(1)) else None
+        elif current is not None and (m := _INSTRUCTION.match(line)):
+            current.append((int(m.group(1), 16), m.group(2), m.group(3)))
+    if not functions:
+        pytest.skip("no x86 count loops in this build")
+    for name, code in functions.items():
+        # The compiler may version the loop at the prefetch's stop: a prefetch inside any loop will do.
+        loops = [
+            (int(m.group(1), 16), address)
+            for address, op, args in code
+            if op.startswith("j") and (m := _BACKWARD.match(args)) and int(m.group(1), 16) <= address
+        ]
+        prefetches = [address for address, op, _ in code if op.startswith("prefetch")]
+        assert any(lo <= a <= hi for a in prefetches for lo, hi in loops), name

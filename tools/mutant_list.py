@@ -2330,4 +2330,12 @@ MUTANTS = [
         ],
         "what": "a climbing norm warns while the loss still holds (a model whose logits sharpen)",
     },
+    {
+        "name": "cpp-the-count-loop-prefetches-nothing",
+        "path": "csrc/isa_avx2.h",
+        "old": "    if (i + 2 * kWidth <= stop) prefetch_ahead<2 * kWidth * int(sizeof(S))>(x + i, ahead);\n",
+        "new": "\n",
+        "tests": ["tests/test_cpu_codegen.py::test_the_count_loops_ask_for_their_lines_ahead"],
+        "what": "the AVX2 count loop reads its tensors from memory without asking for their lines ahead",
+    },
 ]
