@@ -4,7 +4,7 @@
     nice -n 10 python tests/families/make_novel.py NAME ...   # some runs
     python tests/families/make_novel.py --list                # names, family, objective and cause
 
-Needs only torch and Python's own files: nothing is downloaded. Nineteen families,
+Needs only torch and Python's own files: nothing is downloaded. Twenty-two families,
 each on another objective or another kind of training than ``make_runs.py``'s:
 
 * ``stdlm``: a character language model (an embedding and an MLP over the last
@@ -36,7 +36,11 @@ gradient with a KL term to its initial copy, its mean reward logged) and
 two-layer GCN on a stochastic block model, full-batch), ``distill`` (an MLP
 student distilled from a fixed teacher, KL at temperature 4), ``ctc`` (a
 convolution and a bidirectional GRU under the CTC loss, speech-shaped) and
-``dpo`` (direct preference optimisation against a frozen reference), the sixth.
+``dpo`` (direct preference optimisation against a frozen reference), the sixth;
+``mlm`` (a 2-layer bidirectional transformer pretrained as a masked LM),
+``segment`` (a fully convolutional net, per-pixel cross-entropy) and ``ppo``
+(PPO's clipped objective with a critic and an entropy bonus, its reward
+logged), the seventh.
 
 Each run logs through ``GradNormMonitor`` + ``JsonlLogger`` as a user's loop
 does: some told the optimizer (the learning rate and settings logged), some
@@ -676,11 +680,100 @@ def dpo(loop: Loop, lr=3e-3, beta=0.1, weight_decay=0.0, reward_bug=False, **_):
     return train(step_fn, params, optimizer, loop), {"chance": math.log(2), "objective": "minimise"}
 
 
+def mlm(loop: Loop, lr=1e-3, opt="adam", weight_decay=0.0, **_):
+    """A 2-layer bidirectional transformer pretrained as a masked language model (BERT's objective, small):
+    15% of 24 characters of standard-library source replaced by a mask token, the loss read at those."""
+    text = stdlib_text()
+    chars = sorted(set(text))
+    ids = torch.tensor([chars.index(c) for c in text])
+    context, vocab, width, mask_id = 24, len(chars), 48, len(chars)
+    emb, pos = nn.Embedding(vocab + 1, width), nn.Parameter(torch.zeros(context, width))
+    layer = nn.TransformerEncoderLayer(width, 4, 4 * width, dropout=0.0, batch_first=True, norm_first=True)
+    body, head = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False), nn.Linear(width, vocab)
+    params = [*emb.parameters(), pos, *body.parameters(), *head.parameters()]
+    optimizer = adam(params, lr, weight_decay) if opt == "adam" else torch.optim.SGD(params, lr=lr, momentum=0.9)
+
+    def step_fn(step):
+        start = torch.randint(0, len(ids) - context, (32,))
+        y = torch.stack([ids[s : s + context] for s in start])
+        masked = torch.rand(32, context) < 0.15
+        masked[:, 0] |= ~masked.any(1)  # at least one position a sequence
+        x = torch.where(masked, torch.full_like(y, mask_id), y)
+        logits = head(body(emb(x) + pos))
+        return F.cross_entropy(logits[masked], y[masked]), None
+
+    return train(step_fn, params, optimizer, loop), {"chance": math.log(vocab), "objective": "minimise"}
+
+
+def segment(loop: Loop, lr=2e-3, opt="adam", weight_decay=0.0, **_):
+    """A small fully convolutional net segmenting 24x24 images: per-pixel cross-entropy of 3 classes
+    (background, filled squares, rings) in noise, as segmentation heads are trained."""
+    n, size = 1024, 24
+    x, y = torch.randn(n, 1, size, size) * 0.4, torch.zeros(n, size, size, dtype=torch.long)
+    for i in range(n):
+        for _ in range(2):
+            kind, r, c, k = int(torch.randint(1, 3, ())), *(int(v) for v in torch.randint(0, size - 8, (2,))), 6
+            if kind == 1:
+                x[i, 0, r : r + k, c : c + k] += 1.0
+                y[i, r : r + k, c : c + k] = 1
+            else:
+                ring = torch.zeros(k, k, dtype=torch.bool)
+                ring[0], ring[-1], ring[:, 0], ring[:, -1] = True, True, True, True
+                x[i, 0, r : r + k, c : c + k] += ring.float()
+                y[i, r : r + k, c : c + k] = torch.where(ring, 2, y[i, r : r + k, c : c + k])
+    model = nn.Sequential(
+        nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 16, 3, padding=2, dilation=2), nn.ReLU(),
+        nn.Conv2d(16, 16, 3, padding=4, dilation=4), nn.ReLU(), nn.Conv2d(16, 3, 1),
+    )  # fmt: skip
+    params = list(model.parameters())
+    optimizer = adam(params, lr, weight_decay) if opt == "adam" else torch.optim.SGD(params, lr=lr, momentum=0.9)
+
+    def step_fn(step):
+        i = torch.randint(0, n, (16,))
+        return F.cross_entropy(model(x[i]), y[i]), None
+
+    return train(step_fn, params, optimizer, loop), {"chance": math.log(3), "objective": "minimise"}
+
+
+def ppo(loop: Loop, lr=3e-3, reward_bug=False, **_):
+    """Proximal policy optimisation on a contextual bandit of 12 arms (PPO's clipped objective, small): an
+    actor and a critic share a trunk; each batch of 32 contexts is sampled from a copy of the policy
+    refreshed every 4 steps, so the ratio moves and the clip acts; the loss is the clipped policy term,
+    half the critic's squared error and an entropy bonus. ``reward_bug``: the reward ignores the action."""
+    arms = torch.randn(12, 8)
+    trunk, actor, critic = mlp([8, 64], nn.Tanh), nn.Linear(64, 12), nn.Linear(64, 1)
+    params = [*trunk.parameters(), *actor.parameters(), *critic.parameters()]
+    optimizer = adam(params, lr)
+    old = [mlp([8, 64], nn.Tanh), nn.Linear(64, 12)]
+
+    def step_fn(step):
+        if step % 4 == 0:
+            old[0].load_state_dict(trunk.state_dict())
+            old[1].load_state_dict(actor.state_dict())
+        c = torch.randn(32, 8)
+        with torch.no_grad():
+            old_logp = F.log_softmax(old[1](torch.tanh(old[0](c))), 1)
+        a = torch.multinomial(old_logp.exp(), 1)[:, 0]
+        payoff = (c * arms[torch.randint(0, 12, (32,)) if reward_bug else a]).sum(1)
+        r = torch.bernoulli(torch.sigmoid(2 * payoff))
+        h = torch.tanh(trunk(c))
+        logp = F.log_softmax(actor(h), 1)
+        value = critic(h)[:, 0]
+        advantage = (r - value).detach()
+        ratio = (logp[torch.arange(32), a] - old_logp[torch.arange(32), a]).exp()
+        policy = -torch.min(ratio * advantage, ratio.clamp(0.8, 1.2) * advantage).mean()
+        entropy = -(logp.exp() * logp).sum(1).mean()
+        loss = policy + 0.5 * F.mse_loss(value, r) - 0.01 * entropy
+        return loss, {"reward": float(r.mean())}
+
+    return train(step_fn, params, optimizer, loop), {"chance": None, "objective": "reinforcement"}
+
+
 FAMILIES = {
     f.__name__: f
     for f in (
         stdlm, shapes, finetune, denoiser, gan, contrastive, bandit, vae, tabular, gru, ranker, attnlm, forecast,
-        grpo, vit, gnn, distill, ctc, dpo,
+        grpo, vit, gnn, distill, ctc, dpo, mlm, segment, ppo,
     )
 }  # fmt: skip
 
@@ -1084,6 +1177,25 @@ SPECS = [
     Spec("dpo-labels-shuffled-nolr", "dpo", labels_shuffled, loop=NOLR, seed=584),
     Spec("dpo-lr-too-low-nolr", "dpo", lr_too_low, {"factor": 1e-3}, NOLR, seed=585),
     Spec("dpo-lr-too-high", "dpo", lr_too_high, {"factor": 1000.0}, seed=586),
+    # A seventh batch, made after the rule changes "a loss made worse from its first point is a rate too
+    # high", "a flat loss without the rate is said, not judged" and "a climbing baseline warns", scored live
+    # from the first run of the diagnosis on it.
+    Spec("mlm-healthy", "mlm", healthy, seed=591),
+    Spec("mlm-healthy-nolr", "mlm", healthy, loop=NOLR, seed=592),
+    Spec("mlm-lr-too-high-nolr", "mlm", lr_too_high, {"factor": 1000.0}, NOLR, seed=593),
+    Spec("mlm-slow-rise-nolr", "mlm", slow_rise, {"onset": 120, "growth": 1.05}, NOLR, seed=594),
+    Spec("mlm-weight-decay", "mlm", weight_decay, {"decay": 100.0}, seed=595),
+    Spec("mlm-plateau-warmup", "mlm", plateau, {"onset": 40, "warmup": 10}, seed=596),
+    Spec("segment-healthy", "segment", healthy, seed=601),
+    Spec("segment-healthy-nolr", "segment", healthy, loop=NOLR, seed=602),
+    Spec("segment-lr-too-high", "segment", lr_too_high, {"factor": 1e4}, seed=603),
+    Spec("segment-slow-rise", "segment", slow_rise, {"onset": 120, "growth": 1.05}, seed=604),
+    Spec("segment-fp16-underflow-nolr", "segment", fp16_underflow, {"onset": 150}, NOLR, seed=605),
+    Spec("segment-detached-midway-nolr", "segment", nothing_trains, {"onset": 150}, NOLR, seed=606),
+    Spec("ppo-healthy", "ppo", healthy, seed=611),
+    Spec("ppo-healthy-nolr", "ppo", healthy, loop=NOLR, seed=612),
+    Spec("ppo-reward-never-pays", "ppo", reward_never_pays, seed=613),
+    Spec("ppo-lr-too-low-nolr", "ppo", lr_too_low, {"factor": 1e-3}, NOLR, seed=614),
 ]
 BY_NAME = {s.name: s for s in SPECS}
 
