@@ -32,7 +32,10 @@ _STACK = ("%rsp", "%rbp")
 _VISITED = re.compile(r"fastnorm::avx(2|512)::(stats_piece\(|sum_bf16<\d, fastnorm::\w+::Counter<)")
 
 
-def _disassembly() -> dict[str, list[tuple[int, str, str]]]:
+def _disassembly(
+    functions_of: re.Pattern = _VISITED, what: str = "statistics' loops"
+) -> dict[str, list[tuple[int, str, str]]]:
+    """The instructions ``(address, op, args)`` of each function of the extension whose name matches."""
     if cpp._C is None:
         pytest.skip("the extension fastnorm._C is not built")
     objdump = shutil.which("objdump")
@@ -46,20 +49,26 @@ def _disassembly() -> dict[str, list[tuple[int, str, str]]]:
     current: list[tuple[int, str, str]] | None = None
     for line in text.splitlines():
         if m := _FUNCTION.match(line):
-            current = functions.setdefault(m.group(1), []) if _VISITED.search(m.group(1)) else None
+            current = functions.setdefault(m.group(1), []) if functions_of.search(m.group(1)) else None
         elif current is not None and (m := _INSTRUCTION.match(line)):
             current.append((int(m.group(1), 16), m.group(2), m.group(3)))
     if not functions:
-        pytest.skip("no x86 statistics' loops in this build")
+        pytest.skip(f"no x86 {what} in this build")
     return functions
+
+
+def all_loops(code: list[tuple[int, str, str]]) -> list[tuple[int, int]]:
+    """The address ranges [target, jump] of backward jumps."""
+    return [
+        (int(m.group(1), 16), address)
+        for address, op, args in code
+        if op.startswith("j") and (m := _BACKWARD.match(args)) and int(m.group(1), 16) <= address
+    ]
 
 
 def innermost_loops(code: list[tuple[int, str, str]]) -> list[tuple[int, int]]:
     """The address ranges [target, jump] of backward jumps that hold no other such range."""
-    loops = []
-    for address, op, args in code:
-        if op.startswith("j") and (m := _BACKWARD.match(args)) and int(m.group(1), 16) <= address:
-            loops.append((int(m.group(1), 16), address))
+    loops = all_loops(code)
     return [a for a in loops if not any(b != a and a[0] <= b[0] and b[1] <= a[1] for b in loops)]
 
 
@@ -98,29 +107,7 @@ _COUNTS = re.compile(r"fastnorm::avx(2|512)::count_bits<fastnorm::(F32|BF16)>")
 def test_the_count_loops_ask_for_their_lines_ahead():
     # The locator's counts (``_C.count_stats``) read tensors once, from memory: without a software
     # prefetch the AVX2 loop read 13.3-13.8 GB/s against 17.7-18.3 for a plain torch.sum on Zen 3.
-    if cpp._C is None or shutil.which("objdump") is None:
-        pytest.skip("the extension is not built, or objdump is not installed")
-    text = subprocess.run(
-        ["objdump", "-d", "--no-show-raw-insn", "-C", str(Path(cpp._C.__file__))],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    functions: dict[str, list[tuple[int, str, str]]] = {}
-    current = None
-    for line in text.splitlines():
-        if m := _FUNCTION.match(line):
-            current = functions.setdefault(m.group(1), []) if _COUNTS.search(m.group(1)) else None
-        elif current is not None and (m := _INSTRUCTION.match(line)):
-            current.append((int(m.group(1), 16), m.group(2), m.group(3)))
-    if not functions:
-        pytest.skip("no x86 count loops in this build")
-    for name, code in functions.items():
+    for name, code in _disassembly(_COUNTS, "count loops").items():
         # The compiler may version the loop at the prefetch's stop: a prefetch inside any loop will do.
-        loops = [
-            (int(m.group(1), 16), address)
-            for address, op, args in code
-            if op.startswith("j") and (m := _BACKWARD.match(args)) and int(m.group(1), 16) <= address
-        ]
         prefetches = [address for address, op, _ in code if op.startswith("prefetch")]
-        assert any(lo <= a <= hi for a in prefetches for lo, hi in loops), name
+        assert any(lo <= a <= hi for a in prefetches for lo, hi in all_loops(code)), name
