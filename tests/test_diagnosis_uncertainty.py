@@ -60,3 +60,36 @@ def test_a_loss_flat_after_an_early_fall_in_a_log_without_the_rate_is_said_not_j
     assert diagnose(steps, norms, loss=(steps, losses), lr={0: 1e-3}).notes == ()
     falling = [4.5 - 1.5 * i / 300 + rng.gauss(0, 0.05) for i in steps]
     assert diagnose(steps, norms, loss=(steps, falling)).notes == ()
+
+
+def test_an_action_that_cannot_tell_two_causes_apart_names_both_in_its_candidates(tmp_path):
+    import json
+    import pickle
+
+    steps, norms, losses = flat()
+    d = diagnose(steps, norms, loss=(steps, losses))
+    assert d.action_candidates[:2] == (("raise_lr", "weight_decay"), ("weight_decay",)), d.report()
+    assert d.to_dict()["action_candidates"][0] == ["raise_lr", "weight_decay"]
+    told = diagnose(steps, norms, loss=(steps, losses), lr={0: 1e-6})
+    assert told.action_candidates[0] == ("raise_lr",), told.report()
+    # a norm exactly 0 from one step on, the precision not logged: fp16 underflow or a detached loss
+    zeros = [n if s < 150 else 0.0 for s, n in zip(steps, norms)]
+    z = diagnose(steps, zeros, loss=(steps, losses))
+    assert z.verdict == "vanishing" and z.action_candidates[0] == ("precision", "no_gradient"), z.report()
+    assert json.loads(json.dumps(z.to_dict()))["action_candidates"][0] == ["precision", "no_gradient"]
+    first = pickle.loads(pickle.dumps(z.actions[0]))
+    assert first == z.actions[0] and first.candidates == ("precision", "no_gradient") and first.uncertain
+    logged = diagnose(steps, zeros, loss=(steps, losses), precision="fp32")
+    assert logged.action_candidates[0] == ("no_gradient",), logged.report()
+
+
+def test_an_action_id_outside_the_documented_ones_is_refused_by_name():
+    import pytest
+
+    from fastnorm.monitoring.diagnosis.advice import IDS, Action
+
+    with pytest.raises(ValueError, match="'lower_the_lr'"):
+        Action("lower_the_lr", "text")
+    with pytest.raises(ValueError, match="unless='lower_lr'"):
+        Action("lower_lr", "text", unless="lower_lr")
+    assert {"no_gradient", "discriminator"} <= set(IDS)

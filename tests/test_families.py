@@ -191,3 +191,18 @@ def test_a_family_looked_at_while_changing_a_rule_is_scored_by_its_rows_from_bef
     assert whence["contrastive"] == "live" and len(families["contrastive"]) == 4
     goals = score.lofo_goals(families["stdlm"])
     assert goals["offline_false_alarms"]["measured"] == 1 and goals["online_warnings_kept"]["measured"] == 1
+
+
+def test_a_first_action_that_cannot_tell_two_causes_apart_fits_either_and_is_counted_apart():
+    from fastnorm.monitoring.diagnosis import Diagnosis
+    from fastnorm.monitoring.diagnosis.advice import Action
+
+    tell = Action("precision", "fp16 underflow or a detached loss: log the precision", unless="no_gradient")
+    truth = {"healthy": False, "onset": 150, "blowup_step": None, "window": 25, "every": 1, "abrupt": True,
+             "verdicts": ["vanishing"], "actions": ["no_gradient"], "family": "segment"}
+    r = score.Row("run", truth, Diagnosis("vanishing", actions=(tell,)), score.Online([], None))
+    assert r.first_candidates == ("precision", "no_gradient") and r.action_ok and r.action_strict is False
+    guess = score.Row("run", truth, Diagnosis("vanishing", actions=(Action("precision", "fp16"),)), r.online)
+    assert not guess.action_ok
+    goals = score.lofo_goals([score.summary(r)])
+    assert goals["first_action"]["measured"] == 1.0 and goals["first_action_strict"]["measured"] == 0.0

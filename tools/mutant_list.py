@@ -2309,6 +2309,28 @@ MUTANTS = [
         "what": "a loss flat after an early fall in a log without the rate reads as plain stable, unsaid",
     },
     {
+        "name": "diagnosis-a-cant-tell-names-one-cause",
+        "path": "fastnorm/monitoring/diagnosis/advice.py",
+        "old": "        action.candidates = (id,) if unless is None else (id, unless)\n",
+        "new": "        action.candidates = (id,)\n",
+        "tests": [
+            "tests/test_diagnosis_uncertainty.py::"
+            "test_an_action_that_cannot_tell_two_causes_apart_names_both_in_its_candidates"
+        ],
+        "what": "an action that says the log cannot tell two causes apart names only the one it puts first",
+    },
+    {
+        "name": "diagnosis-an-action-takes-any-id",
+        "path": "fastnorm/monitoring/diagnosis/advice.py",
+        "old": "        if id not in IDS:\n",
+        "new": "        if False:\n",
+        "tests": [
+            "tests/test_diagnosis_uncertainty.py::"
+            "test_an_action_id_outside_the_documented_ones_is_refused_by_name"
+        ],
+        "what": "an action's id outside the documented ones (advice.IDS) goes unrefused",
+    },
+    {
         "name": "diagnosis-a-climbing-baseline-warns-of-nothing",
         "path": "fastnorm/monitoring/diagnosis/norm.py",
         "old": "        if high - low < CLIMB_ORDERS or high < max(b for _, b in climb):\n",

@@ -166,7 +166,18 @@ class Row:
         return self.offline.action_ids[0] if self.offline.action_ids else None
 
     @property
+    def first_candidates(self) -> tuple[str, ...]:
+        """The causes the first action names: its id, or the two it says the log cannot tell apart."""
+        return self.offline.action_candidates[0] if self.offline.actions else ()
+
+    @property
     def action_ok(self) -> bool | None:
+        """The first action fits: it names the cause, alone or as one of the two it cannot tell apart."""
+        return any(c in self.truth["actions"] for c in self.first_candidates) if self.faulty else None
+
+    @property
+    def action_strict(self) -> bool | None:
+        """The first action's own id fits (a "can't tell" counted only for the cause it puts first)."""
         return self.first_action in self.truth["actions"] if self.faulty else None
 
     @property
@@ -238,7 +249,7 @@ def table(rows: list[Row]) -> str:
         cause = "healthy" if not r.faulty else "fault"
         verdict = f"{r.offline.verdict} {_mark(r.verdict_ok)}"
         onset = "" if t["onset"] is None else f"{r.offline.onset}/{t['onset']} {_mark(r.onset_ok)}"
-        action = "" if not r.faulty else f"{r.first_action} {_mark(r.action_ok)}"
+        action = "" if not r.faulty else f"{'|'.join(r.first_candidates) or None} {_mark(r.action_ok)}"
         lead = "" if r.lead_ok is None else f"{r.lead if r.lead is not None else '-'} {_mark(r.lead_ok)}"
         if r.faulty:
             alarms = f"{r.false_alarms}" if r.false_alarms else ""
@@ -293,7 +304,9 @@ def goal_line(name: str, g: dict) -> str:
 
 # The goals on runs the rules were not tuned on: the same verdicts, a first action that fits less often,
 # but the fitting one among the first two almost always.
-LOFO_GOALS = {"verdict": 0.95, "first_action": 0.80, "first_two": 0.95}
+# A first action that says the log cannot tell two causes apart fits either; `first_action_strict` counts it
+# for the one it puts first only.
+LOFO_GOALS = {"verdict": 0.95, "first_action": 0.80, "first_action_strict": 0.80, "first_two": 0.95}
 
 
 def summary(r: Row) -> dict:
@@ -306,6 +319,7 @@ def summary(r: Row) -> dict:
         "verdict_ok": r.verdict_ok,
         "first_action": r.first_action,
         "action_ok": r.action_ok,
+        "action_strict": r.action_strict,
         "first_two_ok": r.first_two_ok,
         "lead": r.lead,
         "lead_ok": r.lead_ok,
@@ -325,9 +339,11 @@ def lofo_goals(rows: list[dict]) -> dict[str, dict]:
     for name, key, part in (
         ("verdict", "verdict_ok", rows),
         ("first_action", "action_ok", faulty),
+        ("first_action_strict", "action_strict", faulty),
         ("first_two", "first_two_ok", faulty),
     ):
-        v = share(part, key)
+        # rows frozen before "can't tell" actions named their two causes were scored by the first's id
+        v = share([{**r, "action_strict": r.get("action_strict", r["action_ok"])} for r in part], key)
         out[name] = {"measured": v, "target": LOFO_GOALS[name], "met": v >= LOFO_GOALS[name]}
     for name, bad in (
         ("offline_false_alarms", sum(r["offline_alarm"] for r in rows)),

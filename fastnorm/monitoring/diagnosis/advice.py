@@ -20,17 +20,39 @@ from fastnorm.monitoring.diagnosis.robust import NOISY, ratio, times
 
 
 class Action(str):
-    """An action's text, with its stable ``id``; it compares, hashes and prints as its text."""
+    """An action's text, with its stable ``id``; it compares, hashes and prints as its text.
+
+    ``candidates`` are the causes it cannot tell apart, its own ``id`` first: ``(id,)`` for an action the
+    evidence points at alone, two ids for one that says the log cannot tell them apart and what to log to
+    tell ("either fp16 gradients underflowing or the loss no longer reaching the weights: log the
+    precision"). It never names more than two.
+    """
 
     id: str
+    candidates: tuple[str, ...]
 
-    def __new__(cls, id: str, text: str) -> Action:
+    def __new__(cls, id: str, text: str, *, unless: str | None = None) -> Action:
+        if id not in IDS:
+            raise ValueError(f"Action: id={id!r} is none of the known ids (advice.IDS)")
+        if unless is not None and (unless == id or unless not in IDS):
+            raise ValueError(f"Action {id!r}: unless={unless!r} is not another action's id")
         action = super().__new__(cls, text)
         action.id = id
+        action.candidates = (id,) if unless is None else (id, unless)
         return action
 
+    @property
+    def uncertain(self) -> bool:
+        """True where the action names two causes the log cannot tell apart."""
+        return len(self.candidates) > 1
+
     def __reduce__(self):
-        return Action, (self.id, str(self))
+        unless = self.candidates[1] if self.uncertain else None
+        return _action, (self.id, str(self), unless)
+
+
+def _action(id: str, text: str, unless: str | None) -> Action:
+    return Action(id, text, unless=unless)
 
 
 # Every id an action can have, with what it asks for (the docs' table lists them).
@@ -56,6 +78,8 @@ IDS = {
     "log_layers": "log per-layer norms",
     "log_every_step": "log every step's norm",
     "check_logging": "check what is logged as the norm",
+    "no_gradient": "check that the loss reaches the trained weights (nothing detached, frozen or left out)",
+    "discriminator": "slow or regularise a GAN's discriminator (it wins: the generator's gradient vanished)",
     "none": "nothing: look at the learning rate and the data first",
 }
 
@@ -88,6 +112,7 @@ def early_collapse_actions(ev: Evidence) -> tuple[Action, ...]:
             "The run blew up in its first steps: a learning rate far too high, or an initialisation that "
             f"explodes; the log cannot tell them apart. Lower the learning rate 10x{lr} and re-run: if it "
             "still blows up in the first steps, it is the initialisation (next).",
+            unless="normalisation",
         ),
         Action(
             "normalisation",
@@ -443,12 +468,19 @@ def unlogged_plateau_actions(plateau: tuple[int, float], norm_steady: bool) -> t
         "early or too far: raise it) from one too high for this stage (warm it up)"
         + ("; the norm stayed in its band, as it does when the weights stop moving" if norm_steady else "")
         + ". Log the rate: GradNormMonitor(optimizer=...).",
+        unless="warmup",
     )
     warm = Action(
         "warmup",
         "If the learning rate was constant from the first step, warm it up (or lower it): post-LN "
         "transformers and deep nets stall at a rate too high for their first steps"
-        + ("." if norm_steady else "; the norm left its band, as such a rate makes it."),
+        + (
+            "."
+            if norm_steady
+            else "; the norm left its band, as such a rate makes it. The log holds no learning rate to tell "
+            "this from a rate its schedule cut (next): log it (GradNormMonitor(optimizer=...))."
+        ),
+        unless=None if norm_steady else "lr_schedule",
     )
     return (cut, warm) if norm_steady else (warm, cut)
 
@@ -531,6 +563,7 @@ def stall_actions(ev: Evidence, stall: Stall, layer_snapshots: int, layers_vanis
             "raise_lr",
             "Raise the learning rate, or lower the weight decay if one is set: the log holds neither, so it "
             "cannot tell a rate too low from a decay too strong; log them (GradNormMonitor(optimizer=...)).",
+            unless="weight_decay",
         )
         causes.append(lr_action)
         causes.append(

@@ -121,6 +121,12 @@ class Diagnosis:
         return tuple(_id(a) for a in self.actions)
 
     @property
+    def action_candidates(self) -> tuple[tuple[str, ...], ...]:
+        """For each of :attr:`actions`, the causes it names: its own id alone, or two ids where it says the
+        log cannot tell them apart (and what to log to tell)."""
+        return tuple(_candidates(a) for a in self.actions)
+
+    @property
     def skipped_steps(self) -> int:
         """How many steps had a non-finite norm that was skipped rather than a collapse."""
         return sum(e.count for e in self.events if e.kind == SKIPPED)
@@ -149,6 +155,7 @@ class Diagnosis:
             ],
             "actions": list(self.actions),
             "action_ids": list(self.action_ids),
+            "action_candidates": [list(c) for c in self.action_candidates],
             "steps": self.steps,
             "signals": list(self.signals),
             "skipped_steps": self.skipped_steps,
@@ -318,6 +325,10 @@ def layers_lines(found: Mapping[str, Any]) -> tuple[str, ...]:
 def _id(action: str) -> str:
     """An action's id (plain strings, from a custom diagnoser, have none)."""
     return getattr(action, "id", "other")
+
+
+def _candidates(action: str) -> tuple[str, ...]:
+    return getattr(action, "candidates", (_id(action),))
 
 
 def span(e: Event) -> str:

@@ -76,6 +76,7 @@ REWARD_FLAT = Action(
     "reward function or answer parser that never pays out: score a few of its samples by hand) from a "
     "learning rate too low to move it (then raise it, or lower the KL penalty). If the reward is already "
     "the best the task allows, nothing is wrong.",
+    unless="raise_lr",
 )
 REWARD_FELL = Action(
     "lower_lr",

@@ -74,5 +74,6 @@ class ZeroSignal:
             f"Exactly 0 from step {self.run_start}: either fp16 gradients underflowing (no GradScaler) or "
             "the loss no longer reaching the weights; the log does not hold the precision to tell them apart: "
             "log it (GradNormMonitor(precision=...)), and with fp16 add a torch.amp.GradScaler or use bf16.",
+            unless="no_gradient",
         )
         return Event(VANISHING, self.run_start, last, detail, (tell, NO_GRADIENT))
