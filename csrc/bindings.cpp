@@ -136,8 +136,9 @@ PYBIND11_MODULE(_C, m) {
         "Runs the calls that start afterwards with another instruction set (same bits).");
   m.def("prefetch_bytes", &fastnorm::prefetch_bytes,
         "How far ahead (bytes) the kernels' loops prefetch; 0 for not at all (FASTNORM_PREFETCH).");
-  m.def("vendor_prefetch", &fastnorm::vendor_prefetch, py::arg("vendor"), py::arg("avx512"),
-        "The default prefetch distance (bytes) for a CPU of this vendor (intel, amd), with or without AVX-512.");
+  m.def("vendor_prefetch", &fastnorm::vendor_prefetch, py::arg("vendor"), py::arg("avx512"), py::arg("family") = 0,
+        "The default prefetch distance (bytes) for a CPU of this vendor (intel, amd), with or without AVX-512, "
+        "of this x86 family.");
   m.def("set_prefetch_bytes", &fastnorm::set_prefetch_bytes, py::arg("bytes"),
         "Sets the prefetch distance for the calls that start afterwards (same bits).");
   m.def("clock_hz", &fastnorm::clock_hz, py::arg("seconds") = 0.05,

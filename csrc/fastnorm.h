@@ -224,12 +224,14 @@ std::vector<std::string> supported_isas();
 void use_isa(const std::string& name);
 
 // The default prefetch distance (bytes) for a CPU of `vendor` ("intel", "amd",
-// anything else), with or without AVX-512: 4096 on Intel, where the loops
-// reach the memory's speed only with it; 1024 on AMD without AVX-512 (Zen 3,
-// measured: its 256-entry reorder buffer holds too few lines of the loops
-// in flight); 0 elsewhere (AMD Zen 4 reads at the memory's speed without).
+// anything else), with or without AVX-512, of x86 `family` (as /proc/cpuinfo
+// says it): 4096 on Intel, where the loops reach the memory's speed only with
+// it; 1024 on AMD without AVX-512 (Zen 3, measured: its 256-entry reorder
+// buffer holds too few lines of the loops in flight); 4096 on AMD family 26
+// and later (Zen 5, measured: 5-12% faster than none); 0 elsewhere (AMD Zen 4,
+// family 25 with AVX-512, reads at the memory's speed without).
 // docs/design.md, "Where the cycles go".
-int64_t vendor_prefetch(const std::string& vendor, bool avx512);
+int64_t vendor_prefetch(const std::string& vendor, bool avx512, int family = 0);
 
 // The software prefetch distance of the kernels' loops (prefetch.h), in bytes;
 // 0 for none. FASTNORM_PREFETCH (bytes) when set, else vendor_prefetch of

@@ -20,6 +20,7 @@
 // (_mm512_undefined_*), which its own -Wmaybe-uninitialized then reports.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
+#include <cpuid.h>
 #include <immintrin.h>
 #endif
 
@@ -527,6 +528,17 @@ constexpr int64_t kMaxPrefetch = int64_t(1) << 16;
 
 bool valid_prefetch(int64_t bytes) { return bytes >= 0 && bytes <= kMaxPrefetch && bytes % 64 == 0; }
 
+#if defined(FASTNORM_HAVE_X86)
+// The x86 family, as Linux's /proc/cpuinfo reports it ("cpu family"): the base
+// family, plus the extended one where the base is 15 (every AMD core since K8).
+int cpu_family() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (__get_cpuid(1, &eax, &ebx, &ecx, &edx) == 0) return 0;
+  const int base = static_cast<int>((eax >> 8) & 0xF);
+  return base == 0xF ? base + static_cast<int>((eax >> 20) & 0xFF) : base;
+}
+#endif
+
 int64_t default_prefetch() {
   const char* forced = std::getenv("FASTNORM_PREFETCH");
   if (forced != nullptr && *forced != 0) {
@@ -542,7 +554,7 @@ int64_t default_prefetch() {
 #if defined(FASTNORM_HAVE_X86)
   __builtin_cpu_init();
   const char* vendor = __builtin_cpu_is("intel") ? "intel" : __builtin_cpu_is("amd") ? "amd" : "";
-  return vendor_prefetch(vendor, __builtin_cpu_supports("avx512f"));
+  return vendor_prefetch(vendor, __builtin_cpu_supports("avx512f"), cpu_family());
 #else
   return 0;
 #endif
@@ -555,9 +567,10 @@ std::atomic<int64_t>& prefetch_setting() {
 
 }  // namespace
 
-int64_t vendor_prefetch(const std::string& vendor, bool avx512) {
+int64_t vendor_prefetch(const std::string& vendor, bool avx512, int family) {
   if (vendor == "intel") return 4096;
   if (vendor == "amd" && !avx512) return 1024;
+  if (vendor == "amd" && family >= 26) return 4096;
   return 0;
 }
 

@@ -684,19 +684,22 @@ def _cpu_flags() -> set[str] | None:
 
 
 def test_the_default_prefetch_distance_follows_the_vendor():
-    """Intel 4096 bytes, AMD without AVX-512 (Zen 3) 1024, AMD with it (Zen 4) and others none;
-    this CPU's default is its vendor's (docs/design.md, "Where the cycles go")."""
+    """Intel 4096 bytes, AMD without AVX-512 (Zen 3) 1024, AMD family 25 with it (Zen 4) none, AMD family 26
+    (Zen 5) 4096, others none; this CPU's default is its vendor's and family's (docs/design.md, "Where the
+    cycles go")."""
     rule = cpp._C.vendor_prefetch
-    assert [rule("intel", False), rule("intel", True)] == [4096, 4096]
-    assert [rule("amd", False), rule("amd", True)] == [1024, 0]
-    assert [rule("", False), rule("arm", True)] == [0, 0]
+    assert [rule("intel", False), rule("intel", True), rule("intel", True, 6)] == [4096, 4096, 4096]
+    assert [rule("amd", False, 25), rule("amd", True, 25), rule("amd", True)] == [1024, 0, 0]
+    assert [rule("amd", True, 26), rule("amd", True, 27), rule("amd", False, 26)] == [4096, 4096, 1024]
+    assert [rule("", False), rule("arm", True, 26)] == [0, 0]
     flags = _cpu_flags()
     if flags is None or "sse2" not in flags:
         pytest.skip("this CPU's vendor is read from the x86 flags Linux reports")
     if os.environ.get("FASTNORM_PREFETCH"):
         pytest.skip("FASTNORM_PREFETCH sets the distance")
     name = {"GenuineIntel": "intel", "AuthenticAMD": "amd"}.get(_cpuinfo("vendor_id") or "", "")
-    assert cpp._C.prefetch_bytes() == rule(name, "avx512f" in flags)  # tests that set it restore it
+    family = int(_cpuinfo("cpu family") or 0)
+    assert cpp._C.prefetch_bytes() == rule(name, "avx512f" in flags, family)  # tests that set it restore it
 
 
 @pytest.mark.slow
