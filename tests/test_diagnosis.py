@@ -1283,6 +1283,43 @@ def test_a_norm_never_finite_under_a_finite_loss_leads_with_the_precision_not_a_
     assert diagnose(steps, values, loss=(steps, loss)).action_ids[0] == "checkpoint"
 
 
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_loss_still_falling_slowly_after_an_early_fall_is_learning_not_a_plateau(seed):
+    # A masked LM: the loss falls from 4.5 to 3.1 in 20 steps, then on by 8% over the next 280 steps, its
+    # batches +-7%: the halves of the stretch lie within 4% of each other, its least-squares line falls
+    # 8% at many standard errors. Learning, slowly; the same stretch flat, with the same noise, is a stall.
+    steps = list(range(300))
+
+    def level(slope):
+        return lambda i: 3.1 - slope * max(0, i - 20) + 1.4 * max(0.0, 1 - i / 20)
+
+    slow = losses(seed, level(0.25 / 280), n=300, sigma=0.07)[1]
+    d = diagnose(steps, noise(seed, n=300), loss=(steps, slow))
+    assert d.verdict == "stable", d.report()
+    flat = losses(seed, level(0.0), n=300, sigma=0.07)[1]
+    assert diagnose(steps, noise(seed, n=300), loss=(steps, flat)).verdict == "stalled"
+
+
+def test_a_trend_is_its_change_over_the_span_in_standard_errors():
+    from fastnorm.monitoring.diagnosis.robust import trend
+
+    rng = random.Random(0)
+    steps = list(range(200))
+    change, errors = trend(steps, [1.0 - 0.001 * s + rng.gauss(0, 0.01) for s in steps])
+    assert change == pytest.approx(-0.199, abs=0.01) and errors < -20
+    change, errors = trend(steps, [1.0 + rng.gauss(0, 0.01) for s in steps])
+    assert abs(errors) < 4 and abs(change) < 0.01
+    # noise whose neighbours are correlated (a logger's smoothing) is worth fewer points than it has: a flat
+    # level read through it is no trend in any of 50 runs
+    for seed in range(50):
+        rng, e, ys = random.Random(seed), 0.0, []
+        for _ in steps:
+            e = 0.8 * e + rng.gauss(0, 0.01)
+            ys.append(1.0 + e)
+        assert abs(trend(steps, ys)[1]) < 4, seed
+    assert trend([0, 1], [1.0, 0.0]) == (0.0, 0.0) and trend([3, 3, 3], [1.0, 2.0, 3.0]) == (0.0, 0.0)
+
+
 def test_a_plateau_at_a_logged_cut_of_the_rate_is_dated_from_the_cut():
     # Falls from 4.5 to 3 by step 24, the rate cut 10^4x at step 30, flat for the rest: the stall's onset
     # is the cut, its cause, not the run's first step.

@@ -2317,6 +2317,25 @@ MUTANTS = [
         "what": "AMD Zen 5 (family 26) gets Zen 4's distance, none: its loops read 3-13% slower",
     },
     {
+        "name": "diagnosis-a-slow-fall-after-an-early-one-is-a-plateau",
+        "path": "fastnorm/monitoring/diagnosis/loss.py",
+        "old": "        if -change >= self.stall_fraction * abs(earlier) and errors <= -TREND_ERRORS:\n",
+        "new": "        if False:\n",
+        "tests": [
+            "tests/test_diagnosis.py::"
+            "test_a_loss_still_falling_slowly_after_an_early_fall_is_learning_not_a_plateau"
+        ],
+        "what": "a loss still falling 8% along its line after an early fall reads as a plateau: a stall",
+    },
+    {
+        "name": "diagnosis-a-trend-counts-correlated-points-as-independent",
+        "path": "fastnorm/monitoring/diagnosis/robust.py",
+        "old": "    worth = max(3.0, n * (1 - r1) / (1 + r1))\n",
+        "new": "    worth = float(n)\n",
+        "tests": ["tests/test_diagnosis.py::test_a_trend_is_its_change_over_the_span_in_standard_errors"],
+        "what": "a trend through correlated noise is read as if every point were independent evidence",
+    },
+    {
         "name": "diagnosis-a-cant-tell-names-one-cause",
         "path": "fastnorm/monitoring/diagnosis/advice.py",
         "old": "        action.candidates = (id,) if unless is None else (id, unless)\n",

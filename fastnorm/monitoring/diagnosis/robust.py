@@ -199,6 +199,29 @@ def rolling_median(ys: list[float], w: int) -> list[float]:
     return out
 
 
+def trend(steps: list[int], ys: list[float]) -> tuple[float, float]:
+    """The least-squares line through ``(steps, ys)``: its change over the steps' span, and that change in
+    standard errors (``(0, 0)`` for fewer than 3 points or no spread). The errors are widened for the
+    correlation of neighbouring points' residuals (a logger's smoothing, a slow wander): a lag-1
+    correlation r leaves n (1 - r) / (1 + r) points' worth of evidence."""
+    n = len(ys)
+    if n < 3:
+        return 0.0, 0.0
+    mx, my = sum(steps) / n, sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in steps)
+    if sxx <= 0:
+        return 0.0, 0.0
+    slope = sum((x - mx) * (y - my) for x, y in zip(steps, ys)) / sxx
+    res = [y - my - slope * (x - mx) for x, y in zip(steps, ys)]
+    ss = sum(r * r for r in res)
+    if ss <= 0:
+        return slope * (steps[-1] - steps[0]), math.copysign(math.inf, slope) if slope else 0.0
+    r1 = max(0.0, sum(a * b for a, b in zip(res, res[1:])) / ss)
+    worth = max(3.0, n * (1 - r1) / (1 + r1))
+    se = math.sqrt(ss / (n - 2) / sxx * n / worth)
+    return slope * (steps[-1] - steps[0]), slope / se
+
+
 def pairs(steps: Iterable[int], values: Iterable[Any], what: str = "") -> list[tuple[int, Any]]:
     """``(step, value)`` pairs of two equally long sequences; a ValueError naming ``what`` otherwise."""
     steps, values = list(steps), list(values)
