@@ -2336,6 +2336,39 @@ MUTANTS = [
         "what": "a trend through correlated noise is read as if every point were independent evidence",
     },
     {
+        "name": "diagnosis-a-noisy-norms-shift-warns-of-nothing",
+        "path": "fastnorm/monitoring/diagnosis/norm.py",
+        "old": "            found += self._climbing(last) or self._shifted(last)\n",
+        "new": "            found += self._climbing(last)\n",
+        "tests": [
+            "tests/test_diagnosis_early.py::"
+            "test_a_noisy_norm_lifted_inside_its_band_warns_as_the_loss_turns"
+        ],
+        "what": "a noisy norm lifted 2.5x inside its band, the loss turning, warns of nothing",
+    },
+    {
+        "name": "diagnosis-a-shift-whose-last-point-left-the-band-warns-of-nothing",
+        "path": "fastnorm/monitoring/diagnosis/norm.py",
+        "old": "            if not self._dep.held(self.sustain):  # too young for a sustained level: the shift before it\n",
+        "new": "            if False:\n",
+        "tests": [
+            "tests/test_diagnosis_early.py::"
+            "test_a_noisy_norm_lifted_inside_its_band_warns_as_the_loss_turns"
+        ],
+        "what": "a shift whose last point just left the band warns of nothing: the departure hides it",
+    },
+    {
+        "name": "diagnosis-a-shift-that-fell-back-still-warns",
+        "path": "fastnorm/monitoring/diagnosis/norm.py",
+        "old": "        if now - before < max(CLIMB_ORDERS, errors) or now <= previous:\n",
+        "new": "        if now - before < max(CLIMB_ORDERS, errors):\n",
+        "tests": [
+            "tests/test_diagnosis_early.py::"
+            "test_a_noisy_norm_lifted_inside_its_band_warns_as_the_loss_turns"
+        ],
+        "what": "a norm lifted and already falling back warns as if still rising",
+    },
+    {
         "name": "diagnosis-a-cant-tell-names-one-cause",
         "path": "fastnorm/monitoring/diagnosis/advice.py",
         "old": "        action.candidates = (id,) if unless is None else (id, unless)\n",
