@@ -2349,7 +2349,10 @@ MUTANTS = [
     {
         "name": "diagnosis-a-shift-whose-last-point-left-the-band-warns-of-nothing",
         "path": "fastnorm/monitoring/diagnosis/norm.py",
-        "old": "            if not self._dep.held(self.sustain):  # too young for a sustained level: the shift before it\n",
+        "old": (
+            "            if not self._dep.held(self.sustain):"
+            "  # too young for a sustained level: the shift before it\n"
+        ),
         "new": "            if False:\n",
         "tests": [
             "tests/test_diagnosis_early.py::"
