@@ -661,6 +661,34 @@ def test_a_loss_at_chance_from_the_start_with_normal_gradients_checks_the_labels
     assert re.search(r"stayed at 2\.3\d* = ln 10 \(chance for 10 classes\) from step 0", d.actions[0])
 
 
+def test_a_loss_at_chance_in_a_log_without_the_rate_names_a_rate_too_low_as_well():
+    # A rate far too low leaves a classifier's loss where it began, at chance, as labels that do not match
+    # their inputs do: without the rate logged, the labels lead and say so, the rate is their second cause.
+    steps, values, loss = series_with(lambda i: math.log(10))
+    d = diagnose(steps, values, loss=(steps, loss))
+    assert d.action_candidates[0] == ("check_labels", "raise_lr"), d.report()
+    assert "The log holds no learning rate" in d.actions[0]
+    assert "GradNormMonitor(optimizer=...)" in d.actions[0]
+    # The rate logged, and ordinary: the labels alone.
+    told = diagnose(steps, values, loss=(steps, loss), lr={0: 1e-3})
+    assert told.action_candidates[0] == ("check_labels",) and "no learning rate" not in told.actions[0]
+
+
+def test_an_adam_rate_too_small_to_move_a_weight_leads_with_raising_it():
+    # Adam moves each weight by about its rate a step: 2e-8 over 600 steps moves none by more than 1.2e-5,
+    # whatever the loss sits at (here ln 10, which alone would point at the labels).
+    steps, values, loss = series_with(lambda i: math.log(10))
+    adam = {"beta1": {0: 0.9}, "beta2": {0: 0.999}}
+    d = diagnose(steps, values, loss=(steps, loss), lr={0: 2e-8}, optimizer=adam)
+    assert d.verdict == "stalled" and d.action_ids[:2] == ("raise_lr", "check_labels"), d.report()
+    assert "no weight moved more than 1.2e-05" in d.actions[0] and d.action_ids.count("raise_lr") == 1
+    # An ordinary rate, or a rate this low without Adam's settings (SGD's steps scale with the gradient):
+    # the labels lead.
+    ordinary = diagnose(steps, values, loss=(steps, loss), lr={0: 1e-3}, optimizer=adam)
+    assert first_action(ordinary) == "check_labels"
+    assert first_action(diagnose(steps, values, loss=(steps, loss), lr={0: 2e-8})) == "check_labels"
+
+
 @pytest.mark.parametrize("seed", SEEDS)
 def test_a_loss_that_learned_then_went_back_to_chance_as_the_rate_still_rose_lowers_the_rate(seed):
     # Two classes: the loss fell from ln 2 to about 0.35 while the learning rate warmed up linearly through

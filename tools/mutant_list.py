@@ -2372,6 +2372,27 @@ MUTANTS = [
         "what": "a norm lifted and already falling back warns as if still rising",
     },
     {
+        "name": "diagnosis-a-still-adam-rate-goes-unnamed",
+        "path": "fastnorm/monitoring/diagnosis/advice.py",
+        "old": "    if top * steps >= ADAM_STILL:\n",
+        "new": "    if True:\n",
+        "tests": [
+            "tests/test_diagnosis.py::test_an_adam_rate_too_small_to_move_a_weight_leads_with_raising_it"
+        ],
+        "what": "an Adam rate of 2e-8 over 600 steps, which moves no weight, is not named: the labels lead",
+    },
+    {
+        "name": "diagnosis-a-chance-loss-without-the-rate-names-only-the-labels",
+        "path": "fastnorm/monitoring/diagnosis/advice.py",
+        "old": "        blind = stall.never and ev.lr_first is None\n",
+        "new": "        blind = False\n",
+        "tests": [
+            "tests/test_diagnosis.py::"
+            "test_a_loss_at_chance_in_a_log_without_the_rate_names_a_rate_too_low_as_well"
+        ],
+        "what": "a loss at chance in a log without the rate blames the labels alone, as if it were known",
+    },
+    {
         "name": "diagnosis-a-cant-tell-names-one-cause",
         "path": "fastnorm/monitoring/diagnosis/advice.py",
         "old": "        action.candidates = (id,) if unless is None else (id, unless)\n",

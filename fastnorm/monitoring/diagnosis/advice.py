@@ -485,6 +485,29 @@ def unlogged_plateau_actions(plateau: tuple[int, float], norm_steady: bool) -> t
     return (cut, warm) if norm_steady else (warm, cut)
 
 
+# Adam moves each weight by about its learning rate a step at most: a rate whose steps add up to less than
+# this cannot move a weight enough to change what it computes.
+ADAM_STILL = 1e-3
+
+
+def still_rate_action(ev: Evidence) -> Action | None:
+    """``raise_lr`` where the logged rate of an Adam-like optimizer (its betas logged) could not move any
+    weight: its largest value times the run's steps under ``ADAM_STILL``."""
+    if not ev.adam or ev.lr_first is None:
+        return None
+    top = max([abs(ev.lr_first)] + [abs(c[2]) for c in ev.lr_changes])
+    steps = ev.span + 1
+    if top * steps >= ADAM_STILL:
+        return None
+    return Action(
+        "raise_lr",
+        f"Raise the learning rate: Adam moves each weight by about its rate a step at most, and at "
+        f"{_g(top)} (the largest logged) over these {steps} steps no weight moved more than "
+        f"{_g(top * steps)}: "
+        "too little to change what the model computes.",
+    )
+
+
 def stall_actions(ev: Evidence, stall: Stall, layer_snapshots: int, layers_vanished: bool, norm_steady: bool):
     """What to do about a stalled loss, the action the evidence points at first."""
     causes = []
@@ -513,6 +536,9 @@ def stall_actions(ev: Evidence, stall: Stall, layer_snapshots: int, layers_vanis
                 "learning rate is far below the one set.",
             )
         )
+    still = still_rate_action(ev) if stall.never else None
+    if still is not None:
+        causes.append(still)
     if stall.learned() and ev.warmup_until is not None and ev.warmup_until >= stall.start:
         causes.append(
             Action(
@@ -525,13 +551,23 @@ def stall_actions(ev: Evidence, stall: Stall, layer_snapshots: int, layers_vanis
             )
         )
     elif stall.chance is not None and norm_steady:
+        # A rate far too low leaves a loss where it began too, which for a classifier is chance: only the
+        # logged rate tells the two apart.
+        blind = stall.never and ev.lr_first is None
         causes.append(
             Action(
                 "check_labels",
                 f"Check that the labels match the inputs: the loss stayed at {_g(math.log(stall.chance))} = "
                 f"ln {stall.chance} (chance for {stall.chance} classes) from step {stall.start} "
                 f"({_g(stall.first)} at the start) while the norm stayed in its band: the gradients are "
-                "normal, yet nothing is learned.",
+                "normal, yet nothing is learned"
+                + (
+                    ". The log holds no learning rate, and one far too low leaves the loss where it began "
+                    "too: log it (GradNormMonitor(optimizer=...)) to tell them apart."
+                    if blind
+                    else "."
+                ),
+                unless="raise_lr" if blind else None,
             )
         )
     if (stall.never or stall.plateau is not None) and stall.noise >= NOISY:
@@ -605,7 +641,7 @@ def stall_actions(ev: Evidence, stall: Stall, layer_snapshots: int, layers_vanis
             "The per-layer norms show no vanishing layer: look at the learning rate and the data first.",
         )
     # A loss the updates made worse from the first ones rules out a rate too low.
-    actions = [*causes, *([lr_action] if stall.rose is None else []), CHECK_DATA, vanishing]
+    actions = [*causes, *([lr_action] if stall.rose is None and still is None else []), CHECK_DATA, vanishing]
     if ev.interval > 1:
         actions.append(log_every_step(ev))
     first = {}
