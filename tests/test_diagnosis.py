@@ -185,6 +185,7 @@ def test_report_and_dict():
         "detail": d.events[0].detail,
         "actions": list(d.actions),
         "action_ids": ["checkpoint", "check_data"],
+        "action_candidates": [["checkpoint"], ["check_data"]],
         "count": 0,
     }
     assert d.to_dict()["onset"] == K == d.onset
@@ -687,6 +688,10 @@ def test_an_adam_rate_too_small_to_move_a_weight_leads_with_raising_it():
     ordinary = diagnose(steps, values, loss=(steps, loss), lr={0: 1e-3}, optimizer=adam)
     assert first_action(ordinary) == "check_labels"
     assert first_action(diagnose(steps, values, loss=(steps, loss), lr={0: 2e-8})) == "check_labels"
+    # A warmup from 0 to 1e-3: its peak is the rate that moved the weights, not its first value.
+    warm = {i: 1e-3 * min(1.0, i / 100) for i in steps}
+    warmed = diagnose(steps, values, loss=(steps, loss), lr=warm, optimizer=adam)
+    assert first_action(warmed) == "check_labels", warmed.report()
 
 
 @pytest.mark.parametrize("seed", SEEDS)

@@ -74,3 +74,17 @@ def test_a_noisy_norm_lifted_inside_its_band_warns_as_the_loss_turns():
     out = lifted[:-1] + [base[-1] * 40.0]
     d = diagnose(steps, out, loss=(steps, losses))
     assert d.verdict == "exploding" and d.events[0].detail.startswith("rising: its last 10"), d.report()
+
+
+def test_a_shift_reads_no_fall_and_no_window_shorter_than_its_points():
+    # A norm lifted inside its band, then out of it downwards at the last step: no rise.
+    rng = random.Random(0)
+    base = [10 ** rng.uniform(-0.4, 0.4) for _ in range(200)]
+    lift = [10 ** (0.5 + rng.uniform(-0.1, 0.1) + 0.01 * i) for i in range(10)]
+    d = diagnose(range(211), base + lift + [1e-4])
+    assert not any(e.detail.startswith("rising") for e in d.events), d.report()
+    # A window no longer than the points a shift is read over: nothing to compare, nothing raised.
+    values = [1.0, 1.2, 0.9, 1.1, 1.0, 1.3, 0.8, 1.0, 1.1, 1.2]
+    assert diagnose(range(10), values, window=10, sustain=10, warmup=5).verdict == "stable"
+    for n in range(20, 32):
+        diagnose(range(n), [1.0 + 0.1 * (i % 3) for i in range(n)], window=20, sustain=30)

@@ -2349,16 +2349,29 @@ MUTANTS = [
     {
         "name": "diagnosis-a-shift-whose-last-point-left-the-band-warns-of-nothing",
         "path": "fastnorm/monitoring/diagnosis/norm.py",
-        "old": (
-            "            if not self._dep.held(self.sustain):"
-            "  # too young for a sustained level: the shift before it\n"
-        ),
+        "old": "            if self._dep.side > 0 and not self._dep.held(self.sustain):  # too young: the shift before it\n",
         "new": "            if False:\n",
         "tests": [
             "tests/test_diagnosis_early.py::"
             "test_a_noisy_norm_lifted_inside_its_band_warns_as_the_loss_turns"
         ],
         "what": "a shift whose last point just left the band warns of nothing: the departure hides it",
+    },
+    {
+        "name": "diagnosis-a-fall-out-of-the-band-reads-as-a-rise",
+        "path": "fastnorm/monitoring/diagnosis/norm.py",
+        "old": "            if self._dep.side > 0 and not self._dep.held(self.sustain):  # too young: the shift before it\n",
+        "new": "            if not self._dep.held(self.sustain):\n",
+        "tests": ["tests/test_diagnosis_early.py::test_a_shift_reads_no_fall_and_no_window_shorter_than_its_points"],
+        "what": "a norm that rose in its band, then fell out of it at the last step, reads as still rising",
+    },
+    {
+        "name": "diagnosis-a-warmups-peak-is-not-the-largest-rate",
+        "path": "fastnorm/monitoring/diagnosis/schedule.py",
+        "old": "        self.top = abs(value) if self.top is None else max(self.top, abs(value))\n",
+        "new": "        self.top = abs(value) if self.top is None else self.top\n",
+        "tests": ["tests/test_diagnosis.py::test_an_adam_rate_too_small_to_move_a_weight_leads_with_raising_it"],
+        "what": "a warmup from 0 to 1e-3 reads as a rate of 0 that moves no weight: raise_lr leads",
     },
     {
         "name": "diagnosis-a-shift-that-fell-back-still-warns",

@@ -177,6 +177,7 @@ class Evidence:
     scaled: bool = False  # a loss scale was logged, or steps with non-finite norms were skipped
     lr_first: float | None = None  # the first learning rate logged, and its step
     lr_first_step: int | None = None
+    lr_top: float | None = None  # the largest |learning rate| logged
     warmup_until: int | None = None  # the last step of an initial rise of the learning rate
     lr_changes: list = field(
         default_factory=list
@@ -495,7 +496,7 @@ def still_rate_action(ev: Evidence) -> Action | None:
     weight: its largest value times the run's steps under ``ADAM_STILL``."""
     if not ev.adam or ev.lr_first is None:
         return None
-    top = max([abs(ev.lr_first)] + [abs(c[2]) for c in ev.lr_changes])
+    top = ev.lr_top if ev.lr_top is not None else abs(ev.lr_first)
     steps = ev.span + 1
     if top * steps >= ADAM_STILL:
         return None

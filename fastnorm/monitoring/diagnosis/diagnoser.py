@@ -555,6 +555,7 @@ class Diagnoser:
             precision=self.precision,
             scaled=bool(self._skips.scale) or bool(self._skips.nonfinite),
             lr_first=lr.first,
+            lr_top=lr.top,
             lr_first_step=lr.first_step,
             warmup_until=lr.rising_until,
             lr_changes=list(lr.changes),

@@ -150,7 +150,12 @@ class Diagnosis:
             "verdict": self.verdict,
             "onset": self.onset,
             "events": [
-                {**asdict(e), "actions": list(e.actions), "action_ids": [_id(a) for a in e.actions]}
+                {
+                    **asdict(e),
+                    "actions": list(e.actions),
+                    "action_ids": [_id(a) for a in e.actions],
+                    "action_candidates": [list(_candidates(a)) for a in e.actions],
+                }
                 for e in self.events
             ],
             "actions": list(self.actions),

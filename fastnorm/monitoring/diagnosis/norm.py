@@ -318,7 +318,7 @@ class NormSignal:
             return []
         if before_step is not None:
             pts = [p for p in pts if p[0] < before_step]
-        if len(pts) < self._latest.maxlen - k:
+        if len(pts) < self._latest.maxlen - k or len(pts) - k < MIN_HELD:  # a window no longer than sustain
             return []
         xs = [x for _, x in pts]
         before, now = median(sorted(xs[:-k])), median(sorted(xs[-k:]))
@@ -351,7 +351,7 @@ class NormSignal:
         ups = list(self._ups)
         if self._dep is not None:
             self._close(self._dep, bool(self._dep.pending), found, ups)
-            if not self._dep.held(self.sustain):  # too young for a sustained level: the shift before it
+            if self._dep.side > 0 and not self._dep.held(self.sustain):  # too young: the shift before it
                 found += self._shifted(last, self._dep.first)
         if self._drift is not None:
             drift = self._drift_found(self._drift)

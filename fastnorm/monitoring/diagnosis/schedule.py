@@ -14,6 +14,7 @@ class LrSignal:
         self.first: float | None = None
         self.first_step: int | None = None
         self.rising_until: int | None = None  # the last step of the initial rise (warmup)
+        self.top: float | None = None  # the largest |rate| read
         self.warming = True
         self._ref: tuple[int, float] | None = None  # (step, value) the next change is measured from
         # (step, before, after, previous reading, since): by `step` the rate moved more than 20% from
@@ -26,6 +27,7 @@ class LrSignal:
             return  # read already (the monitor logs a window's last rate beside its changes)
         last, self.last = self.last, value
         previous, self.last_step = self.last_step, step
+        self.top = abs(value) if self.top is None else max(self.top, abs(value))
         if last is None:
             self.first, self.first_step = value, step
             self._ref = (step, value)
