@@ -98,7 +98,7 @@ def table(rows: list[dict], distances: list[int]) -> str:
         cells = [workload, dtype, f"{float(roof):.1f}"]
         for d in distances:
             r = by.get(f"fastnorm.total_norm/pf-{d}")
-            ok = r and not r["disturbed"] in ("True", "true", "1")
+            ok = r and r["disturbed"] not in ("True", "true", "1")
             cells.append(f"{float(r['ms']):.3g} ms ({float(r['roofline_pct']):.0f}%)" if ok else "disturbed")
         for d in distances:
             n, t = by.get(f"fastnorm.total_norm/pf-{d}"), by.get(f"fastnorm.tensor_stats/pf-{d}")

@@ -504,8 +504,7 @@ def still_rate_action(ev: Evidence) -> Action | None:
         "raise_lr",
         f"Raise the learning rate: Adam moves each weight by about its rate a step at most, and at "
         f"{_g(top)} (the largest logged) over these {steps} steps no weight moved more than "
-        f"{_g(top * steps)}: "
-        "too little to change what the model computes.",
+        f"{_g(top * steps)}: too little to change what the model computes.",
     )
 
 

@@ -132,8 +132,9 @@ class NormSignal:
         self._base = Baseline(window, band_mads, min_band)
         self._drift_ref = Extremes(horizon)
         self._climb: deque[tuple[int, float]] = deque(maxlen=window)  # (step, baseline) as points entered it
-        self._recent: deque[tuple[int, float]] = deque(maxlen=window)  # (step, log10) before now
-        self._latest: deque[tuple[int, float]] = deque(maxlen=window + sustain)  # (step, log10) up to now
+        # (step, log10) of the latest points, this one included: a departure's walk back reads the last
+        # `window` of them, a shift (_shifted) all
+        self._latest: deque[tuple[int, float]] = deque(maxlen=window + sustain)
         self._found: list[Found] = []
         self._ups: deque[tuple[int, int, float]] = deque(maxlen=256)  # (start, end, peak) upwards
         self._dep: Departure | None = None
@@ -153,7 +154,6 @@ class NormSignal:
         self.finite += 1
         self.levels.add(step, x)
         base = self._base
-        self._recent.append((step, x))
         self._latest.append((step, x))
         if self._first is None:
             self._first = step
@@ -219,7 +219,7 @@ class NormSignal:
         so that a gradual rise is dated from near its foot, not from where it crossed the band."""
         start = step
         bound = self._base.median + 2.0 * side * self._base.sigma
-        for s, x in itertools.islice(reversed(self._recent), 1, None):  # before this point
+        for s, x in itertools.islice(reversed(self._latest), 1, self.window):  # the window before this point
             if side * (x - bound) <= 0:
                 break
             start = s
