@@ -92,7 +92,8 @@ def table(rows: list[dict], distances: list[int]) -> str:
         runs.setdefault((r["workload"], r["dtype"]), {})[r["contender"]] = r
     head = ["workload", "dtype", "roofline GB/s", *(f"total_norm, {d} B" for d in distances)]
     head += [f"tensor_stats / total_norm, {d} B" for d in distances]
-    lines = ["| " + " | ".join(head) + " |", "| " + " | ".join(["---"] * 2 + ["---:"] * (len(head) - 2)) + " |"]
+    rule = ["---"] * 2 + ["---:"] * (len(head) - 2)
+    lines = ["| " + " | ".join(head) + " |", "| " + " | ".join(rule) + " |"]
     for (workload, dtype), by in runs.items():
         roof = next(iter(by.values()))["roofline_read_gbps"]
         cells = [workload, dtype, f"{float(roof):.1f}"]
