@@ -1364,3 +1364,27 @@ def test_a_plateau_at_a_logged_cut_of_the_rate_is_dated_from_the_cut():
     stall = only(d, "stalled")
     assert d.verdict == "stalled" and first_action(d) == "lr_schedule", d.report()
     assert stall.start_step == 30 and d.onset == 30, d.report()
+
+
+@pytest.mark.parametrize("value", [1.5e308, -1.7e308, 1.7976931348623157e308])
+def test_a_long_log_of_losses_near_the_largest_float_is_read(value):
+    # Past 2048 points the kept series averages neighbours: a plain sum of two values near 1.8e308
+    # overflows (math.fsum raises, a + b is inf). The diagnosis reads them as the finite losses they are.
+    steps = list(range(5000))
+    norms = [1.0 + 0.01 * (s % 7) for s in steps]
+    losses = [2.0 if s < 10 else value * (1 - 1e-3 * (s % 5)) for s in steps]
+    d = diagnose(steps, norms, loss=(steps, losses))
+    if value > 0:
+        assert d.verdict == "diverged"  # it left 2 for a loss near 1.8e308
+    else:
+        assert d.verdict in ("stable", "diverged", "exploding", "vanishing")  # an objective's call
+    from fastnorm.monitoring.diagnosis.robust import Thinned, mean, median, midpoint
+
+    thinned = Thinned(1024)
+    for s, v in zip(steps, losses):
+        thinned.add(s, v)
+    kept = [v for _, v in thinned.all()]
+    assert all(math.isfinite(v) for v in kept)
+    assert min(kept) >= min(losses) and max(kept) <= max(losses)
+    assert midpoint(value, value) == value and mean([value] * 3) == value
+    assert median(sorted([value, value])) == value

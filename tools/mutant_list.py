@@ -1137,6 +1137,26 @@ MUTANTS = [
         "what": "a departure's sustain and new-normal rules count points only (100 steps on a thinned log)",
     },
     {
+        "name": "diagnosis-thinned-mean-overflows",
+        "path": "fastnorm/monitoring/diagnosis/robust.py",
+        "old": "        self.points.append((pending[0][0], mean([v for _, v in pending])))",
+        "new": "        self.points.append((pending[0][0], math.fsum(v for _, v in pending) / len(pending)))",
+        "tests": [
+            "tests/test_diagnosis.py::test_a_long_log_of_losses_near_the_largest_float_is_read"
+        ],
+        "what": "a thinned log's mean of losses near 1.8e308 raises OverflowError (a traceback)",
+    },
+    {
+        "name": "diagnosis-thinned-pairs-sum-to-inf",
+        "path": "fastnorm/monitoring/diagnosis/robust.py",
+        "old": "(a[0], midpoint(a[1], b[1]))",
+        "new": "(a[0], 0.5 * (a[1] + b[1]))",
+        "tests": [
+            "tests/test_diagnosis.py::test_a_long_log_of_losses_near_the_largest_float_is_read"
+        ],
+        "what": "two finite losses near 1.8e308 averaged into inf: a finite log read as non-finite",
+    },
+    {
         "name": "diagnosis-held-on-one-point",
         "path": "fastnorm/monitoring/diagnosis/robust.py",
         "old": "MIN_HELD = 3",

@@ -23,10 +23,26 @@ MIN_HELD = 3
 NOISY = 0.5
 
 
+def midpoint(a: float, b: float) -> float:
+    """``(a + b) / 2`` of two finite floats, finite however large they are (near 1.8e308 the sum is not)."""
+    total = a + b
+    return 0.5 * total if math.isfinite(total) else 0.5 * a + 0.5 * b
+
+
+def mean(values: list[float]) -> float:
+    """The exactly rounded mean of finite floats, finite however large they are (``math.fsum`` of values
+    near 1.8e308 raises OverflowError; their shares of the mean do not overflow)."""
+    try:
+        return math.fsum(values) / len(values)
+    except OverflowError:  # halves of the shares: their sum is at most half the largest float
+        half = 2.0 * math.fsum(v / (2 * len(values)) for v in values)
+        return min(max(half, min(values)), max(values))  # within the values, whatever the rounding
+
+
 def median(ordered: list[float]) -> float:
     n = len(ordered)
     mid = n // 2
-    return ordered[mid] if n % 2 else 0.5 * (ordered[mid - 1] + ordered[mid])
+    return ordered[mid] if n % 2 else midpoint(ordered[mid - 1], ordered[mid])
 
 
 def ratio(top: float, bottom: float) -> float:
@@ -167,15 +183,15 @@ class Thinned:
         if len(self._pending) < self.stride:
             return
         pending, self._pending = self._pending, []
-        self.points.append((pending[0][0], math.fsum(v for _, v in pending) / len(pending)))
+        self.points.append((pending[0][0], mean([v for _, v in pending])))
         if len(self.points) >= 2 * self.limit:
-            self.points = [(a[0], 0.5 * (a[1] + b[1])) for a, b in zip(self.points[::2], self.points[1::2])]
+            self.points = [(a[0], midpoint(a[1], b[1])) for a, b in zip(self.points[::2], self.points[1::2])]
             self.stride *= 2
 
     def all(self) -> list[tuple[int, float]]:
         if not self._pending:
             return list(self.points)
-        tail = (self._pending[0][0], math.fsum(v for _, v in self._pending) / len(self._pending))
+        tail = (self._pending[0][0], mean([v for _, v in self._pending]))
         return [*self.points, tail]
 
     def __len__(self) -> int:
