@@ -52,6 +52,34 @@ def test_statistics_of_an_all_nan_window():
     assert stats["nonfinite_steps"] == 2.0
 
 
+@pytest.mark.parametrize("n", range(1, 9))
+@pytest.mark.parametrize("value", [sys.float_info.max, math.nextafter(sys.float_info.max, 0), 1.7e308])
+def test_a_window_of_norms_near_the_largest_float_is_logged_with_its_mean(tmp_path, n, value):
+    # A float64 run's norm can be finite and near 1.8e308: the shares v / n of the window's mean round up,
+    # and their sum passed the largest float (OverflowError from the monitor's update, at the cadence).
+    import torch
+
+    from fastnorm import GradNormMonitor
+
+    path = tmp_path / "m.jsonl"
+    monitor = GradNormMonitor(n, [JsonlLogger(path)], diagnose=False, warn=False)
+    for step in range(n):
+        monitor.update(torch.tensor(value, dtype=torch.float64), step)
+    monitor.close()
+    last = json.loads(path.read_text().splitlines()[-1])
+    assert last["gradient_norm_mean"] == pytest.approx(value, rel=1e-15)
+    assert last["gradient_norm_min"] <= last["gradient_norm_mean"] <= last["gradient_norm_max"]
+
+
+def test_a_windows_mean_keeps_its_bits_wherever_the_sum_of_shares_is_finite():
+    import random
+
+    rng = random.Random(7)
+    for n in range(1, 60):
+        values = [rng.lognormvariate(0, 3) for _ in range(n)]
+        assert window_stats(values, None)["mean"] == math.fsum(v / n for v in values)
+
+
 def test_jsonl_one_object_per_step_flushed_at_each_window(tmp_path):
     path = tmp_path / "run" / "metrics.jsonl"
     logger = JsonlLogger(path)

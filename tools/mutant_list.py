@@ -1147,6 +1147,22 @@ MUTANTS = [
         "what": "a thinned log's mean of losses near 1.8e308 raises OverflowError (a traceback)",
     },
     {
+        "name": "window-mean-shares-overflow",
+        "path": "fastnorm/monitoring/diagnosis/robust.py",
+        "old": (
+            "        return math.fsum(v / len(values) for v in values)\n"
+            "    except OverflowError:\n        return _halved_mean(values)\n\n\ndef _halved"
+        ),
+        "new": (
+            "        return math.fsum(v / len(values) for v in values)\n"
+            "    except ZeroDivisionError:\n        return _halved_mean(values)\n\n\ndef _halved"
+        ),
+        "tests": [
+            "tests/test_loggers.py::test_a_window_of_norms_near_the_largest_float_is_logged_with_its_mean"
+        ],
+        "what": "a window of float64 norms near 1.8e308 raises OverflowError from the monitor's update",
+    },
+    {
         "name": "diagnosis-thinned-pairs-sum-to-inf",
         "path": "fastnorm/monitoring/diagnosis/robust.py",
         "old": "(a[0], midpoint(a[1], b[1]))",

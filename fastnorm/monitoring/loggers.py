@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from fastnorm.monitoring.diagnosis import Diagnosis
+from fastnorm.monitoring.diagnosis.robust import mean_of_shares
 from fastnorm.monitoring.diagnosis.skips import SPIKE_CODE
 from fastnorm.monitoring.layer_stats import LayerWindow
 from fastnorm.monitoring.series import KEY, LAYER_PREFIX, LOSS_KEY, LR_KEY, REWARD_KEY, SKIPPED_KEY
@@ -136,7 +137,7 @@ def window_stats(
         "min": min(finite, default=math.nan),
         "max": max(finite, default=math.nan),
         # Each term divided first: a sum of norms near the float range would overflow, their mean cannot.
-        "mean": math.fsum(v / len(finite) for v in finite) if finite else math.nan,
+        "mean": mean_of_shares(finite) if finite else math.nan,
         "nonfinite_steps": float(len(values) - len(finite)),
     }
     if any(s is not None for s in skipped):

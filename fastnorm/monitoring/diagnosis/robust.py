@@ -34,9 +34,23 @@ def mean(values: list[float]) -> float:
     near 1.8e308 raises OverflowError; their shares of the mean do not overflow)."""
     try:
         return math.fsum(values) / len(values)
-    except OverflowError:  # halves of the shares: their sum is at most half the largest float
-        half = 2.0 * math.fsum(v / (2 * len(values)) for v in values)
-        return min(max(half, min(values)), max(values))  # within the values, whatever the rounding
+    except OverflowError:
+        return _halved_mean(values)
+
+
+def mean_of_shares(values: list[float]) -> float:
+    """The mean of finite floats as the sum of their shares ``v / n`` (a window's logged mean), finite
+    however large they are: the shares of values near 1.8e308 can round up past the largest float."""
+    try:
+        return math.fsum(v / len(values) for v in values)
+    except OverflowError:
+        return _halved_mean(values)
+
+
+def _halved_mean(values: list[float]) -> float:
+    """Twice the sum of halves of the shares (at most half the largest float), within the values."""
+    half = 2.0 * math.fsum(v / (2 * len(values)) for v in values)
+    return min(max(half, min(values)), max(values))  # within the values, whatever the rounding
 
 
 def median(ordered: list[float]) -> float:
