@@ -96,7 +96,15 @@ def test_the_corpus_covers_every_family_and_cause_in_every_set():
         assert path.stat().st_size < 25_000, path
 
 
-GOALS = ["first_action", "verdict", "onset", "offline_false_alarms", "online_warnings_kept", "late_warnings"]
+GOALS = [
+    "first_action",
+    "first_action_strict",
+    "verdict",
+    "onset",
+    "offline_false_alarms",
+    "online_warnings_kept",
+    "late_warnings",
+]
 # Goals measured unmet, left so rather than tuned on. Strict, so that an entry goes once its goal holds.
 # tuning4 late_warnings: its thinned log of wine, whose learning rate jumped 80x at step 555, has a truth its
 # generator's check now rejects: the run only went on learning (its loss, near 1e-4, fell to 1e-6 and

@@ -273,6 +273,8 @@ def goals(rows: list[Row]) -> dict[str, dict]:
 
     found = {
         "first_action": (share(faulty, lambda r: r.action_ok), GOALS["first_action"]),
+        # A "can't tell" counted for the cause it puts first only, against the same goal.
+        "first_action_strict": (share(faulty, lambda r: r.action_strict), GOALS["first_action"]),
         "verdict": (share(rows, lambda r: r.verdict_ok), GOALS["verdict"]),
         "onset": (share(with_onset, lambda r: r.onset_ok), GOALS["onset"]),
     }
