@@ -136,7 +136,8 @@ def window_stats(
     stats = {
         "min": min(finite, default=math.nan),
         "max": max(finite, default=math.nan),
-        # Each term divided first: a sum of norms near the float range would overflow, their mean cannot.
+        # Each term divided first (a sum of norms near the float range would overflow); the shares' own
+        # rounding can still pass the largest float, which mean_of_shares absorbs.
         "mean": mean_of_shares(finite) if finite else math.nan,
         "nonfinite_steps": float(len(values) - len(finite)),
     }
