@@ -196,7 +196,9 @@ void reduce_stats(const TaskSplit& split, int mode, double p, uintptr_t partial_
 // as flat), judged by limit_code (-1: its own dtype), into the 6 doubles at
 // stats_addr, split into tasks of task_bytes as a TaskSplit of it would be:
 // one call from Python per tensor read once (a pass's activations), no split
-// object to build there.
+// object to build there. A tensor that would stay on the calling thread (one
+// thread, or under a megabyte) is read in one piece, with no split at all: the
+// counts and the maximum do not depend on the cut.
 void count_stats(uintptr_t addr, int64_t numel, int dtype, int limit_code, int64_t task_bytes,
                  uintptr_t thresholds_addr, uintptr_t stats_addr, int num_threads);
 

@@ -344,6 +344,21 @@ void reduce(const TaskSplit& split, int mode, double p, uintptr_t partial_addr, 
                [](int64_t) { return true; }, nullptr, nullptr);
 }
 
+namespace {
+
+// A tensor's statistics as the 6 doubles of its row (fastnorm/_stats.py's COLUMNS).
+void write_stats_row(const Stats& st, bool counts_only, double* row) {
+  row[0] = counts_only ? std::numeric_limits<double>::quiet_NaN()
+                       : st.l2.m > 0.0 ? st.l2.s * (st.l2.m * st.l2.m) : st.l2.s;
+  row[1] = st.max_abs;
+  row[2] = double(st.nonfinite);
+  row[3] = double(st.zeros);
+  row[4] = double(st.subnormal);
+  row[5] = double(st.overflow);
+}
+
+}  // namespace
+
 void reduce_stats(const TaskSplit& split, int mode, double p, uintptr_t partial_addr, uintptr_t root_addr,
                   bool root_is_double, uintptr_t thresholds_addr, uintptr_t limit_codes_addr,
                   uintptr_t stats_addr, int num_threads) {
@@ -400,23 +415,31 @@ void reduce_stats(const TaskSplit& split, int mode, double p, uintptr_t partial_
     t.overflow += own.overflow;
   }
   auto* rows = reinterpret_cast<double*>(stats_addr);
-  for (size_t t = 0; t < tensors.size(); ++t) {
-    const Stats& st = tensors[t];
-    double* row = rows + 6 * t;
-    row[0] = counts_only ? std::numeric_limits<double>::quiet_NaN()
-                         : st.l2.m > 0.0 ? st.l2.s * (st.l2.m * st.l2.m) : st.l2.s;
-    row[1] = st.max_abs;
-    row[2] = double(st.nonfinite);
-    row[3] = double(st.zeros);
-    row[4] = double(st.subnormal);
-    row[5] = double(st.overflow);
-  }
+  for (size_t t = 0; t < tensors.size(); ++t) write_stats_row(tensors[t], counts_only, rows + 6 * t);
 }
 
 void count_stats(uintptr_t addr, int64_t numel, int dtype, int limit_code, int64_t task_bytes,
                  uintptr_t thresholds_addr, uintptr_t stats_addr, int num_threads) {
   if (dtype < kFloat32 || dtype > kBFloat16) {
     throw std::invalid_argument("fastnorm._C.count_stats: unknown dtype code " + std::to_string(dtype));
+  }
+  if (limit_code < -1 || limit_code > kBFloat16) {
+    throw std::invalid_argument("fastnorm._C.reduce_stats: unknown limit dtype code " +
+                                std::to_string(limit_code));
+  }
+  if (numel >= 0 && task_bytes > 0 && (num_threads <= 1 || numel * element_size(dtype) < kParallelBytes)) {
+    // On the calling thread either way: the tensor in one piece, with no split to build (the
+    // locator calls this hundreds of times a pass, mostly on small tensors). The counts and the
+    // largest magnitude do not depend on how the tensor is cut, so the row is the split's.
+    const auto* limits = reinterpret_cast<const Limits*>(thresholds_addr);
+    Stats st;
+    if (numel > 0) {
+      Partial own;
+      kernels().stats(dtype, kCountsOnly, 2.0, reinterpret_cast<const void*>(addr), numel,
+                      limits[4 * dtype + (limit_code < 0 ? dtype : limit_code)], own, st);
+    }
+    write_stats_row(st, true, reinterpret_cast<double*>(stats_addr));
+    return;
   }
   const TaskSplit split({addr}, {numel}, {dtype}, task_bytes);
   const int32_t code = limit_code;

@@ -400,36 +400,54 @@ def _specials(n: int, dtype: torch.dtype, gen: torch.Generator) -> torch.Tensor:
     return x.to(dtype)
 
 
+@pytest.mark.parametrize("threads", (1, 2))
+@pytest.mark.parametrize("one", (False, True), ids=("record", "record_one"))
 @pytest.mark.parametrize("request_", ("auto", "torch"))
-def test_the_buffers_cells_are_the_engines_statistics(request_, monkeypatch):
+def test_the_buffers_cells_are_the_engines_statistics(request_, one, threads, monkeypatch):
     """Row 0's cells hold reduce_stats' maximum and counts, through the C++ kernel's plan-free path
-    (auto, on the CPU) and through the engine (torch's ops): every dtype, a tensor over one task, a
-    transposed (dense) one, one with gaps, under another limit dtype."""
+    (auto, on the CPU: one piece on the calling thread, or split into tasks over the threads where a
+    tensor is over a megabyte) and through the engine (torch's ops), an event of one tensor recorded
+    as a list or alone: every dtype, a tensor over one task, a transposed (dense) one, one with gaps,
+    under another limit dtype."""
     from fastnorm.locate.buffer import HEAD, WIDTH, DeviceBuffer
     from fastnorm.stats import reduce_stats
 
     monkeypatch.setenv("FASTNORM_BACKEND", request_)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
     gen = torch.Generator().manual_seed(23)
     events = [
         [_specials(n, dtype, gen)]
-        for n in (1, 33, 4097, 200_000)
+        for n in (1, 33, 4097, 200_000, 300_001)
         for dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16)
     ]
     events.append([_specials(64 * 5, torch.float32, gen).reshape(64, 5).t()])  # dense, not contiguous
+    # Past float16's margin and below its smallest normal, in float64's and float32's ranges.
+    narrow = [1e5, -7e4, 3e-6, -1e-7, 1.0, 0.0] * 7
+    events += [[torch.tensor(narrow, dtype=dtype)] for dtype in (torch.float64, torch.float32)]
     gaps = _specials(99, torch.float32, gen).reshape(9, 11)[:, ::2]
     events.append([gaps, _specials(7, torch.float16, gen)])
     limits = [[t.dtype for t in e] for e in events]
     limits[1] = [torch.float16]  # a float64 tensor judged by float16's range
-    buffer = DeviceBuffer(torch.device("cpu"), 4)  # grows as the events come
+    limits[-3:-1] = [[torch.float16], [torch.float16]]
+    try:
+        buffer = DeviceBuffer(torch.device("cpu"), 4)  # grows as the events come
+    finally:
+        torch.set_num_threads(before)  # the buffer keeps the thread count it chose
     assert buffer.direct == (request_ == "auto" and fastnorm.backends.cpp._C is not None)
     for tensors, lims in zip(events, limits):
-        buffer.record(tensors, lims)
+        if one and len(tensors) == 1:
+            buffer.record_one(tensors[0], lims[0])
+        else:
+            buffer.record(tensors, lims)
     buffer.settle(buffer.written)
     cells = buffer.read()[0][HEAD : HEAD + WIDTH * buffer.written]
     row = torch.tensor(cells, dtype=torch.float64).view(-1, WIDTH)
     want = torch.cat([reduce_stats(t, lim) for t, lim in zip(events, limits)])
     assert torch.equal(row[:, 1:], want[:, 1:])
     assert want[:, 2].sum() > 0 and want[:, 4].sum() > 0 and want[:, 5].sum() > 0  # every count is reached
+    narrowed = want[len(events) - 3 : len(events) - 1]
+    assert narrowed[:, 4].tolist() == [14, 14] and narrowed[:, 5].tolist() == [14, 14]  # float16's range
     if buffer.direct:
         dense = [i for i, (t,) in enumerate(events[:-1])]
         assert row[dense, 0].isnan().all()  # the plan-free path leaves the sums of squares out

@@ -1072,8 +1072,8 @@ MUTANTS = [
     {
         "name": "diag-plateau-ignores-the-rate-cut",
         "path": "fastnorm/monitoring/diagnosis/diagnoser.py",
-        "old": "        cut = self._lr_cut(step, last)\n",
-        "new": "        cut = None\n",
+        "old": "        change = self._lr_cut(step, last)\n",
+        "new": "        change = None\n",
         "tests": ["tests/test_diagnosis.py::test_a_plateau_after_a_logged_warmup_is_a_stall_whose_schedule_is_named"],
         "what": "a plateau where the logged rate was cut 10^4x leads with generic stall advice",
     },
@@ -1308,8 +1308,8 @@ MUTANTS = [
     {
         "name": "diagnosis-labels-never-suspected",
         "path": "fastnorm/monitoring/diagnosis/advice.py",
-        "old": "    if stall.chance is not None and norm_steady:",
-        "new": "    if False:",
+        "old": "    elif stall.chance is not None and norm_steady:",
+        "new": "    elif False:",
         "tests": [
             "tests/test_diagnosis.py::test_a_loss_at_chance_from_the_start_with_normal_gradients_checks_the_labels",
             "tests/test_families.py",
@@ -1984,8 +1984,8 @@ MUTANTS = [
     {
         "name": "locate-direct-cells-miss-the-head",
         "path": "fastnorm/locate/buffer.py",
-        "old": "            cell = self.rows.data_ptr() + 8 * (HEAD + WIDTH * start)  # row 0 is the first",
-        "new": "            cell = self.rows.data_ptr() + 8 * (WIDTH * start)  # row 0 is the first",
+        "old": "        self.cells = rows.data_ptr() + 8 * HEAD  # the first event's cells",
+        "new": "        self.cells = rows.data_ptr()  # the first event's cells",
         "tests": ["tests/test_locate.py::test_the_buffers_cells_are_the_engines_statistics"],
         "what": "the C++ kernel writes an event's cells three cells early, over the step's head",
     },
@@ -1998,10 +1998,29 @@ MUTANTS = [
         "what": "a gradient backward's hook read is read again when the step closes",
     },
     {
+        "name": "locate-count-in-one-piece-ignores-the-limit",
+        "path": "csrc/kernels.cpp",
+        "old": "                      limits[4 * dtype + (limit_code < 0 ? dtype : limit_code)], own, st);",
+        "new": "                      limits[4 * dtype + dtype], own, st);",
+        "tests": ["tests/test_locate.py::test_the_buffers_cells_are_the_engines_statistics"],
+        "what": "the locator's kernel, on a tensor it reads in one piece, judges it by its own dtype's range",
+    },
+    {
+        "name": "locate-record-one-ignores-the-limit",
+        "path": "fastnorm/locate/buffer.py",
+        "old": "            count(t.data_ptr(), t.numel(), code, _CODES[limit], task, table, cell, threads)",
+        "new": "            count(t.data_ptr(), t.numel(), code, code, task, table, cell, threads)",
+        "tests": ["tests/test_locate.py::test_the_buffers_cells_are_the_engines_statistics"],
+        "what": "an event of one tensor is judged by its own dtype, not by the narrower autocast target",
+    },
+    {
         "name": "locate-site-cache-ignores-autocast",
         "path": "fastnorm/locate/locator.py",
-        "old": "        key = (id(module), len(found), autocast, *(t.dtype for t in tensors))",
-        "new": "        key = (id(module), len(found), *(t.dtype for t in tensors))",
+        "old": (
+            "    return torch.get_autocast_dtype(device_type)"
+            " if torch.is_autocast_enabled(device_type) else None"
+        ),
+        "new": "    return None",
         "tests": ["tests/test_locate.py::test_one_locator_judges_each_step_by_its_own_autocast_state"],
         "what": "a module's outputs keep the limit dtype of the first step, under autocast or not",
     },

@@ -14,8 +14,9 @@ tensors into its six cells a tensor (never the tensor). On the CPU, where the
 C++ backend serves the tensors (dense, of a float dtype), the C++ kernel
 writes each tensor's counts and maximum straight into row 0, with no plan
 (``_C.count_stats``, one call a tensor, its sum of squares left
-NaN: nobody reads it): a pass's activations are read once, and a plan built
-and cached for each cost more than the read (about 30 us a call). Elsewhere
+NaN: nobody reads it; a tensor under a megabyte, or on one thread, in one
+piece): a pass's activations are read once, and a plan built and cached for
+each cost more than the read (about 30 us a call). Elsewhere
 (CUDA, tensors with gaps, ``FASTNORM_BACKEND=torch``) it is
 ``fastnorm.stats.reduce_stats``, the same columns, whose ``(k, 6)`` block is
 held until the step is settled, when the blocks are copied into row 0.
@@ -45,6 +46,8 @@ WIDTH = len(engine.COLUMNS)
 # NONFINITE and OVERFLOW among the columns, as one strided slice.
 _FLAGS = slice(engine.NONFINITE, engine.OVERFLOW + 1, engine.OVERFLOW - engine.NONFINITE)
 CURRENT, KEPT_NONFINITE, KEPT_OVERFLOW = 0, 1, 2
+_STRIDE = 8 * WIDTH  # bytes from one event's cells to the next's
+_CODES = cpp.DTYPE_CODES
 
 
 class DeviceBuffer:
@@ -74,6 +77,7 @@ class DeviceBuffer:
         else:
             rows[:, :HEAD] = self.blank
         self.rows, self.capacity = rows, capacity
+        self.cells = rows.data_ptr() + 8 * HEAD  # the first event's cells, in row 0 (direct writes)
         self.neg_orders = -torch.arange(capacity, dtype=torch.float64, device=self.device)
 
     def choose(self) -> None:
@@ -91,6 +95,21 @@ class DeviceBuffer:
         if self.direct:
             self.kernel = cpp.count_stats_args(torch.get_num_threads())
 
+    def record_one(self, t: Tensor, limit: torch.dtype) -> None:
+        """Reduces one tensor, the step's next event, into its statistics: :meth:`record` of ``[t]``,
+        with less host time (most events are one tensor)."""
+        start = self.written
+        self.written = start + 1
+        code = _CODES.get(t.dtype)
+        if self.direct and code is not None and (t.is_contiguous() or is_dense(t)):
+            if start >= self.capacity:
+                self.grow(start + 1)
+            count, threads, task, table = self.kernel
+            cell = self.cells + _STRIDE * start
+            count(t.data_ptr(), t.numel(), code, _CODES[limit], task, table, cell, threads)
+        else:
+            self.pending.append((start, engine.reduce_stats([t], [limit])))
+
     def record(self, tensors: Sequence[Tensor], limits: Sequence[torch.dtype]) -> None:
         """Reduces ``tensors``, the step's next events, into their statistics (a few microseconds of
         host time an event: a pass holds hundreds)."""
@@ -100,11 +119,11 @@ class DeviceBuffer:
         if self.direct and all(t.dtype in codes and (t.is_contiguous() or is_dense(t)) for t in tensors):
             if end > self.capacity:
                 self.grow(end)
-            cell = self.rows.data_ptr() + 8 * (HEAD + WIDTH * start)  # row 0 is the first
+            cell = self.cells + _STRIDE * start
             count, threads, task, table = self.kernel
             for t, limit in zip(tensors, limits):
                 count(t.data_ptr(), t.numel(), codes[t.dtype], codes[limit], task, table, cell, threads)
-                cell += 8 * WIDTH
+                cell += _STRIDE
         else:
             self.pending.append((start, engine.reduce_stats(tensors, limits)))
 

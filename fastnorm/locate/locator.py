@@ -59,6 +59,11 @@ def _limit(dtype: torch.dtype, device_type: str) -> torch.dtype:
     return dtype
 
 
+def _autocast(device_type: str) -> torch.dtype | None:
+    """The autocast target on ``device_type``, or None where autocast is off: part of a module's key."""
+    return torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
+
+
 def _floating(value: Any) -> list[Tensor]:
     """The floating-point tensors of a module's output: a tensor, or one level of tuple, list or dict."""
     if type(value) is Tensor or isinstance(value, Tensor):
@@ -166,12 +171,22 @@ class Locator:
             self._sites.append(Site(pass_, module, role, index, _name(t.dtype), _name(limit)))
         return found
 
+    def _new_buffer(self, device: torch.device) -> DeviceBuffer:
+        self._buffer = DeviceBuffer(device, 2 * len(self._names) + len(self._params) + 1)
+        return self._buffer
+
     def _record(self, tensors: list[Tensor], sites: tuple[int, ...], limits: list[torch.dtype]) -> None:
-        if self._buffer is None:
-            self._buffer = DeviceBuffer(tensors[0].device, 2 * len(self._names) + len(self._params) + 1)
-        self._buffer.record(tensors, limits)
+        buffer = self._buffer or self._new_buffer(tensors[0].device)
+        buffer.record(tensors, limits)
         self._order += len(tensors)
         self._events.extend(sites)
+
+    def _record_one(self, t: Tensor, site: int, limit: torch.dtype) -> None:
+        """One tensor's event: :meth:`_record` with less host time (most events are one tensor)."""
+        buffer = self._buffer or self._new_buffer(t.device)
+        buffer.record_one(t, limit)
+        self._order += 1
+        self._events.append(site)
 
     def _inputs(self, module: nn.Module, args: tuple) -> None:
         if not self._on or torch.compiler.is_compiling():
@@ -187,6 +202,19 @@ class Locator:
     def _outputs(self, module: nn.Module, args: tuple, output: Any) -> None:
         if not self._on or torch.compiler.is_compiling():
             return
+        if isinstance(output, Tensor):  # one tensor, as most modules return: the same steps, fewer of them
+            if not output.is_floating_point():
+                return
+            for r in self._last:  # the last child's output, reduced already
+                if r() is output:
+                    return
+            self._last = [weakref.ref(output)]
+            key = (id(module), 1, _autocast(output.device.type), output.dtype)
+            sites, limits, hooks = self._output_sites.get(key) or self._learn(module, key, [output], 1)
+            self._record_one(output, sites[0], limits[0])
+            if output.requires_grad and torch.is_grad_enabled():
+                output.register_hook(hooks[0])
+            return
         found = _floating(output)
         if not found:
             return
@@ -196,26 +224,26 @@ class Locator:
         if not tensors:
             return
         self._last = [weakref.ref(t) for t in tensors]
-        device_type = tensors[0].device.type
-        autocast = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
-        # The module's sites and limits for outputs of these dtypes, as found the first time.
-        key = (id(module), len(found), autocast, *(t.dtype for t in tensors))
-        known = self._output_sites.get(key)
-        if known is None:
-            name = self._names.get(id(module), "")
-            limits = [_limit(t.dtype, t.device.type) for t in tensors]
-            index = tuple(range(len(tensors))) if len(found) > 1 else (0,)
-            sites = tuple(
-                self._site(FORWARD, name, i, "output", t, lim) for i, t, lim in zip(index, tensors, limits)
-            )
-            hooks = tuple(partial(self._gradient, name, i, lim) for i, lim in zip(index, limits))
-            known = self._output_sites[key] = (sites, limits, hooks)
-        sites, limits, hooks = known
+        key = (id(module), len(found), _autocast(tensors[0].device.type), *(t.dtype for t in tensors))
+        sites, limits, hooks = self._output_sites.get(key) or self._learn(module, key, tensors, len(found))
         self._record(tensors, sites, limits)
         if torch.is_grad_enabled():
             for t, hook in zip(tensors, hooks):
                 if t.requires_grad:
                     t.register_hook(hook)
+
+    def _learn(self, module: nn.Module, key: tuple, tensors: list[Tensor], found: int) -> tuple:
+        """The module's sites, limits and gradient hooks for outputs of these dtypes (``found`` floating
+        outputs, ``tensors`` among them not a child's), found the first time and kept under ``key``."""
+        name = self._names.get(id(module), "")
+        limits = [_limit(t.dtype, t.device.type) for t in tensors]
+        index = tuple(range(len(tensors))) if found > 1 else (0,)
+        sites = tuple(
+            self._site(FORWARD, name, i, "output", t, lim) for i, t, lim in zip(index, tensors, limits)
+        )
+        hooks = tuple(partial(self._gradient, name, i, lim) for i, lim in zip(index, limits))
+        known = self._output_sites[key] = (sites, limits, hooks)
+        return known
 
     def _gradient(self, name: str, index: int, limit: torch.dtype, grad: Tensor) -> None:
         if self._on:
@@ -223,7 +251,7 @@ class Locator:
             site = self._grad_sites.get(key)
             if site is None:
                 site = self._grad_sites[key] = self._site(BACKWARD, name, index, "grad_output", grad, limit)
-            self._record([grad], (site,), [limit])
+            self._record_one(grad, site, limit)
 
     def _accumulated(self, index: int, param: Tensor) -> None:
         """A parameter's gradient, read where backward has just written it (in cache, in execution order)."""
@@ -234,7 +262,7 @@ class Locator:
         known = self._param_grad_sites.get(key)
         if known is None:
             known = self._param_grad_sites[key] = self._param_site(self._params[index][0], grad)
-        self._record([grad], (known[0],), [known[1]])
+        self._record_one(grad, *known)
         self._accumulated_in_step.add(index)
 
     def _param_site(self, name: str, grad: Tensor) -> tuple[int, torch.dtype]:
