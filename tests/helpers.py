@@ -4,6 +4,7 @@ what each backend serves, child processes."""
 from __future__ import annotations
 
 import inspect
+import json
 import os
 import subprocess
 import sys
@@ -109,6 +110,56 @@ def run_python(args: list[str], **env: str) -> subprocess.CompletedProcess:
         cwd=os.path.dirname(os.path.abspath(__file__)),
         check=False,
     )
+
+
+# The child of run_scripts: each script in turn, as ``python -c SCRIPT ARGS...`` would run it, its
+# stdout kept apart; what a script leaves set that would slow or kill the next (a short switch
+# interval, a faulthandler timer) is put back after it.
+_BATCH = """
+import contextlib, faulthandler, gc, io, json, sys, traceback
+out = {}
+for name, code, argv in json.load(sys.stdin):
+    print(f"running {name}", file=sys.stderr, flush=True)  # a child killed by a script says which
+    interval, buf = sys.getswitchinterval(), io.StringIO()
+    sys.argv = ["-c", *argv]
+    try:
+        with contextlib.redirect_stdout(buf):
+            exec(compile(code, name, "exec"), {"__name__": "__main__"})
+        error = None
+    except BaseException:
+        error = traceback.format_exc()
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+        sys.setswitchinterval(interval)
+        gc.collect()
+    out[name] = {"stdout": buf.getvalue(), "error": error}
+sys.stdout.write(json.dumps(out))
+"""
+
+
+def run_scripts(scripts: dict[str, tuple[str, list[str]]], **env: str) -> dict[str, tuple[str, str]]:
+    """Runs several child scripts (name -> (code, argv)) in ONE child process, in order: each
+    ``(stdout, error)``, error empty where the script ran to its end, else its traceback, or the
+    child's exit status and stderr where the child died (every script then has that error).
+
+    For the scripts that need a process of their own environment (a pool, a backend) but not one
+    each: starting a child that imports torch costs about 3 s of CPU on a slow machine.
+    """
+    payload = [[name, code, argv] for name, (code, argv) in scripts.items()]
+    result = subprocess.run(
+        [sys.executable, "-c", _BATCH],
+        input=json.dumps(payload),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, **env},
+        cwd=os.path.dirname(os.path.abspath(__file__)),
+        check=False,
+    )
+    if result.returncode != 0:
+        died = f"the child exited with {result.returncode}: {result.stderr[-3000:]}"
+        return dict.fromkeys(scripts, ("", died))
+    return {name: (r["stdout"], r["error"] or "") for name, r in json.loads(result.stdout).items()}
 
 
 def serves(backend: str, p: float = 2.0, dense: bool = True) -> bool:

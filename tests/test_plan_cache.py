@@ -3,6 +3,7 @@ every change to a gradient that a plan depends on; many lists stay cached."""
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import os
@@ -16,7 +17,7 @@ import reference
 from fastnorm import _plan
 from fastnorm._partial import Mode
 from fastnorm.backends import cpp
-from helpers import cpp_env, refused, run_python
+from helpers import cpp_env, refused, run_scripts
 
 
 @pytest.fixture(params=["extension", "python"])
@@ -310,6 +311,23 @@ def test_gates_need_one_non_decreasing_item_per_tensor():
         cpp._C.reduce_checked(_plan._snapshot("tensors", [], []), [], None, plan, 0, 2.0, 0, 0, False, 1)
 
 
+@functools.cache
+def _children(pool: str) -> dict[str, tuple[str, str]]:
+    """Every child script of this module for one pool, in one child process (each reads its own
+    gradients; a child that imports torch costs seconds): name -> (stdout, error)."""
+    scripts = {
+        # First: its 4 MiB gradients are given back to the system when freed, so that a read kills the
+        # child, only while glibc's threshold for that is where a fresh process has it (freeing a large
+        # block raises it).
+        **{f"dropped {n}": (_DROPPED, [str(n)]) for n in (1 << 20, 1 << 12)},
+        "stale": (_STALE, []),
+        "shared tasks": (_SHARED_TASKS, []),
+        **{f"raised {n}": (_RAISED, [str(n)]) for n in (1 << 12, 1 << 18)},
+        "two threads": (_TWO_THREADS, []),  # last: it hands the GIL over as often as it can
+    }
+    return run_scripts(scripts, **cpp_env(pool))
+
+
 _STALE = """
 import ctypes, json, mmap
 import torch
@@ -358,10 +376,9 @@ def test_a_gradient_that_moved_is_never_read_at_its_old_address(pool):
     that failed the check (the first, one in the middle, the last) or lies
     after one that did must not be read. Its old memory is made unreadable; run
     in a child process, which a read kills."""
-    env = cpp_env(pool)
-    result = run_python(["-c", _STALE], **env)
-    assert result.returncode == 0, result.stderr[-2000:]
-    for case, (got, want) in json.loads(result.stdout).items():
+    out, error = _children(pool)["stale"]
+    assert not error, error[-2000:]
+    for case, (got, want) in json.loads(out).items():
         assert got == pytest.approx(want, rel=1e-6), case
 
 
@@ -407,10 +424,9 @@ def test_a_moved_gradient_that_shares_its_task_is_never_read_at_its_old_address(
     """Several small gradients share each task: a task waits for the last
     gradient it reads, so one that moved in the middle of its task (not its
     first) is not read at its old, unreadable address either."""
-    env = cpp_env(pool)
-    result = run_python(["-c", _SHARED_TASKS], **env)
-    assert result.returncode == 0, (result.returncode, result.stderr[-2000:])
-    for case, (got, want) in json.loads(result.stdout).items():
+    out, error = _children(pool)["shared tasks"]
+    assert not error, error[-2000:]
+    for case, (got, want) in json.loads(out).items():
         assert got == pytest.approx(want, rel=1e-6), case
 
 
@@ -456,10 +472,9 @@ def test_two_threads_reading_through_a_torch_function_mode_do_not_deadlock(pool)
     """The check of a cached plan may run Python code (here a TorchFunctionMode
     on every attribute read), and so hand the GIL to another thread that calls
     fastnorm meanwhile: neither may then wait for the other."""
-    env = cpp_env(pool)
-    result = run_python(["-c", _TWO_THREADS], **env)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.strip() == "done"
+    out, error = _children(pool)["two threads"]
+    assert not error, error[-3000:]
+    assert out.strip() == "done"
 
 
 _DROPPED = """
@@ -518,11 +533,10 @@ def test_a_gradient_dropped_during_the_check_is_read_as_it_was(pool, numel):
     kernel reads it as it was, as torch's get_total_norm, which holds its list,
     does. Its freed memory is reused by a new tensor (16 KiB) or given back to
     the system (4 MiB, so that a read kills the child process this runs in)."""
-    env = cpp_env(pool)
-    result = run_python(["-c", _DROPPED, str(numel)], **env)
-    assert result.returncode == 0, (result.returncode, result.stderr[-2000:])
+    out, error = _children(pool)[f"dropped {numel}"]
+    assert not error, error[-2000:]
     want = float(16 * numel) ** 0.5
-    for case, got in json.loads(result.stdout).items():
+    for case, got in json.loads(out).items():
         assert got == want, case
 
 
@@ -586,10 +600,9 @@ def test_an_exception_raised_during_the_check_propagates_with_nothing_written(po
     clip_ and tensor_norms, before anything is written. A RuntimeError, what torch
     raises for a gradient whose facts cannot be read, makes the check a miss:
     the plan is rebuilt and the norm is right."""
-    env = cpp_env(pool)
-    result = run_python(["-c", _RAISED, str(numel)], **env)
-    assert result.returncode == 0, (result.returncode, result.stderr[-2000:])
-    for case, (outcome, untouched) in json.loads(result.stdout).items():
+    out, error = _children(pool)[f"raised {numel}"]
+    assert not error, error[-2000:]
+    for case, (outcome, untouched) in json.loads(out).items():
         fn, error = case.split()
         if error == "RuntimeError":
             assert outcome == pytest.approx(1.0, rel=1e-6), case
