@@ -2,11 +2,13 @@
 
 import math
 import random
+import sys
 
 import pytest
 
 import fastnorm
 from fastnorm.monitoring.diagnosis import diagnose
+from fastnorm.monitoring.diagnosis.events import DIVERGED, STALLED
 from fastnorm.monitoring.diagnosis.objective import from_keys, infer
 
 N = 300
@@ -206,3 +208,25 @@ def test_an_objective_is_checked_and_reaches_the_monitors_diagnosis():
         for s, v, loss in zip(steps, norms, losses):
             monitor.update(v, s, loss=loss)
     assert monitor.diagnosis.objective == "adversarial" and monitor.diagnosis.verdict == "stable"
+
+
+@pytest.mark.parametrize("scale", [1.0, 1e300, 8.5e307, -8.5e307, 1.7e308])
+def test_a_reward_near_the_largest_float_is_judged_as_the_same_reward_near_1(scale):
+    """A flat reward, a falling one and one rising across the whole float range: the verdict of each
+    does not depend on the reward's scale (near 1.8e308 their sums and differences pass the largest
+    float, where inf - inf read as neither a fall nor a stall), and the report gives its true level."""
+    from fastnorm.monitoring.diagnosis.objective import reward_event
+
+    wobble = [((i * 7) % 11) / 11 for i in range(60)]  # no trend
+    flat = [(i, min(scale * (1.0 + 0.01 * w), sys.float_info.max)) for i, w in enumerate(wobble)]
+    falling = [(i, scale * (1.0 - 0.5 * i / 60 + 0.001 * w)) for i, w in enumerate(wobble)]
+    found = reward_event(flat)
+    assert found is not None and found.kind == STALLED, found
+    assert f"{abs(scale):.2g}".split("e")[-1] in found.detail  # the level as logged, not scaled
+    fell = reward_event(falling)
+    if scale > 0:
+        assert fell is not None and fell.kind == DIVERGED, fell
+    else:
+        assert fell is None  # a negative reward falling in size rises
+    top = sys.float_info.max
+    assert reward_event([(i, top * (2 * i / 59 - 1)) for i in range(60)]) is None  # it rose

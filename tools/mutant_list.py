@@ -1998,6 +1998,16 @@ MUTANTS = [
         "what": "a gradient backward's hook read is read again when the step closes",
     },
     {
+        "name": "reward-judged-unscaled-near-the-largest-float",
+        "path": "fastnorm/monitoring/diagnosis/objective.py",
+        "old": "    scale = _REWARD_SCALE if max(abs(v) for _, v in points) > _REWARD_BIG else 1.0\n",
+        "new": "    scale = 1.0\n",
+        "tests": [
+            "tests/test_diagnosis_objective.py::test_a_reward_near_the_largest_float_is_judged_as_the_same_reward_near_1"
+        ],
+        "what": "a flat or falling reward near 1.8e308 reads as a rise (inf - inf): no stall, no fall",
+    },
+    {
         "name": "locate-count-in-one-piece-ignores-the-limit",
         "path": "csrc/kernels.cpp",
         "old": "                      limits[4 * dtype + (limit_code < 0 ? dtype : limit_code)], own, st);",

@@ -86,6 +86,10 @@ REWARD_FELL = Action(
 )
 
 
+_REWARD_BIG = 2.0**1000
+_REWARD_SCALE = 2.0**-24
+
+
 def _trimmed_mean(values: list[float]) -> float:
     """The mean of the middle 80%: a reward is often a mean of a few discrete scores, which a median
     reads in steps of one score; an outlier moves this little."""
@@ -109,7 +113,11 @@ def reward_event(points: list[tuple[int, float]]) -> Event | None:
     """
     if len(points) < REWARD_POINTS:
         return None
-    values = [v for _, v in points]
+    # Rewards beyond 2^1000 (about 1e301) are judged scaled down by a power of two, exactly: their sums,
+    # moves and differences would pass the largest float, and inf - inf reads as no fall and no stall.
+    # The judgement does not depend on the scale; everywhere else the scale is 1 and the bits are as ever.
+    scale = _REWARD_SCALE if max(abs(v) for _, v in points) > _REWARD_BIG else 1.0
+    values = [v * scale for _, v in points]
     n = len(values)
     head, tail = values[: max(3, n // 5)], values[n - n // 3 :]
     moves = sorted(abs(b - a) for a, b in zip(values, values[1:]))
@@ -118,8 +126,8 @@ def reward_event(points: list[tuple[int, float]]) -> Event | None:
     first, last = _trimmed_mean(head), _trimmed_mean(tail)
     rise = last - first
     said = (
-        f"{num(first)} over its first {len(head)} points, {num(last)} over its last {len(tail)} "
-        f"(a point's noise {num(noise)})"
+        f"{num(first / scale)} over its first {len(head)} points, {num(last / scale)} over its last "
+        f"{len(tail)} (a point's noise {num(noise / scale)})"
     )
     start, end = points[0][0], points[-1][0]
     # A fall is judged against the reward's level too: a smoothed reward's tiny noise makes any drift many
