@@ -43,7 +43,8 @@ convolution and a bidirectional GRU under the CTC loss, speech-shaped) and
 logged), the seventh; ``flow`` (a normalising flow of 2-D points, fitted by its
 negative log-likelihood), ``seq2seq`` (a GRU encoder-decoder reversing
 token sequences, teacher-forced) and ``mf`` (matrix factorisation of ratings,
-embeddings and biases under squared error), the eighth.
+embeddings and biases under squared error), the eighth; ``moe`` (a mixture of
+experts behind a top-1 softmax router with its load-balancing loss), the ninth.
 
 Each run logs through ``GradNormMonitor`` + ``JsonlLogger`` as a user's loop
 does: some told the optimizer (the learning rate and settings logged), some
@@ -858,11 +859,42 @@ def mf(loop: Loop, lr=1e-2, opt="adam", weight_decay=0.0, **_):
     return train(step_fn, params, optimizer, loop), {"chance": None, "objective": "minimise"}
 
 
+def moe(loop: Loop, lr=2e-3, opt="adam", weight_decay=0.0, **_):
+    """A mixture of four expert MLPs behind a softmax router, top-1 routing scaled by the gate (Switch
+    style) with its load-balancing loss (0.01 of it), classifying 16-D points into the 10 classes a
+    fixed random teacher gives them."""
+    dim, classes, experts = 16, 10, 4
+    teacher = mlp([dim, 64, classes])
+    for q in teacher.parameters():
+        q.requires_grad_(False)
+    router = nn.Linear(dim, experts)
+    bank = nn.ModuleList(mlp([dim, 32, classes]) for _ in range(experts))
+    params = [*router.parameters(), *bank.parameters()]
+    sgd = opt != "adam"
+    optimizer = torch.optim.SGD(params, lr=lr, momentum=0.9) if sgd else adam(params, lr, weight_decay)
+
+    def step_fn(step):
+        x = torch.randn(128, dim)
+        target = teacher(x).argmax(1)
+        gates = router(x).softmax(1)
+        top, chosen = gates.max(1)
+        out = torch.zeros(len(x), classes)
+        for e, expert in enumerate(bank):
+            rows = (chosen == e).nonzero().squeeze(1)
+            if len(rows):
+                out = out.index_add(0, rows, expert(x[rows]) * top[rows, None])
+        share = torch.bincount(chosen, minlength=experts).float() / len(x)
+        balance = experts * (share * gates.mean(0)).sum()
+        return F.cross_entropy(out, target) + 0.01 * balance, None
+
+    return train(step_fn, params, optimizer, loop), {"chance": math.log(classes), "objective": "minimise"}
+
+
 FAMILIES = {
     f.__name__: f
     for f in (
         stdlm, shapes, finetune, denoiser, gan, contrastive, bandit, vae, tabular, gru, ranker, attnlm, forecast,
-        grpo, vit, gnn, distill, ctc, dpo, mlm, segment, ppo, flow, seq2seq, mf,
+        grpo, vit, gnn, distill, ctc, dpo, mlm, segment, ppo, flow, seq2seq, mf, moe,
     )
 }  # fmt: skip
 
@@ -1314,6 +1346,12 @@ SPECS = [
     Spec("mf-resume-jump-nolr", "mf", resume_jump, {"opt": "sgd", "lr": 3.0}, NOLR, seed=644),
     Spec("mf-slow-rise-nolr", "mf", slow_rise, {"onset": 120, "growth": 1.05}, NOLR, seed=645),
     Spec("mf-lr-too-low-nolr", "mf", lr_too_low, {"factor": 1e-3}, NOLR, seed=646),
+    Spec("moe-healthy", "moe", healthy, seed=651),
+    Spec("moe-healthy-nolr", "moe", healthy, loop=NOLR, seed=652),
+    Spec("moe-lr-too-high-nolr", "moe", lr_too_high, {"factor": 1000.0}, NOLR, seed=653),
+    Spec("moe-plateau-nolr", "moe", plateau, {"onset": 30}, NOLR, seed=654),
+    Spec("moe-slow-rise", "moe", slow_rise, {"onset": 120, "growth": 1.06, "opt": "sgd", "lr": 0.1}, {}, 655),
+    Spec("moe-weight-decay", "moe", weight_decay, {"decay": 100.0}, seed=656),
 ]
 BY_NAME = {s.name: s for s in SPECS}
 
