@@ -44,7 +44,9 @@ logged), the seventh; ``flow`` (a normalising flow of 2-D points, fitted by its
 negative log-likelihood), ``seq2seq`` (a GRU encoder-decoder reversing
 token sequences, teacher-forced) and ``mf`` (matrix factorisation of ratings,
 embeddings and biases under squared error), the eighth; ``moe`` (a mixture of
-experts behind a top-1 softmax router with its load-balancing loss), the ninth.
+experts behind a top-1 softmax router with its load-balancing loss) and
+``triplet`` (metric learning under the triplet margin loss, whose satisfied
+triplets add exactly 0), the ninth.
 
 Each run logs through ``GradNormMonitor`` + ``JsonlLogger`` as a user's loop
 does: some told the optimizer (the learning rate and settings logged), some
@@ -890,11 +892,35 @@ def moe(loop: Loop, lr=2e-3, opt="adam", weight_decay=0.0, **_):
     return train(step_fn, params, optimizer, loop), {"chance": math.log(classes), "objective": "minimise"}
 
 
+def triplet(loop: Loop, lr=1e-3, opt="adam", weight_decay=0.0, **_):
+    """Metric learning: an MLP embeds 16-D points of 8 clusters into 8-D, trained by the triplet margin loss
+    (margin 1) on random triplets. A triplet already apart by the margin adds exactly 0, so a healthy run's
+    loss and norm fall toward 0 as more triplets are satisfied."""
+    dim, clusters = 16, 8
+    gen = torch.Generator().manual_seed(7)
+    centres = torch.randn(clusters, dim, generator=gen) * 1.5
+    net = mlp([dim, 64, 8])
+    params = list(net.parameters())
+    sgd = opt != "adam"
+    optimizer = torch.optim.SGD(params, lr=lr, momentum=0.9) if sgd else adam(params, lr, weight_decay)
+
+    def points(labels):
+        return centres[labels] + torch.randn(len(labels), dim)
+
+    def step_fn(step):
+        a = torch.randint(0, clusters, (128,))
+        n = (a + torch.randint(1, clusters, (128,))) % clusters
+        anchor, positive, negative = net(points(a)), net(points(a)), net(points(n))
+        return F.triplet_margin_loss(anchor, positive, negative, margin=1.0), None
+
+    return train(step_fn, params, optimizer, loop), {"chance": None, "objective": "minimise"}
+
+
 FAMILIES = {
     f.__name__: f
     for f in (
         stdlm, shapes, finetune, denoiser, gan, contrastive, bandit, vae, tabular, gru, ranker, attnlm, forecast,
-        grpo, vit, gnn, distill, ctc, dpo, mlm, segment, ppo, flow, seq2seq, mf, moe,
+        grpo, vit, gnn, distill, ctc, dpo, mlm, segment, ppo, flow, seq2seq, mf, moe, triplet,
     )
 }  # fmt: skip
 
@@ -1352,6 +1378,12 @@ SPECS = [
     Spec("moe-plateau-nolr", "moe", plateau, {"onset": 30}, NOLR, seed=654),
     Spec("moe-slow-rise", "moe", slow_rise, {"onset": 120, "growth": 1.06, "opt": "sgd", "lr": 0.1}, {}, 655),
     Spec("moe-weight-decay", "moe", weight_decay, {"decay": 100.0}, seed=656),
+    Spec("triplet-healthy", "triplet", healthy, seed=661),
+    Spec("triplet-healthy-nolr", "triplet", healthy, loop=NOLR, seed=662),
+    Spec("triplet-lr-too-high-nolr", "triplet", lr_too_high, {"factor": 1000.0}, NOLR, seed=663),
+    Spec("triplet-plateau-nolr", "triplet", plateau, {"onset": 30}, NOLR, seed=664),
+    Spec("triplet-slow-rise", "triplet", slow_rise, {"growth": 1.06, "opt": "sgd", "lr": 0.05}, seed=665),
+    Spec("triplet-lr-too-low", "triplet", lr_too_low, {"factor": 1e-3}, seed=666),
 ]
 BY_NAME = {s.name: s for s in SPECS}
 
