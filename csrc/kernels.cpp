@@ -346,6 +346,13 @@ void reduce(const TaskSplit& split, int mode, double p, uintptr_t partial_addr, 
 
 namespace {
 
+// A limit dtype code: -1 (the tensor's own dtype) or a dtype's.
+void check_limit_code(int32_t code) {
+  if (code < -1 || code > kBFloat16) {
+    throw std::invalid_argument("fastnorm._C.reduce_stats: unknown limit dtype code " + std::to_string(code));
+  }
+}
+
 // A tensor's statistics as the 6 doubles of its row (fastnorm/_stats.py's COLUMNS).
 void write_stats_row(const Stats& st, bool counts_only, double* row) {
   row[0] = counts_only ? std::numeric_limits<double>::quiet_NaN()
@@ -369,12 +376,7 @@ void reduce_stats(const TaskSplit& split, int mode, double p, uintptr_t partial_
   const int merged = counts_only ? int(kL2) : mode;  // no partial to merge: every one stays empty
   const auto* limits = reinterpret_cast<const Limits*>(thresholds_addr);
   const auto* codes = reinterpret_cast<const int32_t*>(limit_codes_addr);
-  for (int64_t t = 0; codes != nullptr && t < split.num_tensors(); ++t) {
-    if (codes[t] < -1 || codes[t] > kBFloat16) {
-      throw std::invalid_argument("fastnorm._C.reduce_stats: unknown limit dtype code " +
-                                  std::to_string(codes[t]));
-    }
-  }
+  for (int64_t t = 0; codes != nullptr && t < split.num_tensors(); ++t) check_limit_code(codes[t]);
   const StatsFn stats_piece = kernels().stats;
   std::vector<Partial> partial(size_t(split.num_tasks()));
   std::vector<Stats> pieces(size_t(split.num_pieces()));
@@ -423,10 +425,7 @@ void count_stats(uintptr_t addr, int64_t numel, int dtype, int limit_code, int64
   if (dtype < kFloat32 || dtype > kBFloat16) {
     throw std::invalid_argument("fastnorm._C.count_stats: unknown dtype code " + std::to_string(dtype));
   }
-  if (limit_code < -1 || limit_code > kBFloat16) {
-    throw std::invalid_argument("fastnorm._C.reduce_stats: unknown limit dtype code " +
-                                std::to_string(limit_code));
-  }
+  check_limit_code(limit_code);
   if (numel >= 0 && task_bytes > 0 && (num_threads <= 1 || numel * element_size(dtype) < kParallelBytes)) {
     // On the calling thread either way: the tensor in one piece, with no split to build (the
     // locator calls this hundreds of times a pass, mostly on small tensors). The counts and the

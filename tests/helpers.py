@@ -98,14 +98,17 @@ def cpp_env(pool: str) -> dict[str, str]:
     return {"FASTNORM_BACKEND": "cpp"} | ({"FASTNORM_OWN_THREADS": "1"} if pool == "own" else {})
 
 
-def run_python(args: list[str], **env: str) -> subprocess.CompletedProcess:
+def run_python(
+    args: list[str], *, stdin: str | None = None, timeout: float = 300, **env: str
+) -> subprocess.CompletedProcess:
     """``python ARGS`` in a child process, from this folder: a child started in the
     repository root would import the source tree instead of the installed package."""
     return subprocess.run(
         [sys.executable, *args],
+        input=stdin,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=timeout,
         env={**os.environ, **env},
         cwd=os.path.dirname(os.path.abspath(__file__)),
         check=False,
@@ -146,16 +149,7 @@ def run_scripts(scripts: dict[str, tuple[str, list[str]]], **env: str) -> dict[s
     each: starting a child that imports torch costs about 3 s of CPU on a slow machine.
     """
     payload = [[name, code, argv] for name, (code, argv) in scripts.items()]
-    result = subprocess.run(
-        [sys.executable, "-c", _BATCH],
-        input=json.dumps(payload),
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, **env},
-        cwd=os.path.dirname(os.path.abspath(__file__)),
-        check=False,
-    )
+    result = run_python(["-c", _BATCH], stdin=json.dumps(payload), timeout=600, **env)
     if result.returncode != 0:
         died = f"the child exited with {result.returncode}: {result.stderr[-3000:]}"
         return dict.fromkeys(scripts, ("", died))
